@@ -1,0 +1,75 @@
+"""Test sessions for the sc workspace.
+
+Every package gets ``tests(<dist>)`` and ``typecheck(<dist>)``. Each installs only that
+package, its declared dependencies and a root tooling group, from the lock
+(``uv sync --locked --package <dist>``), so an import the package does not declare fails
+there. ``uv run nox -t <dist>`` runs one package's sessions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+PACKAGES = ["sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-workers"]
+PACKAGE_PARAMS = [nox.param(dist, id=dist, tags=[dist]) for dist in PACKAGES]
+
+
+def _sync(session: nox.Session, *args: str) -> None:
+    """Install exactly what the lock says for ``args`` into the session's virtualenv."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        "--exact",
+        *args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
+
+
+def _package_dir(dist: str) -> str:
+    return os.path.join("packages", dist)
+
+
+@nox.session
+@nox.parametrize("dist", PACKAGE_PARAMS)
+def tests(session: nox.Session, dist: str) -> None:
+    """Run one package's tests with only its own dependencies installed."""
+    _sync(session, "--package", dist, "--group", "test")
+    session.run(
+        "pytest",
+        os.path.join(_package_dir(dist), "tests"),
+        *session.posargs,
+        env={"SC_ISOLATED_PACKAGE": dist},
+    )
+
+
+@nox.session
+@nox.parametrize("dist", PACKAGE_PARAMS)
+def typecheck(session: nox.Session, dist: str) -> None:
+    """mypy --strict on one package's sources and tests, with only its dependencies."""
+    _sync(session, "--package", dist, "--group", "typecheck")
+    pkg = _package_dir(dist)
+    session.run("mypy", "--strict", os.path.join(pkg, "src"), os.path.join(pkg, "tests"))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole workspace."""
+    _sync(session, "--only-group", "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site, failing on any warning."""
+    _sync(session, "--all-packages", "--group", "docs")
+    session.run("mkdocs", "build", "--strict", "--site-dir", os.path.join(session.create_tmp(), "site"))

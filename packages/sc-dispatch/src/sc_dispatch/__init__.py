@@ -1,0 +1,115 @@
+"""sc-dispatch: how a call on a worker group is split across workers and joined back.
+
+Standard library only. A worker method declares its dispatch mode with :func:`register`; a
+worker group (sc-core, or your own RPC layer) looks the mode up with
+:func:`resolve_dispatch_mode`, runs ``dispatch_fn`` on the driver, sends one call per worker,
+and joins the outputs with ``collect_fn``.
+"""
+
+from ._enums import Dispatch, DynamicEnum, Execute
+from ._errors import (
+    DispatchArgumentError,
+    DispatchError,
+    DispatchModeExistsError,
+    InvalidDispatchModeError,
+    MeshLayoutError,
+    NotShardableError,
+    UnknownDispatchModeError,
+)
+from ._nd import make_nd_compute_dataproto_dispatch_fn, mesh_layout
+from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter
+from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
+from ._registry import (
+    PADDING_SIZE_KEY,
+    CollectFn,
+    DispatchFn,
+    DispatchFnDict,
+    DispatchModeSpec,
+    ExecuteFnDict,
+    collect_all_to_all,
+    collect_dp_compute,
+    collect_dp_compute_data_proto,
+    collect_rank_zero,
+    concat_outputs,
+    dispatch_all_to_all,
+    dispatch_direct_rollout_method,
+    dispatch_dp_compute,
+    dispatch_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto_with_func,
+    dispatch_one_to_all,
+    dispatch_rank_zero,
+    get_predefined_dispatch_fn,
+    get_predefined_execute_fn,
+    pop_padding_size,
+    register_dispatch_mode,
+    resolve_dispatch_mode,
+    update_dispatch_mode,
+)
+from ._shard import (
+    chunk_sizes,
+    get_shard_adapter,
+    is_future,
+    is_shardable,
+    register_future_type,
+    register_shardable,
+    split_args_kwargs,
+    unpad_output,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAGIC_ATTR",
+    "PADDING_SIZE_KEY",
+    "CollectFn",
+    "Dispatch",
+    "DispatchArgumentError",
+    "DispatchError",
+    "DispatchFn",
+    "DispatchFnDict",
+    "DispatchModeExistsError",
+    "DispatchModeSpec",
+    "DispatchWorkerGroup",
+    "DynamicEnum",
+    "Execute",
+    "ExecuteFnDict",
+    "FutureLike",
+    "InvalidDispatchModeError",
+    "MeshLayoutError",
+    "NotShardableError",
+    "RegisterAttrs",
+    "ShardAdapter",
+    "UnknownDispatchModeError",
+    "__version__",
+    "chunk_sizes",
+    "collect_all_to_all",
+    "collect_dp_compute",
+    "collect_dp_compute_data_proto",
+    "collect_rank_zero",
+    "concat_outputs",
+    "dispatch_all_to_all",
+    "dispatch_direct_rollout_method",
+    "dispatch_dp_compute",
+    "dispatch_dp_compute_data_proto",
+    "dispatch_dp_compute_data_proto_with_func",
+    "dispatch_one_to_all",
+    "dispatch_rank_zero",
+    "get_predefined_dispatch_fn",
+    "get_predefined_execute_fn",
+    "get_register_attrs",
+    "get_shard_adapter",
+    "is_future",
+    "is_shardable",
+    "make_nd_compute_dataproto_dispatch_fn",
+    "materialize",
+    "mesh_layout",
+    "pop_padding_size",
+    "register",
+    "register_dispatch_mode",
+    "register_future_type",
+    "register_shardable",
+    "resolve_dispatch_mode",
+    "split_args_kwargs",
+    "unpad_output",
+    "update_dispatch_mode",
+]

@@ -1,0 +1,136 @@
+"""``DynamicEnum``: enums whose members can be added at run time, and ``Dispatch``/``Execute``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar, TypeVar
+
+from ._errors import DispatchModeExistsError, UnknownDispatchModeError
+
+__all__ = ["Dispatch", "DynamicEnum", "Execute"]
+
+_E = TypeVar("_E", bound="DynamicEnum")
+
+
+class _DynamicEnumMeta(type):
+    """Lets a ``DynamicEnum`` subclass be iterated, indexed by name and tested with ``in``."""
+
+    _registry: dict[str, DynamicEnum]
+
+    def __iter__(cls) -> Iterator[Any]:
+        return iter(list(cls._registry.values()))
+
+    def __contains__(cls, item: object) -> bool:
+        if isinstance(item, str):
+            return item in cls._registry
+        return isinstance(item, DynamicEnum) and cls._registry.get(item.name) is item
+
+    def __getitem__(cls, name: str) -> Any:
+        try:
+            return cls._registry[name]
+        except KeyError:
+            raise UnknownDispatchModeError(
+                f"{cls.__name__} has no member {name!r}; known: {sorted(cls._registry)}"
+            ) from None
+
+    def __len__(cls) -> int:
+        return len(cls._registry)
+
+
+class DynamicEnum(metaclass=_DynamicEnumMeta):
+    """An enum whose members are registered at run time.
+
+    Each subclass keeps its own registry. Members are singletons, compare by identity,
+    hash by name, and are reachable as class attributes (``Dispatch.ONE_TO_ALL``), by
+    ``Cls["NAME"]`` and by ``Cls.from_name("NAME")``.
+    """
+
+    _registry: ClassVar[dict[str, DynamicEnum]] = {}
+    _next_value: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._registry = {}
+        cls._next_value = 0
+
+    def __init__(self, name: str, value: int) -> None:
+        self.name = name
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self.name}: {self.value}>"
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Pickles as a lookup, so a member stays a singleton across processes.
+        return (type(self).from_name, (self.name,))
+
+    @classmethod
+    def register(cls: type[_E], name: str) -> _E:
+        """Add a member called ``name`` and return it; a taken name is an error."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise DispatchModeExistsError(
+                f"{cls.__name__}.register: member name must be an identifier, got {name!r}"
+            )
+        if name in cls._registry:
+            raise DispatchModeExistsError(
+                f"{cls.__name__}.register: member {name!r} already exists"
+            )
+        member = cls(name, cls._next_value)
+        cls._next_value += 1
+        cls._registry[name] = member
+        setattr(cls, name, member)
+        return member
+
+    @classmethod
+    def remove(cls: type[_E], name: str) -> _E:
+        """Remove the member called ``name`` and return it."""
+        member = cls._registry.pop(name, None)
+        if member is None:
+            raise UnknownDispatchModeError(f"{cls.__name__}.remove: no member {name!r}")
+        delattr(cls, name)
+        return member  # type: ignore[return-value]
+
+    @classmethod
+    def from_name(cls: type[_E], name: str) -> _E:
+        """The member called ``name``."""
+        member = cls._registry.get(name)
+        if member is None:
+            raise UnknownDispatchModeError(
+                f"{cls.__name__} has no member {name!r}; known: {sorted(cls._registry)}"
+            )
+        return member  # type: ignore[return-value]
+
+
+class Dispatch(DynamicEnum):
+    """How a call's arguments are split across workers and how outputs are joined."""
+
+    RANK_ZERO: ClassVar[Dispatch]
+    ONE_TO_ALL: ClassVar[Dispatch]
+    ALL_TO_ALL: ClassVar[Dispatch]
+    DP_COMPUTE: ClassVar[Dispatch]
+    DP_COMPUTE_PROTO: ClassVar[Dispatch]
+    DP_COMPUTE_PROTO_WITH_FUNC: ClassVar[Dispatch]
+    DP_COMPUTE_METRIC: ClassVar[Dispatch]
+    DIRECT_ROLLOUT_METHOD: ClassVar[Dispatch]
+
+
+class Execute(DynamicEnum):
+    """Which workers run a call."""
+
+    ALL: ClassVar[Execute]
+    RANK_ZERO: ClassVar[Execute]
+
+
+for _name in (
+    "RANK_ZERO",
+    "ONE_TO_ALL",
+    "ALL_TO_ALL",
+    "DP_COMPUTE",
+    "DP_COMPUTE_PROTO",
+    "DP_COMPUTE_PROTO_WITH_FUNC",
+    "DP_COMPUTE_METRIC",
+    "DIRECT_ROLLOUT_METHOD",
+):
+    Dispatch.register(_name)
+for _name in ("ALL", "RANK_ZERO"):
+    Execute.register(_name)

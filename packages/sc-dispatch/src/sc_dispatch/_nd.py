@@ -1,0 +1,99 @@
+"""N-d mesh dispatch: split by data-parallel rank on a named device mesh."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._errors import DispatchArgumentError, MeshLayoutError
+from ._protocols import DispatchWorkerGroup
+from ._registry import PADDING_SIZE_KEY, DispatchFnDict, concat_outputs
+from ._shard import split_args_kwargs
+
+__all__ = ["make_nd_compute_dataproto_dispatch_fn", "mesh_layout"]
+
+
+def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list[int], list[bool]]:
+    """Each rank's dp rank and collect flag on ``mesh_name``, validated and cached.
+
+    The worker group is asked once per mesh (``_query_dispatch_info`` and
+    ``_query_collect_info``); the answers are kept in its ``_dispatch_info`` and
+    ``_collect_info`` caches.
+    """
+    mode = f"nd dispatch on mesh {mesh_name!r}"
+    dispatch_info = worker_group._dispatch_info
+    collect_info = worker_group._collect_info
+    if mesh_name not in dispatch_info:
+        dispatch_info[mesh_name] = list(worker_group._query_dispatch_info(mesh_name))
+    if mesh_name not in collect_info:
+        collect_info[mesh_name] = list(worker_group._query_collect_info(mesh_name))
+    dp_ranks = dispatch_info[mesh_name]
+    collect = collect_info[mesh_name]
+    world = worker_group.world_size
+    if len(dp_ranks) != world or len(collect) != world:
+        raise MeshLayoutError(
+            f"{mode}: expected one dp rank and one collect flag per rank (world size {world}), "
+            f"got {len(dp_ranks)} dp ranks and {len(collect)} collect flags"
+        )
+    if not dp_ranks:
+        raise MeshLayoutError(f"{mode}: the mesh has no ranks")
+    dp_size = max(dp_ranks) + 1
+    if sorted(set(dp_ranks)) != list(range(dp_size)) or min(dp_ranks) < 0:
+        raise MeshLayoutError(f"{mode}: dp ranks must be exactly 0..{dp_size - 1}, got {dp_ranks}")
+    collectors: dict[int, list[int]] = {d: [] for d in range(dp_size)}
+    for rank, (dp, flag) in enumerate(zip(dp_ranks, collect, strict=True)):
+        if flag:
+            collectors[dp].append(rank)
+    bad = {d: ranks for d, ranks in collectors.items() if len(ranks) != 1}
+    if bad:
+        detail = ", ".join(f"dp rank {d}: collect ranks {r}" for d, r in sorted(bad.items()))
+        raise MeshLayoutError(
+            f"{mode}: every dp group needs exactly one collect rank; {detail} "
+            f"(dp ranks {dp_ranks}, collect flags {collect})"
+        )
+    return dp_ranks, collect
+
+
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchFnDict:
+    """A custom dispatch mode that splits by dp rank on the mesh ``mesh_name``.
+
+    The batch is split into ``dp_size`` shards (padded like ``DP_COMPUTE_PROTO`` when
+    auto-padding is on); every rank of a dp group receives the same shard object; outputs
+    are collected from each group's collect rank, in dp order. Use it as
+    ``@register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))``.
+    """
+    if not isinstance(mesh_name, str) or not mesh_name:
+        raise DispatchArgumentError(f"mesh_name must be a non-empty string, got {mesh_name!r}")
+    mode = f"nd dispatch on mesh {mesh_name!r}"
+
+    def nd_dispatch_fn(
+        worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
+    ) -> tuple[list[list[Any]], dict[str, Any]]:
+        dp_ranks, _ = mesh_layout(worker_group, mesh_name)
+        dp_size = max(dp_ranks) + 1
+        split_args, split_kwargs, pad = split_args_kwargs(mode, dp_size, args, kwargs)
+        out_args = [[shards[d] for d in dp_ranks] for shards in split_args]
+        out_kwargs: dict[str, Any] = {
+            k: [shards[d] for d in dp_ranks] for k, shards in split_kwargs.items()
+        }
+        if pad:
+            out_kwargs[PADDING_SIZE_KEY] = pad
+        return out_args, out_kwargs
+
+    def nd_collect_fn(worker_group: DispatchWorkerGroup, output: Sequence[Any]) -> Any:
+        dp_ranks, collect = mesh_layout(worker_group, mesh_name)
+        if len(output) != len(dp_ranks):
+            raise DispatchArgumentError(
+                f"{mode}: expected {len(dp_ranks)} outputs (one per rank), got {len(output)}"
+            )
+        order = sorted(
+            (dp, rank)
+            for rank, (dp, flag) in enumerate(zip(dp_ranks, collect, strict=True))
+            if flag
+        )
+        picked = [output[rank] for _, rank in order]
+        return concat_outputs(mode, picked)
+
+    nd_dispatch_fn.__name__ = nd_dispatch_fn.__qualname__ = f"nd_dispatch_fn[{mesh_name}]"
+    nd_collect_fn.__name__ = nd_collect_fn.__qualname__ = f"nd_collect_fn[{mesh_name}]"
+    return {"dispatch_fn": nd_dispatch_fn, "collect_fn": nd_collect_fn}

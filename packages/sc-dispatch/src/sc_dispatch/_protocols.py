@@ -1,0 +1,67 @@
+"""The seams that keep sc-dispatch free of torch and of any backend.
+
+* :class:`DispatchWorkerGroup` is what a dispatch function may ask of a worker group.
+* :class:`ShardAdapter` tells sc-dispatch how to split, join and pad one container type;
+  adapters are registered per type with :func:`sc_dispatch.register_shardable`.
+* :class:`FutureLike` is what ``@register(materialize_futures=True)`` resolves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+__all__ = ["DispatchWorkerGroup", "FutureLike", "ShardAdapter"]
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class DispatchWorkerGroup(Protocol):
+    """What dispatch and collect functions need from a worker group.
+
+    ``_dispatch_info`` and ``_collect_info`` are per-mesh caches that the N-d dispatch
+    fills on first use from ``_query_dispatch_info`` / ``_query_collect_info``, which ask
+    every worker for its data-parallel rank and collect flag on that mesh.
+    """
+
+    _dispatch_info: dict[str, list[int]]
+    _collect_info: dict[str, list[bool]]
+
+    @property
+    def world_size(self) -> int: ...
+
+    def _query_dispatch_info(self, mesh_name: str) -> list[int]: ...
+
+    def _query_collect_info(self, mesh_name: str) -> list[bool]: ...
+
+
+class ShardAdapter(Protocol[T]):
+    """How one container type is split into shards, joined back, and padded.
+
+    ``chunk`` must return exactly ``chunks`` parts whose lengths differ by at most one,
+    earlier parts being the longer ones (``numpy.array_split`` sizes); it is only called
+    with ``1 <= chunks <= length``. ``pad`` and ``unpad`` return new objects (or views) and
+    never mutate their argument.
+    """
+
+    def length(self, obj: T) -> int: ...
+
+    def chunk(self, obj: T, chunks: int) -> list[T]: ...
+
+    def concat(self, parts: Sequence[T]) -> T: ...
+
+    def pad(self, obj: T, pad_size: int) -> T: ...
+
+    def unpad(self, obj: T, pad_size: int) -> T: ...
+
+    def auto_padding(self, obj: T) -> bool:
+        """Whether ``obj`` may be padded so that it splits evenly."""
+        ...
+
+
+@runtime_checkable
+class FutureLike(Protocol):
+    """A value computed elsewhere; ``get()`` blocks until it is available and returns it."""
+
+    def get(self) -> Any: ...

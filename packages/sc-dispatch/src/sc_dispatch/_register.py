@@ -1,0 +1,134 @@
+"""``@register``: declare how a worker method is dispatched, executed and collected."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar, cast
+
+from ._enums import Dispatch, Execute
+from ._errors import InvalidDispatchModeError
+from ._registry import resolve_dispatch_mode
+from ._shard import is_future
+
+__all__ = ["MAGIC_ATTR", "RegisterAttrs", "get_register_attrs", "materialize", "register"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Attribute under which ``@register`` stores its settings (verl's value).
+MAGIC_ATTR = "attrs_3141562937"
+
+
+@dataclass(frozen=True)
+class RegisterAttrs:
+    """The settings ``@register`` attached to a method."""
+
+    dispatch_mode: Dispatch | Mapping[str, Any]
+    execute_mode: Execute
+    blocking: bool
+    materialize_futures: bool
+
+
+def materialize(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Replace every registered future among the arguments by its value (``get()``)."""
+    new_args = tuple(a.get() if is_future(a) else a for a in args)
+    new_kwargs = {k: (v.get() if is_future(v) else v) for k, v in kwargs.items()}
+    return new_args, new_kwargs
+
+
+def register(
+    dispatch_mode: Dispatch | Mapping[str, Any] = Dispatch.ALL_TO_ALL,
+    execute_mode: Execute | None = None,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Mark a worker method as callable through a worker group.
+
+    ``dispatch_mode`` is a :class:`Dispatch` member or a mapping
+    ``{"dispatch_fn": ..., "collect_fn": ...}``; ``execute_mode`` defaults to
+    ``Execute.RANK_ZERO`` for ``Dispatch.RANK_ZERO`` and ``Execute.ALL`` otherwise;
+    ``blocking=False`` makes the driver-side call return futures; ``materialize_futures``
+    resolves future arguments (``get()``) before the method runs. Works on plain and
+    ``async def`` methods, and returns a function with the same signature.
+    """
+    if isinstance(dispatch_mode, Mapping):
+        resolve_dispatch_mode(dispatch_mode)  # validates both functions now, not at call time
+    elif not isinstance(dispatch_mode, Dispatch):
+        raise InvalidDispatchModeError(
+            f"register: dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' "
+            f"and 'collect_fn', got {type(dispatch_mode).__qualname__} {dispatch_mode!r}"
+        )
+    if execute_mode is None:
+        execute_mode = Execute.RANK_ZERO if dispatch_mode is Dispatch.RANK_ZERO else Execute.ALL
+    if not isinstance(execute_mode, Execute):
+        raise InvalidDispatchModeError(
+            f"register: execute_mode must be an Execute member, got {execute_mode!r}"
+        )
+    if dispatch_mode is Dispatch.RANK_ZERO and execute_mode is not Execute.RANK_ZERO:
+        raise InvalidDispatchModeError(
+            f"register: Dispatch.RANK_ZERO runs on rank 0 only and needs Execute.RANK_ZERO, "
+            f"got {execute_mode!r}"
+        )
+    for name, flag in (("blocking", blocking), ("materialize_futures", materialize_futures)):
+        if not isinstance(flag, bool):
+            raise InvalidDispatchModeError(f"register: {name} must be a bool, got {flag!r}")
+    attrs = RegisterAttrs(dispatch_mode, execute_mode, blocking, materialize_futures)
+
+    def decorator(func: Callable[P, R]) -> Callable[P, R]:
+        if not callable(func):
+            raise InvalidDispatchModeError(f"register: expected a function, got {func!r}")
+        wrapped: Callable[..., Any]
+        if not materialize_futures:
+            wrapped = func
+        elif inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                args, kwargs = materialize(args, kwargs)
+                return await func(*args, **kwargs)
+
+            wrapped = async_inner
+        else:
+
+            @functools.wraps(func)
+            def inner(*args: Any, **kwargs: Any) -> Any:
+                args, kwargs = materialize(args, kwargs)
+                return func(*args, **kwargs)
+
+            wrapped = inner
+        setattr(
+            wrapped,
+            MAGIC_ATTR,
+            {
+                "dispatch_mode": attrs.dispatch_mode,
+                "execute_mode": attrs.execute_mode,
+                "blocking": attrs.blocking,
+                "materialize_futures": attrs.materialize_futures,
+            },
+        )
+        return cast("Callable[P, R]", wrapped)
+
+    return decorator
+
+
+def get_register_attrs(func: object) -> RegisterAttrs | None:
+    """The settings of a ``@register``-ed method, or ``None`` if it was not registered."""
+    raw = getattr(func, MAGIC_ATTR, None)
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return RegisterAttrs(
+            dispatch_mode=raw["dispatch_mode"],
+            execute_mode=raw["execute_mode"],
+            blocking=bool(raw["blocking"]),
+            materialize_futures=bool(raw.get("materialize_futures", True)),
+        )
+    except KeyError as exc:
+        raise InvalidDispatchModeError(
+            f"{getattr(func, '__qualname__', func)!r} carries {MAGIC_ATTR} without {exc.args[0]!r}"
+        ) from None

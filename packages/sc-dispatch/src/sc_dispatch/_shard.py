@@ -1,0 +1,202 @@
+"""The shardable-container registry and the splitting helpers every splitting mode uses."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ._errors import DispatchArgumentError, NotShardableError
+from ._protocols import ShardAdapter
+
+__all__ = [
+    "chunk_sizes",
+    "get_shard_adapter",
+    "is_future",
+    "is_shardable",
+    "register_future_type",
+    "register_shardable",
+    "split_args_kwargs",
+    "unpad_output",
+]
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_adapters: dict[type, ShardAdapter[Any]] = {}
+_future_types: tuple[type, ...] = ()
+
+
+def chunk_sizes(length: int, chunks: int) -> list[int]:
+    """Sizes of ``chunks`` parts of ``length`` rows, earlier parts one longer if uneven."""
+    base, extra = divmod(length, chunks)
+    return [base + 1 if i < extra else base for i in range(chunks)]
+
+
+class _SequenceAdapter:
+    """Lists and tuples: split into contiguous slices, joined by concatenation.
+
+    Padding repeats rows from the start (cycling if the pad is longer than the sequence),
+    like DataProto's padding; plain sequences only pad when a mode pads other arguments of
+    the same call.
+    """
+
+    def __init__(self, kind: Callable[[list[Any]], Sequence[Any]]) -> None:
+        self._kind = kind
+
+    def length(self, obj: Sequence[Any]) -> int:
+        return len(obj)
+
+    def chunk(self, obj: Sequence[Any], chunks: int) -> list[Sequence[Any]]:
+        parts: list[Sequence[Any]] = []
+        start = 0
+        for size in chunk_sizes(len(obj), chunks):
+            parts.append(obj[start : start + size])
+            start += size
+        return parts
+
+    def concat(self, parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
+        out: list[Any] = []
+        for part in parts:
+            out.extend(part)
+        return self._kind(out)
+
+    def pad(self, obj: Sequence[Any], pad_size: int) -> Sequence[Any]:
+        if pad_size == 0:
+            return obj
+        if len(obj) == 0:
+            raise DispatchArgumentError("cannot pad an empty sequence")
+        extra = [obj[i % len(obj)] for i in range(pad_size)]
+        return self._kind([*obj, *extra])
+
+    def unpad(self, obj: Sequence[Any], pad_size: int) -> Sequence[Any]:
+        return obj[: len(obj) - pad_size] if pad_size else obj
+
+    def auto_padding(self, obj: Sequence[Any]) -> bool:
+        return False
+
+
+def register_shardable(cls: type[T], adapter: ShardAdapter[T]) -> None:
+    """Teach the splitting modes to split, join and pad instances of ``cls`` (and subclasses).
+
+    Registering a type again replaces its adapter.
+    """
+    if not isinstance(cls, type):
+        raise NotShardableError(f"register_shardable: expected a class, got {cls!r}")
+    with _lock:
+        _adapters[cls] = adapter
+
+
+def get_shard_adapter(obj: object) -> ShardAdapter[Any] | None:
+    """The adapter registered for ``type(obj)`` or its nearest base class, or ``None``."""
+    for klass in type(obj).__mro__:
+        adapter = _adapters.get(klass)
+        if adapter is not None:
+            return adapter
+    return None
+
+
+def is_shardable(obj: object) -> bool:
+    """Whether a splitting mode can split ``obj``."""
+    return get_shard_adapter(obj) is not None
+
+
+def register_future_type(cls: type) -> None:
+    """Mark ``cls`` as a future that ``@register(materialize_futures=True)`` resolves."""
+    global _future_types
+    if not isinstance(cls, type):
+        raise NotShardableError(f"register_future_type: expected a class, got {cls!r}")
+    with _lock:
+        if cls not in _future_types:
+            _future_types = (*_future_types, cls)
+
+
+def is_future(obj: object) -> bool:
+    """Whether ``obj`` is an instance of a registered future type."""
+    return bool(_future_types) and isinstance(obj, _future_types)
+
+
+def _describe(obj: object) -> str:
+    text = repr(obj)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def split_args_kwargs(
+    mode: str,
+    chunks: int,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    *,
+    allow_padding: bool = True,
+) -> tuple[list[list[Any]], dict[str, list[Any]], int]:
+    """Split every argument into ``chunks`` shards.
+
+    Returns per-argument shard lists and the number of padding rows added at the end of the
+    batch (0 when none). All arguments must be shardable and of the same length. When the
+    length does not divide evenly and any argument has auto-padding enabled, every argument
+    is padded (on a new object) to the next multiple of ``chunks``; otherwise the shards
+    differ in length by at most one. A batch shorter than ``chunks`` without padding is an
+    error.
+    """
+    named: list[tuple[str, Any]] = [(f"positional argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    if not named:
+        return [], {}, 0
+    adapters: list[ShardAdapter[Any]] = []
+    lengths: list[int] = []
+    for label, value in named:
+        adapter = get_shard_adapter(value)
+        if adapter is None:
+            raise NotShardableError(
+                f"{mode}: {label} of type {type(value).__qualname__} cannot be split across "
+                f"{chunks} workers ({_describe(value)}); pass a list, tuple, DataProto or "
+                "TensorDict, or register an adapter with sc_dispatch.register_shardable"
+            )
+        adapters.append(adapter)
+        lengths.append(adapter.length(value))
+    if len(set(lengths)) > 1:
+        detail = ", ".join(f"{label}: {n}" for (label, _), n in zip(named, lengths, strict=True))
+        raise DispatchArgumentError(
+            f"{mode}: all split arguments must have the same length, got {detail}"
+        )
+    length = lengths[0]
+    pad_size = 0
+    if length % chunks:
+        wants_padding = allow_padding and any(
+            a.auto_padding(v) for a, (_, v) in zip(adapters, named, strict=True)
+        )
+        if wants_padding:
+            if length == 0:
+                raise DispatchArgumentError(f"{mode}: cannot pad an empty batch to {chunks} shards")
+            pad_size = chunks - length % chunks
+        elif length < chunks:
+            raise DispatchArgumentError(
+                f"{mode}: batch of {length} rows is shorter than the {chunks} shards it must be "
+                "split into; enable auto-padding or send at least one row per shard"
+            )
+    split: list[list[Any]] = []
+    for adapter, (_, value) in zip(adapters, named, strict=True):
+        padded = adapter.pad(value, pad_size) if pad_size else value
+        parts = adapter.chunk(padded, chunks)
+        if len(parts) != chunks:
+            raise DispatchArgumentError(
+                f"{mode}: adapter for {type(value).__qualname__} returned {len(parts)} "
+                f"shards, expected {chunks}"
+            )
+        split.append(list(parts))
+    n_pos = len(args)
+    return split[:n_pos], dict(zip(kwargs, split[n_pos:], strict=True)), pad_size
+
+
+def unpad_output(output: Any, pad_size: int) -> Any:
+    """Drop the ``pad_size`` padding rows from a collected output (no-op when 0)."""
+    if not pad_size:
+        return output
+    adapter = get_shard_adapter(output)
+    if adapter is None:
+        return output
+    return adapter.unpad(output, pad_size)
+
+
+register_shardable(list, _SequenceAdapter(list))
+register_shardable(tuple, _SequenceAdapter(tuple))
