@@ -73,3 +73,34 @@ def docs(session: nox.Session) -> None:
     """Build the documentation site, failing on any warning."""
     _sync(session, "--all-packages", "--group", "docs")
     session.run("mkdocs", "build", "--strict", "--site-dir", os.path.join(session.create_tmp(), "site"))
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Cross-package tests: the trainer on Ray and locally, Ray-assembled workers."""
+    _sync(session, "--package", "sc-integration", "--group", "test")
+    session.run("pytest", os.path.join("integration", "tests"), *session.posargs)
+
+
+@nox.session(name="typecheck(sc-integration)", tags=["sc-integration"])
+def typecheck_integration(session: nox.Session) -> None:
+    """mypy --strict on the trainer and the sc-demo command."""
+    _sync(session, "--package", "sc-integration", "--group", "typecheck")
+    session.run("mypy", "--strict", os.path.join("integration", "src"))
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks (not run by default): prints tables, writes JSON under integration/benchmarks/results."""
+    _sync(session, "--package", "sc-integration")
+    out = os.path.join("integration", "benchmarks", "results")
+    for script in sorted(os.listdir(os.path.join("integration", "benchmarks"))):
+        if script.startswith("bench_") and script.endswith(".py"):
+            name = script.removeprefix("bench_").removesuffix(".py")
+            session.run(
+                "python",
+                os.path.join("integration", "benchmarks", script),
+                "--out",
+                os.path.join(out, f"{name}.json"),
+                *session.posargs,
+            )

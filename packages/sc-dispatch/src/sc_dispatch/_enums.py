@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
-from ._errors import DispatchModeExistsError, UnknownDispatchModeError
+from ._errors import DispatchModeExistsError, InvalidDispatchModeError, UnknownDispatchModeError
 
 __all__ = ["Dispatch", "DynamicEnum", "Execute"]
 
@@ -68,12 +68,18 @@ class DynamicEnum(metaclass=_DynamicEnumMeta):
     def register(cls: type[_E], name: str) -> _E:
         """Add a member called ``name`` and return it; a taken name is an error."""
         if not isinstance(name, str) or not name.isidentifier():
-            raise DispatchModeExistsError(
+            raise InvalidDispatchModeError(
                 f"{cls.__name__}.register: member name must be an identifier, got {name!r}"
             )
         if name in cls._registry:
             raise DispatchModeExistsError(
                 f"{cls.__name__}.register: member {name!r} already exists"
+            )
+        if hasattr(cls, name):
+            # A member is a class attribute: it must not hide a method or private state.
+            raise InvalidDispatchModeError(
+                f"{cls.__name__}.register: member name {name!r} would shadow the class "
+                "attribute of that name; choose another name"
             )
         member = cls(name, cls._next_value)
         cls._next_value += 1

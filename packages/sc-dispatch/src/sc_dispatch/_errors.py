@@ -7,7 +7,9 @@ exception it means, so callers may catch either::
     ├── UnknownDispatchModeError               a mode or execute mode that is not registered
     ├── DispatchModeExistsError                registering a mode name twice
     ├── InvalidDispatchModeError               a custom mode without a callable dispatch_fn
-    │                                          and collect_fn, or a bad @register argument
+    │                                          and collect_fn, a bad @register argument, or
+    │                                          a member name that is not an identifier or
+    │                                          would shadow a class attribute
     ├── DispatchArgumentError                  arguments a mode cannot split: wrong lengths,
     │   │                                      a batch shorter than the number of shards, ...
     │   └── NotShardableError (also TypeError) a non-shardable argument to a splitting mode,

@@ -41,11 +41,13 @@ class ShardAdapter(Protocol[T]):
 
     ``chunk`` must return exactly ``chunks`` parts whose lengths differ by at most one,
     earlier parts being the longer ones (``numpy.array_split`` sizes); it is only called
-    with ``1 <= chunks <= length``. ``pad`` and ``unpad`` return new objects (or views) and
-    never mutate their argument.
+    with ``1 <= chunks <= length`` (any ``chunks >= 1`` when the length is ``None``).
+    ``pad`` and ``unpad`` return new objects (or views) and never mutate their argument.
     """
 
-    def length(self, obj: T) -> int: ...
+    def length(self, obj: T) -> int | None:
+        """Rows in ``obj``; ``None`` only for a future whose row count is not known yet."""
+        ...
 
     def chunk(self, obj: T, chunks: int) -> list[T]: ...
 

@@ -26,7 +26,7 @@ from ._errors import (
     UnknownDispatchModeError,
 )
 from ._protocols import DispatchWorkerGroup
-from ._shard import get_shard_adapter, split_args_kwargs
+from ._shard import _describe, get_shard_adapter, split_args_kwargs
 
 __all__ = [
     "PADDING_SIZE_KEY",
@@ -160,7 +160,7 @@ def dispatch_dp_compute(
         if not isinstance(value, (list, tuple)):
             raise NotShardableError(
                 f"DP_COMPUTE: {label} must be a list or tuple with one entry per rank "
-                f"(world size {n}), got {type(value).__qualname__}"
+                f"(world size {n}), got {type(value).__qualname__} {_describe(value)}"
             )
         if len(value) != n:
             raise DispatchArgumentError(
@@ -199,7 +199,11 @@ def dispatch_dp_compute_data_proto_with_func(
     mode = "DP_COMPUTE_PROTO_WITH_FUNC"
     n = _world_size(worker_group, mode)
     if not args or not callable(args[0]):
-        got = type(args[0]).__qualname__ if args else "no positional argument"
+        got = (
+            f"{type(args[0]).__qualname__} {_describe(args[0])}"
+            if args
+            else "no positional argument"
+        )
         raise NotShardableError(
             f"{mode}: the first positional argument must be callable, got {got}"
         )

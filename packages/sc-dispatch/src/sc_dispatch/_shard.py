@@ -132,7 +132,8 @@ def split_args_kwargs(
     """Split every argument into ``chunks`` shards.
 
     Returns per-argument shard lists and the number of padding rows added at the end of the
-    batch (0 when none). All arguments must be shardable and of the same length. When the
+    batch (0 when none). All arguments must be shardable and of the same length (an adapter
+    reports ``None`` for a future whose row count is not known yet). When the
     length does not divide evenly and any argument has auto-padding enabled, every argument
     is padded (on a new object) to the next multiple of ``chunks``; otherwise the shards
     differ in length by at most one. A batch shorter than ``chunks`` without padding is an
@@ -143,7 +144,7 @@ def split_args_kwargs(
     if not named:
         return [], {}, 0
     adapters: list[ShardAdapter[Any]] = []
-    lengths: list[int] = []
+    lengths: list[int | None] = []
     for label, value in named:
         adapter = get_shard_adapter(value)
         if adapter is None:
@@ -154,20 +155,29 @@ def split_args_kwargs(
             )
         adapters.append(adapter)
         lengths.append(adapter.length(value))
-    if len(set(lengths)) > 1:
+    known = {n for n in lengths if n is not None}
+    if len(known) > 1:
         detail = ", ".join(f"{label}: {n}" for (label, _), n in zip(named, lengths, strict=True))
         raise DispatchArgumentError(
             f"{mode}: all split arguments must have the same length, got {detail}"
         )
-    length = lengths[0]
+    # A future whose row count is not known yet reports the length None: it is split lazily
+    # and padded like the arguments whose length is known.
+    length = known.pop() if known else None
     pad_size = 0
-    if length % chunks:
+    if length is None:
+        pass
+    elif length == 0:
+        # Checked before divisibility: 0 rows divide evenly, yet no adapter may be asked
+        # for more shards than rows.
+        raise DispatchArgumentError(
+            f"{mode}: cannot split an empty batch (0 rows) into {chunks} shards"
+        )
+    elif length % chunks:
         wants_padding = allow_padding and any(
             a.auto_padding(v) for a, (_, v) in zip(adapters, named, strict=True)
         )
         if wants_padding:
-            if length == 0:
-                raise DispatchArgumentError(f"{mode}: cannot pad an empty batch to {chunks} shards")
             pad_size = chunks - length % chunks
         elif length < chunks:
             raise DispatchArgumentError(
