@@ -1,1 +1,146 @@
-"""sc_core."""
+"""sc-core: workers, worker groups and an in-process backend for single-controller programs.
+
+A :class:`Worker` subclass declares methods with :func:`sc_dispatch.register`; a worker
+group (:class:`LocalWorkerGroup` here, ``sc_ray.RayWorkerGroup`` on Ray) builds one
+instance per rank and binds each registered method as a distributed call:
+``wg.compute(batch)`` splits ``batch``, runs ``compute`` on every worker and joins the
+results. :class:`WorkerGroup` is the base class of every backend; its module docstring is
+the backend contract. Depends on sc-dispatch only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+
+from ._call import Call, CallOptions, current_call
+from ._colocate import (
+    create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
+)
+from ._context import (
+    InProcessRendezvous,
+    Rendezvous,
+    WorkerContext,
+    current_worker_context,
+    rendezvous_from_env,
+    worker_context,
+    worker_environ,
+)
+from ._errors import (
+    CallTimeoutError,
+    ColocationError,
+    InvalidCallOptionsError,
+    InvalidConfigError,
+    MeshRegistrationError,
+    MethodCollisionError,
+    MissingEnvironmentError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    ResourcePoolError,
+    ScCoreError,
+    UnknownMeshError,
+    UnknownMethodError,
+    VisibleDevicesError,
+    WorkerDiedError,
+    WorkerEnvironmentError,
+    WorkerError,
+    WorkerGroupError,
+)
+from ._future import LazyFuture
+from ._local import LocalHandle, LocalWorkerGroup
+from ._resource import ClassWithInitArgs, ResourcePool
+from ._spans import (
+    CallSpan,
+    PhaseRecord,
+    PhaseStats,
+    SpanObserver,
+    SpanRecorder,
+    add_span_observer,
+    remove_span_observer,
+)
+from ._worker import (
+    DistGlobalInfo,
+    DistRankInfo,
+    Worker,
+    WorkerHelper,
+    normalize_visible_devices,
+)
+from ._worker_group import MethodProxy, WorkerGroup
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Call",
+    "CallOptions",
+    "CallSpan",
+    "CallTimeoutError",
+    "ClassWithInitArgs",
+    "ColocationError",
+    "DistGlobalInfo",
+    "DistRankInfo",
+    "InProcessRendezvous",
+    "InvalidCallOptionsError",
+    "InvalidConfigError",
+    "LazyFuture",
+    "LocalHandle",
+    "LocalWorkerGroup",
+    "MeshRegistrationError",
+    "MethodCollisionError",
+    "MethodProxy",
+    "MissingEnvironmentError",
+    "PhaseRecord",
+    "PhaseStats",
+    "Rendezvous",
+    "RendezvousError",
+    "RendezvousTimeoutError",
+    "ResourcePool",
+    "ResourcePoolError",
+    "ScCoreError",
+    "SpanObserver",
+    "SpanRecorder",
+    "UnknownMeshError",
+    "UnknownMethodError",
+    "VisibleDevicesError",
+    "Worker",
+    "WorkerContext",
+    "WorkerDiedError",
+    "WorkerEnvironmentError",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerGroupError",
+    "WorkerHelper",
+    "__version__",
+    "add_span_observer",
+    "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
+    "current_call",
+    "current_worker_context",
+    "normalize_visible_devices",
+    "remove_span_observer",
+    "rendezvous_from_env",
+    "worker_context",
+    "worker_environ",
+]
+
+
+def _install_trace_file_recorder() -> None:
+    """``SC_TRACE_FILE=path``: record every call and write the trace there at exit."""
+    path = os.environ.get("SC_TRACE_FILE")
+    if not path:
+        return
+    recorder = SpanRecorder().start()
+
+    def write() -> None:
+        try:
+            recorder.write_chrome_trace(path)
+        except OSError:
+            logging.getLogger("sc_core.spans").exception("cannot write SC_TRACE_FILE=%s", path)
+
+    atexit.register(write)
+
+
+_install_trace_file_recorder()

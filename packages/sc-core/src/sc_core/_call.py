@@ -1,0 +1,116 @@
+"""``Call``: the per-call object a worker group passes to its backend hooks."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from sc_dispatch import Execute
+
+from ._errors import InvalidCallOptionsError
+from ._spans import CallSpan
+
+__all__ = ["Call", "CallOptions", "current_call"]
+
+
+def check_timeout(where: str, timeout: object) -> float | None:
+    """``timeout`` as a positive finite float, or ``None`` (no deadline)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidCallOptionsError(
+            f"{where}: timeout must be a number of seconds or None, "
+            f"got {type(timeout).__qualname__} {timeout!r}"
+        )
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise InvalidCallOptionsError(
+            f"{where}: timeout must be a positive finite number of seconds, got {timeout!r}"
+        )
+    return float(timeout)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Per-call overrides set with ``proxy.options(...)``.
+
+    ``timeout`` applies only when ``has_timeout`` (``None`` then means no deadline), else the
+    group's ``default_timeout`` does; ``blocking=None`` keeps the method's registered value.
+    """
+
+    timeout: float | None = None
+    has_timeout: bool = False
+    blocking: bool | None = None
+
+
+class Call:
+    """One call on a worker group, as its backend sees it.
+
+    ``method_name`` is the worker method called; ``ranks`` the ranks it runs on;
+    ``execute_mode`` ``Execute.ALL`` or ``Execute.RANK_ZERO``; ``blocking`` whether the
+    driver waits; ``timeout`` the call's time limit in seconds (``None``: none) and
+    ``deadline`` the same as a ``time.monotonic()`` instant; ``span`` the
+    :class:`~sc_core.CallSpan` being recorded, to which a backend adds per-rank phases and
+    byte counts.
+    """
+
+    __slots__ = ("blocking", "deadline", "execute_mode", "method_name", "ranks", "span", "timeout")
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        method_name: str,
+        ranks: tuple[int, ...],
+        execute_mode: Execute,
+        blocking: bool,
+        timeout: float | None,
+    ) -> None:
+        self.method_name = method_name
+        self.ranks = ranks
+        self.execute_mode = execute_mode
+        self.blocking = blocking
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.span = CallSpan(group=group, method=method_name, blocking=blocking, ranks=ranks)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (never negative), or ``None`` if there is none."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def __repr__(self) -> str:
+        return (
+            f"Call({self.method_name!r}, ranks={list(self.ranks)}, blocking={self.blocking}, "
+            f"timeout={self.timeout})"
+        )
+
+
+_current_call: ContextVar[Call | None] = ContextVar("sc_core_current_call", default=None)
+
+
+def current_call() -> Call | None:
+    """The call being made on this thread, or ``None``.
+
+    A backend's ``execute_all_async`` / ``execute_rank_zero_async`` (whose verl signature
+    has no room for it) reads the call here, e.g. to report the bytes it put with
+    ``current_call().span.add_bytes(put=n)``.
+    """
+    return _current_call.get()
+
+
+@contextlib.contextmanager
+def active_call(call: Call) -> Iterator[Call]:
+    token = _current_call.set(call)
+    try:
+        yield call
+    finally:
+        _current_call.reset(token)

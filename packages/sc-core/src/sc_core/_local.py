@@ -1,0 +1,412 @@
+"""``LocalWorkerGroup``: the in-process backend.
+
+Every rank's worker is an ordinary object in this process, with an environment of its own
+(WORLD_SIZE, RANK, ... through :func:`~sc_core.worker_context`; ``os.environ`` is never
+written). Each rank has a daemon thread that builds its worker and runs its calls in order,
+with an asyncio event loop of its own for ``async def`` methods. By default the ranks take
+turns: a call runs on rank 0, then rank 1, ... and one call finishes before the next starts,
+so output and breakpoints come one rank at a time. The driver waits for the rank threads
+within each call's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._call import Call
+from ._colocate import unwrap_worker_cls
+from ._context import InProcessRendezvous, worker_context
+from ._errors import (
+    CallTimeoutError,
+    InvalidConfigError,
+    ResourcePoolError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupError,
+)
+from ._future import LazyFuture
+from ._resource import ClassWithInitArgs, ResourcePool
+from ._worker_group import WorkerGroup, _env_flag
+
+__all__ = ["LocalHandle", "LocalWorkerGroup"]
+
+logger = logging.getLogger("sc_core.local")
+
+
+@dataclass
+class _Outcome:
+    value: Any = None
+    error: BaseException | None = None
+    traceback: str = ""
+    start: float = 0.0
+    end: float = 0.0
+    died: bool = False
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class _RankRunner:
+    """A daemon thread running one rank's tasks in submission order."""
+
+    def __init__(self, name: str, inline: bool) -> None:
+        self.inline = inline
+        self._queue: queue.SimpleQueue[
+            tuple[concurrent.futures.Future[_Outcome], Callable[[], _Outcome]] | None
+        ] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        if not inline:
+            self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+            self._thread.start()
+
+    def submit(self, task: Callable[[], _Outcome]) -> concurrent.futures.Future[_Outcome]:
+        fut: concurrent.futures.Future[_Outcome] = concurrent.futures.Future()
+        if self.inline:
+            fut.set_running_or_notify_cancel()
+            fut.set_result(task())
+        else:
+            self._queue.put((fut, task))
+        return fut
+
+    def run_awaitable(self, awaitable: Any) -> Any:
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        coro: Coroutine[Any, Any, Any] = (
+            awaitable if inspect.iscoroutine(awaitable) else _await(awaitable)
+        )
+        return self._loop.run_until_complete(coro)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            fut, task = item
+            if fut.set_running_or_notify_cancel():
+                fut.set_result(task())
+        if self._loop is not None:
+            self._loop.close()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+
+
+class _Turns:
+    """The last task submitted by a group (and the groups spawned from it): the next one
+    starts after it, so that ranks take turns."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last: concurrent.futures.Future[_Outcome] | None = None
+
+
+class LocalHandle:
+    """The backend handle of one rank's call: ``result(timeout)`` waits for its value."""
+
+    def __init__(self, rank: int, method_name: str, future: concurrent.futures.Future[_Outcome]):
+        self.rank = rank
+        self.method_name = method_name
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The value, or :class:`~sc_core.WorkerError` / :class:`~sc_core.WorkerDiedError` /
+        :class:`~sc_core.CallTimeoutError`."""
+        try:
+            outcome = self.future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            raise CallTimeoutError(self.method_name, [self.rank], timeout) from None
+        if outcome.died:
+            raise WorkerDiedError(self.method_name, [self.rank], "killed with kill_worker")
+        if outcome.error is not None:
+            raise WorkerError.from_exception(
+                self.method_name, self.rank, outcome.error, remote_traceback=outcome.traceback
+            )
+        return outcome.value
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<LocalHandle {self.method_name} rank {self.rank} {state}>"
+
+
+def _worker_traceback(exc: BaseException) -> str:
+    """The traceback text of ``exc`` without this module's own frames at its top."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+class LocalWorkerGroup(WorkerGroup):
+    """All ranks of a worker group as objects in this process (for tests and debugging).
+
+    ``LocalWorkerGroup(resource_pool, ClassWithInitArgs(MyWorker, ...))`` builds
+    ``resource_pool.world_size`` workers, rank by rank, and binds their registered methods
+    like any worker group. ``ray_cls_with_init=`` is accepted as a synonym of
+    ``cls_with_init`` so that code written for ``RayWorkerGroup`` runs unchanged.
+
+    A ``ray.remote``-wrapped class is unwrapped, and a backend's subclass of
+    ``ClassWithInitArgs`` (``RayClassWithInitArgs``) is accepted: only its class and
+    arguments are used.
+
+    ``concurrent=True`` runs the ranks of a call at the same time (each on its own thread)
+    instead of one after the other; ``inline=True`` (or ``SC_LOCAL_INLINE=1``) runs every
+    call on the calling thread, where a debugger that only follows the main thread can step
+    into it; deadlines are then not enforced.
+    """
+
+    def __init__(
+        self,
+        resource_pool: ResourcePool | None = None,
+        cls_with_init: ClassWithInitArgs[Any] | None = None,
+        name_prefix: str | None = None,
+        *,
+        ray_cls_with_init: ClassWithInitArgs[Any] | None = None,
+        default_timeout: float | None = None,
+        concurrent: bool = False,
+        inline: bool | None = None,
+    ) -> None:
+        super().__init__(resource_pool, name_prefix=name_prefix, default_timeout=default_timeout)
+        where = f"{type(self).__name__}"
+        if cls_with_init is not None and ray_cls_with_init is not None:
+            raise InvalidConfigError(f"{where}: give cls_with_init or ray_cls_with_init, not both")
+        cia = cls_with_init if cls_with_init is not None else ray_cls_with_init
+        if not isinstance(cia, ClassWithInitArgs):
+            raise InvalidConfigError(
+                f"{where}: cls_with_init must be a ClassWithInitArgs, got {type(cia).__qualname__}"
+            )
+        if resource_pool is None:
+            raise InvalidConfigError(
+                f"{where}: needs a ResourcePool (detached workers exist only on Ray)"
+            )
+        if resource_pool.world_size == 0:
+            raise ResourcePoolError(
+                f"{where}: the resource pool has no processes ({resource_pool})"
+            )
+        for flag_name, flag in (("concurrent", concurrent), ("inline", inline)):
+            if flag is not None and not isinstance(flag, bool):
+                raise InvalidConfigError(f"{where}: {flag_name} must be a bool, got {flag!r}")
+        self.concurrent = concurrent
+        self.inline = _env_flag("SC_LOCAL_INLINE") if inline is None else inline
+        self.cls_with_init = cia
+        self._worker_cls = unwrap_worker_cls(cia.cls)
+        self.fused_worker_used = cia.fused_worker_used
+        self._rendezvous = InProcessRendezvous()
+        self._killed: set[int] = set()
+        self._turns = _Turns()
+        self._envs: list[dict[str, str]] = []
+        self._runners: list[_RankRunner] = []
+        world_size = resource_pool.world_size
+        base_env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("MASTER_ADDR", "MASTER_PORT", "SC_RENDEZVOUS")
+        }
+        local_sizes = resource_pool.local_world_size_list()
+        local_ranks = resource_pool.local_rank_list()
+        runners = self._runners
+        self._finalizer = weakref.finalize(self, _close_runners, runners)
+        for rank in range(world_size):
+            env = dict(base_env)
+            env.update(
+                WORLD_SIZE=str(world_size),
+                RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(local_sizes[rank]),
+                LOCAL_RANK=str(local_ranks[rank]),
+                WG_PREFIX=self.name_prefix,
+                WG_BACKEND="local",
+            )
+            self._envs.append(env)
+            runners.append(_RankRunner(f"sc-local-{self.name_prefix}-rank{rank}", self.inline))
+        for rank in range(world_size):
+            outcome = runners[rank].submit(functools.partial(self._construct, rank)).result()
+            if outcome.error is not None:
+                self.close()
+                raise WorkerError.from_exception(
+                    f"{getattr(cia.cls, '__qualname__', cia.cls)}.__init__",
+                    rank,
+                    outcome.error,
+                    remote_traceback=outcome.traceback,
+                )
+            self._workers.append(outcome.value)
+            self._worker_names.append(f"{self.name_prefix}_rank{rank}")
+        self._master_addr = self._envs[0].get("MASTER_ADDR")
+        self._master_port = self._envs[0].get("MASTER_PORT")
+        logger.debug(
+            "local worker group %s: %d workers of %s built (inline=%s, concurrent=%s)",
+            self.name_prefix,
+            world_size,
+            self._worker_cls,
+            self.inline,
+            concurrent,
+        )
+        worker_cls = self._worker_cls
+        self._bind_worker_method(
+            worker_cls if isinstance(worker_cls, type) else type(self._workers[0])
+        )
+
+    # --- running code on a rank --------------------------------------------------------------
+
+    def _in_rank(self, rank: int, fn: Callable[[], Any]) -> _Outcome:
+        """Run ``fn`` as rank ``rank`` (its environment, its event loop); never raises."""
+        start = time.time()
+        try:
+            with worker_context(self._envs[rank], self._rendezvous):
+                value = fn()
+                if inspect.isawaitable(value):
+                    value = self._runners[rank].run_awaitable(value)
+            return _Outcome(value=value, start=start, end=time.time())
+        except BaseException as exc:
+            return _Outcome(
+                error=exc, traceback=_worker_traceback(exc), start=start, end=time.time()
+            )
+
+    def _construct(self, rank: int) -> _Outcome:
+        # Not ``cls_with_init()``: a backend's subclass (sc-ray's) may create an actor there.
+        cia = self.cls_with_init
+        return self._in_rank(rank, functools.partial(self._worker_cls, *cia.args, **cia.kwargs))
+
+    def _execute_rank_async(
+        self, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> LocalHandle:
+        if not 0 <= rank < self.world_size:
+            raise WorkerGroupError(
+                f"{type(self).__name__}.{method_name}: rank {rank} out of range for world size "
+                f"{self.world_size}"
+            )
+        runners = self._runners
+        if not runners:
+            raise WorkerGroupError(f"{type(self).__name__}.{method_name}: group is closed")
+        if rank in self._killed:
+            fut: concurrent.futures.Future[_Outcome] = concurrent.futures.Future()
+            fut.set_result(_Outcome(died=True))
+            return LocalHandle(rank, method_name, fut)
+        worker = self._workers[rank]
+
+        def run() -> Any:
+            return getattr(worker, method_name)(*args, **kwargs)
+
+        if self.concurrent or self.inline:
+            return LocalHandle(
+                rank, method_name, runners[rank].submit(lambda: self._in_rank(rank, run))
+            )
+        turns = self._turns
+        with turns.lock:
+            previous = turns.last
+
+            def in_turn() -> _Outcome:
+                if previous is not None:
+                    concurrent.futures.wait([previous])
+                return self._in_rank(rank, run)
+
+            fut = runners[rank].submit(in_turn)
+            turns.last = fut
+        return LocalHandle(rank, method_name, fut)
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
+        outcomes: list[_Outcome] = []
+        for i, handle in enumerate(handles):
+            if not isinstance(handle, LocalHandle):
+                raise WorkerGroupError(
+                    f"{type(self).__name__}._wait({call.method_name}): expected LocalHandle, "
+                    f"got {type(handle).__qualname__}"
+                )
+            try:
+                outcomes.append(handle.future.result(timeout=call.remaining()))
+            except concurrent.futures.TimeoutError:
+                pending = [h.rank for h in handles[i:] if not h.future.done()]
+                logger.warning(
+                    "local worker group %s: %s timed out after %ss; ranks %s keep running",
+                    self.name_prefix,
+                    call.method_name,
+                    call.timeout,
+                    pending,
+                )
+                raise CallTimeoutError(call.method_name, pending, call.timeout) from None
+        ranks = [h.rank for h in handles]
+        if call.span.end is None:
+            for rank, outcome in zip(ranks, outcomes, strict=True):
+                if not outcome.died:
+                    call.span.add_phase("execute", outcome.start, outcome.end, rank)
+        died = [r for r, o in zip(ranks, outcomes, strict=True) if o.died]
+        if died:
+            self._mark_workers_dead(died, "killed with kill_worker")
+            raise WorkerDiedError(call.method_name, died, "killed with kill_worker")
+        failed = [(r, o) for r, o in zip(ranks, outcomes, strict=True) if o.error is not None]
+        if failed:
+            rank, first = failed[0]
+            if first.error is None:  # pragma: no cover - filtered above
+                raise WorkerGroupError("unreachable")
+            raise WorkerError.from_exception(
+                call.method_name,
+                rank,
+                first.error,
+                other_failed_ranks=[r for r, _ in failed[1:]],
+                remote_traceback=first.traceback,
+            )
+        return [o.value for o in outcomes]
+
+    def _pending_outputs(self, handles: Sequence[Any], call: Call) -> list[Any]:
+        """Futures that wait for their rank when ``get()`` is called (within the deadline)."""
+        return [
+            LazyFuture(
+                functools.partial(self._wait_one, h, call),
+                f"{call.method_name} rank {h.rank}",
+            )
+            for h in handles
+        ]
+
+    def _wait_one(self, handle: LocalHandle, call: Call) -> Any:
+        return self._wait([handle], call)[0]
+
+    def _is_worker_alive(self, worker: Any) -> bool:
+        return not any(self._workers[r] is worker for r in self._killed)
+
+    # --- local extras ------------------------------------------------------------------------
+
+    def kill_worker(self, rank: int) -> None:
+        """Simulate the death of ``rank``'s process: its calls now fail with
+        :class:`~sc_core.WorkerDiedError` (the object itself is left alone)."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise InvalidConfigError(
+                f"{type(self).__name__}.kill_worker: rank must be an int in "
+                f"[0, {self.world_size}), got {rank!r}"
+            )
+        self._killed.add(rank)
+
+    def close(self) -> None:
+        """Stop the rank threads (also done when the group is garbage collected). Groups
+        from :meth:`spawn` share them, and stop working too."""
+        _close_runners(self._runners)
+
+    def __enter__(self) -> LocalWorkerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_runners(runners: list[_RankRunner]) -> None:
+    for runner in runners:
+        runner.close()
+    runners.clear()

@@ -1,0 +1,372 @@
+"""``Worker``: the base class of every worker (verl's ``Worker``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sc_dispatch import Dispatch, Execute, register
+
+from ._context import (
+    MASTER_KEYS,
+    Rendezvous,
+    _skip_rendezvous,
+    current_worker_context,
+    rendezvous_from_env,
+    worker_environ,
+)
+from ._errors import (
+    MeshRegistrationError,
+    MissingEnvironmentError,
+    RendezvousError,
+    UnknownMeshError,
+    VisibleDevicesError,
+    WorkerEnvironmentError,
+)
+
+__all__ = [
+    "DistGlobalInfo",
+    "DistRankInfo",
+    "Worker",
+    "WorkerHelper",
+    "normalize_visible_devices",
+]
+
+T = TypeVar("T")
+W = TypeVar("W", bound="Worker")
+
+
+@dataclass
+class DistRankInfo:
+    """A worker's coordinates in a tensor x data x pipeline x context parallel layout."""
+
+    tp_rank: int
+    dp_rank: int
+    pp_rank: int
+    cp_rank: int
+
+
+@dataclass
+class DistGlobalInfo:
+    """The sizes of a tensor x data x pipeline x context parallel layout."""
+
+    tp_size: int
+    dp_size: int
+    pp_size: int
+    cp_size: int
+
+
+def normalize_visible_devices(env: MutableMapping[str, str], where: str = "Worker") -> None:
+    """Fold ``HIP_VISIBLE_DEVICES`` and ``ROCR_VISIBLE_DEVICES`` into ``CUDA_VISIBLE_DEVICES``.
+
+    HIP and CUDA name the same devices; both set to different values is an error, otherwise
+    HIP's value moves to CUDA. ROCR filters devices *before* HIP/CUDA do, so ROCR together
+    with either is an error; ROCR alone moves to CUDA. ``env`` is checked before it is
+    changed, so a :class:`~sc_core.VisibleDevicesError` leaves it untouched.
+    """
+    cuda = env.get("CUDA_VISIBLE_DEVICES") or None
+    hip = env.get("HIP_VISIBLE_DEVICES") or None
+    rocr = env.get("ROCR_VISIBLE_DEVICES") or None
+    if hip and cuda and hip != cuda:
+        raise VisibleDevicesError(
+            f"{where}: HIP_VISIBLE_DEVICES={hip!r} and CUDA_VISIBLE_DEVICES={cuda!r} disagree; "
+            "set one of them, or both to the same value"
+        )
+    if rocr and (hip or cuda):
+        raise VisibleDevicesError(
+            f"{where}: ROCR_VISIBLE_DEVICES={rocr!r} is set together with "
+            f"{'HIP' if hip else 'CUDA'}_VISIBLE_DEVICES={hip or cuda!r}; set only one"
+        )
+    if hip:
+        del env["HIP_VISIBLE_DEVICES"]
+        env["CUDA_VISIBLE_DEVICES"] = hip
+    if rocr:
+        del env["ROCR_VISIBLE_DEVICES"]
+        env["CUDA_VISIBLE_DEVICES"] = rocr
+
+
+def _env_int(
+    env: Mapping[str, str], name: str, where: str, *, default: int | None = None, minimum: int = 0
+) -> int:
+    raw = env.get(name)
+    if raw is None:
+        if default is None:
+            raise MissingEnvironmentError(
+                f"{where}: {name} is not set in the worker's environment; a worker group sets "
+                "WORLD_SIZE and RANK for each worker (construct workers through one)"
+            )
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise WorkerEnvironmentError(f"{where}: {name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise WorkerEnvironmentError(f"{where}: {name} must be >= {minimum}, got {value}")
+    return value
+
+
+class WorkerHelper:
+    """Helpers a worker uses to pick its group's rendezvous address."""
+
+    @staticmethod
+    def _get_node_ip() -> str:
+        """This node's IP address (loopback when the host name does not resolve)."""
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+    @staticmethod
+    def _get_free_port() -> int:
+        """A TCP port free on this node now."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    def get_availale_master_addr_port(self) -> tuple[str, str]:
+        """verl's (misspelt) name of :meth:`get_available_master_addr_port`."""
+        return self.get_available_master_addr_port()
+
+    def get_available_master_addr_port(self) -> tuple[str, str]:
+        """This node's address and a free port, as strings."""
+        return self._get_node_ip().strip("[]"), str(self._get_free_port())
+
+    def _get_pid(self) -> int:
+        return os.getpid()
+
+
+class Worker(WorkerHelper):
+    """Base class of worker classes run by a worker group.
+
+    Construction reads WORLD_SIZE and RANK (required), LOCAL_WORLD_SIZE and LOCAL_RANK
+    (default 1 and 0), MASTER_ADDR and MASTER_PORT (``None`` when unset) from the worker's
+    environment (:attr:`env`): the process environment on Ray, a mapping of its own in the
+    in-process backend. Before ``__init__`` runs, rank 0 publishes MASTER_ADDR/MASTER_PORT
+    through the group's rendezvous and the other ranks receive them.
+    """
+
+    fused_worker_attr_name = "fused_worker_dict"
+    _sc_env: MutableMapping[str, str]
+
+    def __new__(cls: type[W], *args: Any, **kwargs: Any) -> W:
+        instance = super().__new__(cls)
+        ctx = current_worker_context()
+        env = ctx.env if ctx is not None else os.environ
+        instance._sc_env = env
+        if not _skip_rendezvous.get() and env.get("RANK") is not None:
+            rendezvous = ctx.rendezvous if ctx is not None else None
+            if rendezvous is None:
+                rendezvous = rendezvous_from_env(env)
+            if rendezvous is not None:
+                rank = _env_int(env, "RANK", f"{cls.__qualname__}.__new__")
+                instance._configure_before_init(rendezvous, rank)
+        return instance
+
+    def _configure_before_init(self, rendezvous: Rendezvous, rank: int) -> None:
+        """Rank 0 publishes MASTER_ADDR/MASTER_PORT; other ranks wait for them."""
+        env = self.env
+        if rank == 0:
+            addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+            if not addr or not port:
+                addr, port = self.get_availale_master_addr_port()
+                env["MASTER_ADDR"], env["MASTER_PORT"] = addr, port
+            rendezvous.publish({"MASTER_ADDR": addr, "MASTER_PORT": port})
+            return
+        if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+            return
+        raw_timeout = env.get("SC_RENDEZVOUS_TIMEOUT", "300")
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            raise WorkerEnvironmentError(
+                f"{type(self).__qualname__} (rank {rank}): SC_RENDEZVOUS_TIMEOUT must be a "
+                f"number of seconds, got {raw_timeout!r}"
+            ) from None
+        info = rendezvous.wait(timeout)
+        missing = [k for k in MASTER_KEYS if not info.get(k)]
+        if missing:
+            raise RendezvousError(
+                f"{type(self).__qualname__} (rank {rank}): rank 0 published {info}, "
+                f"without {missing}"
+            )
+        for key in MASTER_KEYS:
+            env[key] = info[key]
+
+    def __init__(self, cuda_visible_devices: str | None = None) -> None:
+        env = self.env
+        where = f"{type(self).__qualname__}.__init__"
+        normalize_visible_devices(env, where)
+        world_size = _env_int(env, "WORLD_SIZE", where, minimum=1)
+        rank = _env_int(env, "RANK", where)
+        if rank >= world_size:
+            raise WorkerEnvironmentError(
+                f"{where}: RANK={rank} is not below WORLD_SIZE={world_size}"
+            )
+        local_world_size = _env_int(env, "LOCAL_WORLD_SIZE", where, default=1, minimum=1)
+        local_rank = _env_int(env, "LOCAL_RANK", where, default=0)
+        if local_rank >= local_world_size:
+            raise WorkerEnvironmentError(
+                f"{where} (rank {rank}): LOCAL_RANK={local_rank} is not below "
+                f"LOCAL_WORLD_SIZE={local_world_size}"
+            )
+        self._rank = rank
+        self._world_size = world_size
+        self._local_rank = local_rank
+        self._local_world_size = local_world_size
+        self._master_addr: str | None = env.get("MASTER_ADDR")
+        self._master_port: str | None = env.get("MASTER_PORT")
+        self._cuda_visible_devices = cuda_visible_devices
+        env.setdefault("LOCAL_WORLD_SIZE", str(local_world_size))
+        env.setdefault("LOCAL_RANK", str(local_rank))
+        self.fused_worker_dict: dict[str, Any] = {}
+        self._sc_mesh_dp_rank: dict[str, int] = {}
+        self._sc_mesh_collect: dict[str, bool] = {}
+
+    # --- identity --------------------------------------------------------------------------
+
+    @property
+    def env(self) -> MutableMapping[str, str]:
+        """This worker's environment: ``os.environ`` on Ray, its own mapping in-process."""
+        env: MutableMapping[str, str] | None = self.__dict__.get("_sc_env")
+        return env if env is not None else worker_environ()
+
+    @classmethod
+    def env_keys(cls) -> list[str]:
+        """The environment variables a worker reads at construction."""
+        return [
+            "WORLD_SIZE",
+            "RANK",
+            "LOCAL_WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ]
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def get_master_addr_port(self) -> tuple[str | None, str | None]:
+        """MASTER_ADDR and MASTER_PORT as this worker saw them at construction."""
+        return self._master_addr, self._master_port
+
+    def get_cuda_visible_devices(self) -> str:
+        """``CUDA_VISIBLE_DEVICES`` of this worker's environment, or ``"not set"``."""
+        return self.env.get("CUDA_VISIBLE_DEVICES", "not set")
+
+    def get_fused_worker_by_name(self, worker_name: str) -> Any:
+        """The role instance ``worker_name`` of a fused worker, or ``None``."""
+        return self.__dict__.get("fused_worker_dict", {}).get(worker_name)
+
+    # --- mesh registration -------------------------------------------------------------------
+
+    def _mesh_tables(self) -> tuple[dict[str, int], dict[str, bool]]:
+        # setdefault: a subclass whose __init__ skipped Worker.__init__ can still register.
+        return (
+            self.__dict__.setdefault("_sc_mesh_dp_rank", {}),
+            self.__dict__.setdefault("_sc_mesh_collect", {}),
+        )
+
+    def _rank_text(self) -> str:
+        rank = self.__dict__.get("_rank")
+        return f"rank {rank}" if rank is not None else "rank unknown"
+
+    def _register_dispatch_collect_info(
+        self, mesh_name: str, dp_rank: int, is_collect: bool
+    ) -> None:
+        """Declare this worker's dp rank on ``mesh_name`` and whether its output is collected."""
+        where = f"{type(self).__qualname__}._register_dispatch_collect_info ({self._rank_text()})"
+        if not isinstance(mesh_name, str) or not mesh_name:
+            raise MeshRegistrationError(
+                f"{where}: mesh_name must be a non-empty str, got {mesh_name!r}"
+            )
+        if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or dp_rank < 0:
+            raise MeshRegistrationError(
+                f"{where}: dp_rank for mesh {mesh_name!r} must be an int >= 0, got {dp_rank!r}"
+            )
+        if not isinstance(is_collect, bool):
+            raise MeshRegistrationError(
+                f"{where}: is_collect for mesh {mesh_name!r} must be a bool, got {is_collect!r}"
+            )
+        dp_table, collect_table = self._mesh_tables()
+        if mesh_name in dp_table:
+            raise MeshRegistrationError(
+                f"{where}: mesh {mesh_name!r} is already registered (dp_rank "
+                f"{dp_table[mesh_name]}, is_collect {collect_table[mesh_name]})"
+            )
+        dp_table[mesh_name] = dp_rank
+        collect_table[mesh_name] = is_collect
+
+    def _lookup_mesh(self, table: Mapping[str, T], mesh_name: str, method: str) -> T:
+        if mesh_name not in table:
+            raise UnknownMeshError(
+                f"{type(self).__qualname__}.{method} ({self._rank_text()}): mesh {mesh_name!r} "
+                f"was never registered; registered meshes: {sorted(table)}"
+            )
+        return table[mesh_name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This worker's dp rank on ``mesh_name`` (the group gets one per rank)."""
+        return self._lookup_mesh(self._mesh_tables()[0], mesh_name, "_query_dispatch_info")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this worker's output is collected on ``mesh_name``."""
+        return self._lookup_mesh(self._mesh_tables()[1], mesh_name, "_query_collect_info")
+
+    def query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this worker's output is collected on ``mesh_name`` (called in the worker)."""
+        return self._lookup_mesh(self._mesh_tables()[1], mesh_name, "query_collect_info")
+
+    def get_dispatch_collect(self) -> tuple[dict[str, int], dict[str, bool]]:
+        """Every registered mesh: ``({mesh: dp_rank}, {mesh: is_collect})`` (copies)."""
+        dp_table, collect_table = self._mesh_tables()
+        return dict(dp_table), dict(collect_table)
+
+    def set_dispatch_collect(
+        self,
+        mesh_name: str,
+        dispatch_dp_rank: Mapping[str, int],
+        collect_dp_rank: Mapping[str, bool],
+    ) -> None:
+        """Register ``mesh_name`` from another worker's :meth:`get_dispatch_collect` tables:
+        the entry for ``mesh_name`` if present, else the tables' single entry."""
+        where = f"{type(self).__qualname__}.set_dispatch_collect ({self._rank_text()})"
+
+        def pick(table: Mapping[str, T], label: str) -> T:
+            if mesh_name in table:
+                return table[mesh_name]
+            if len(table) == 1:
+                return next(iter(table.values()))
+            raise MeshRegistrationError(
+                f"{where}: {label} has no entry for mesh {mesh_name!r} and not exactly one "
+                f"entry to take instead (keys {sorted(table)})"
+            )
+
+        self._register_dispatch_collect_info(
+            mesh_name,
+            pick(dispatch_dp_rank, "dispatch_dp_rank"),
+            pick(collect_dp_rank, "collect_dp_rank"),
+        )
+
+    # --- generic remote execution ---------------------------------------------------------
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
+    def execute_with_func_generator(
+        self, func: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """Run ``func(self, *shard_args, **shard_kwargs)`` on every rank's shard."""
+        return func(self, *args, **kwargs)
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def execute_func_rank_zero(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``func(*args, **kwargs)`` on rank 0."""
+        return func(*args, **kwargs)

@@ -1,0 +1,315 @@
+"""Colocation: several roles in one worker, exposed as role_method, and spawn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from _core_fakes import Batch
+from sc_core import (
+    ClassWithInitArgs,
+    ColocationError,
+    LocalWorkerGroup,
+    MethodCollisionError,
+    ResourcePool,
+    Worker,
+    WorkerError,
+    create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
+)
+from sc_dispatch import (
+    Dispatch,
+    get_register_attrs,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+
+
+class Actor(Worker):
+    def __init__(self, lr: float) -> None:
+        super().__init__()
+        self.lr = lr
+        self._register_dispatch_collect_info("actor", self.rank, True)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def describe(self) -> tuple[str, int, float]:
+        return ("actor", self.rank, self.lr)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def update(self, batch: Batch) -> Batch:
+        return Batch([row * self.lr for row in batch.rows])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def generate(self, n: int) -> list[int]:
+        await asyncio.sleep(0)
+        return [self.rank] * n
+
+
+class Critic(Worker):
+    def __init__(self, scale: int = 1) -> None:
+        super().__init__()
+        self.scale = scale
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def describe(self) -> tuple[str, int, float]:
+        return ("critic", self.rank, float(self.scale))
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def values(self, batch: Batch) -> Batch:
+        return Batch([row * self.scale for row in batch.rows])
+
+
+@pytest.fixture
+def wg() -> Iterator[LocalWorkerGroup]:
+    cia = create_colocated_worker_cls(
+        {"actor": ClassWithInitArgs(Actor, 0.5), "critic": ClassWithInitArgs(Critic, scale=3)}
+    )
+    g = LocalWorkerGroup(ResourcePool([2]), cia)
+    yield g
+    g.close()
+
+
+def test_roles_are_exposed_as_role_method(wg: LocalWorkerGroup) -> None:
+    names = wg.bound_method_names
+    for name in (
+        "actor_describe",
+        "actor_update",
+        "actor_generate",
+        "critic_describe",
+        "critic_values",
+    ):
+        assert name in names
+    assert wg.actor_describe() == [("actor", 0, 0.5), ("actor", 1, 0.5)]
+    assert wg.critic_describe() == [("critic", 0, 3.0), ("critic", 1, 3.0)]
+    assert wg.critic_values(Batch([1, 2, 3])) == Batch([3, 6, 9])
+
+
+def test_register_attributes_and_async_are_kept() -> None:
+    cls = create_colocated_worker_raw_cls({"actor": ClassWithInitArgs(Actor, 1.0)})
+    attrs = get_register_attrs(cls.actor_generate)  # type: ignore[attr-defined]
+    assert attrs is not None
+    assert attrs.blocking is False
+    assert asyncio.iscoroutinefunction(cls.actor_generate)  # type: ignore[attr-defined]
+    assert cls.actor_describe.__name__ == "actor_describe"  # type: ignore[attr-defined]
+
+
+def test_colocated_roles_share_one_worker_environment(wg: LocalWorkerGroup) -> None:
+    for rank, worker in enumerate(wg.workers):
+        actor, critic = worker.worker_dict["actor"], worker.worker_dict["critic"]
+        assert actor.rank == critic.rank == worker.rank == rank
+        assert actor.env is worker.env
+        assert actor.get_master_addr_port() == worker.get_master_addr_port()
+
+
+def test_async_non_blocking_role_method(wg: LocalWorkerGroup) -> None:
+    futs = wg.actor_generate(2)
+    assert [f.get() for f in futs] == [[0, 0], [1, 1]]
+
+
+def test_spawn_rebinds_role_methods_under_plain_names(wg: LocalWorkerGroup) -> None:
+    groups = wg.spawn({"actor", "critic"})
+    actor, critic = groups["actor"], groups["critic"]
+    assert actor.describe() == [("actor", 0, 0.5), ("actor", 1, 0.5)]
+    assert critic.describe() == [("critic", 0, 3.0), ("critic", 1, 3.0)]
+    assert critic.values(Batch([1, 2])) == Batch([3, 6])
+    assert [f.get() for f in actor.generate(1)] == [[0], [1]]
+    assert actor.describe.method_name == "actor_describe"
+    assert "-> actor_describe" in repr(actor.describe)
+    # Same workers, separate groups.
+    assert actor.workers == wg.workers == critic.workers
+    assert actor is not wg
+    # The prefixed names still work on the spawned groups.
+    assert critic.actor_describe()[0][0] == "actor"
+
+
+def test_nd_dispatch_through_a_spawned_group_asks_the_role_instance(wg: LocalWorkerGroup) -> None:
+    actor = wg.spawn(["actor"])["actor"]
+    assert actor._query_dispatch_info("actor") == [0, 1]
+    assert actor.update(Batch([2, 4, 6])) == Batch([1.0, 2.0, 3.0])
+    assert actor._dispatch_info == {"actor": [0, 1]}
+    assert wg._dispatch_info == {}  # each group has its own cache
+
+
+def test_spawn_errors(wg: LocalWorkerGroup) -> None:
+    with pytest.raises(ColocationError, match=r"unknown role 'ref'.*\['actor', 'critic'\]"):
+        wg.spawn({"ref"})
+    with pytest.raises(ColocationError, match="collection of role names"):
+        wg.spawn("actor")
+
+
+class Plain(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ref_logp(self) -> int:
+        return self.rank
+
+
+def test_spawn_on_a_plain_group_uses_the_name_prefix() -> None:
+    g = LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(Plain))
+    try:
+        assert g.spawn(["ref"])["ref"].logp() == [0]
+        with pytest.raises(ColocationError, match="no bound method starts with 'critic_'"):
+            g.spawn(["critic"])
+    finally:
+        g.close()
+
+
+class SpawnClash(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def x_spawn(self) -> int:
+        return 0
+
+
+def test_spawn_refuses_to_shadow_a_group_attribute() -> None:
+    g = LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(SpawnClash))
+    try:
+        with pytest.raises(MethodCollisionError, match="'spawn'"):
+            g.spawn(["x"])
+    finally:
+        g.close()
+
+
+class A_B(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def c(self) -> int:
+        return 0
+
+
+class B_C(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def b_c(self) -> int:
+        return 0
+
+
+class RankZero(Worker):
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def rank_zero(self) -> int:
+        return 0
+
+
+def test_colocation_errors() -> None:
+    with pytest.raises(ColocationError, match="non-empty mapping"):
+        create_colocated_worker_raw_cls({})
+    with pytest.raises(ColocationError, match="identifiers"):
+        create_colocated_worker_raw_cls({"a-b": ClassWithInitArgs(Plain)})
+    with pytest.raises(ColocationError, match="must map to a ClassWithInitArgs"):
+        create_colocated_worker_raw_cls({"a": Plain})  # type: ignore[dict-item]
+    with pytest.raises(ColocationError, match="needs a class"):
+        create_colocated_worker_raw_cls({"a": ClassWithInitArgs(lambda: Plain())})
+    with pytest.raises(ColocationError, match=r"'a_b_c' is exposed by role 'a'.*and by role 'a_b'"):
+        create_colocated_worker_raw_cls(
+            {"a_b": ClassWithInitArgs(A_B), "a": ClassWithInitArgs(B_C)}
+        )
+    with pytest.raises(ColocationError, match="'execute_func_rank_zero', which is a Worker attr"):
+        create_colocated_worker_raw_cls({"execute_func": ClassWithInitArgs(RankZero)})
+
+
+class RayWrapped:
+    """What a Ray actor class looks like to colocation: the user class behind an attribute."""
+
+    __ray_actor_class__ = Plain
+
+
+def test_backend_wrapped_classes_are_unwrapped() -> None:
+    cls = create_colocated_worker_raw_cls({"ref": ClassWithInitArgs(RayWrapped)})
+    g = LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(cls))
+    try:
+        assert g.ref_ref_logp() == [0, 1]
+    finally:
+        g.close()
+
+
+# --- the fused variant ---------------------------------------------------------------------
+
+
+class Peer(Worker):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hello(self) -> tuple[str, int]:
+        return (self.name, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def peers(self) -> list[str]:
+        return sorted(self.fused_worker_dict)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    async def ahello(self) -> str:
+        await asyncio.sleep(0)
+        return self.name
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def tag(self, batch: Batch) -> Batch:
+        return Batch([(self.name, self.rank, row) for row in batch.rows])
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def first(self, value: int) -> tuple[str, int, int]:
+        return (self.name, self.rank, value)
+
+
+@pytest.fixture
+def fused() -> Iterator[LocalWorkerGroup]:
+    cls = create_colocated_worker_cls_fused(
+        {"actor": ClassWithInitArgs(Peer, "a"), "critic": ClassWithInitArgs(Peer, name="c")}
+    )
+    g = LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(cls))
+    yield g
+    g.close()
+
+
+def test_fused_worker_class_shape(fused: LocalWorkerGroup) -> None:
+    worker = fused.workers[0]
+    assert type(worker).__name__ == "FusedWorker_actor_critic"
+    assert type(worker).is_fused_worker is True
+    assert worker.actor.name == "a"
+    assert worker.get_fused_worker_by_name("critic") is worker.critic
+    assert worker.actor.fused_worker_dict is worker.fused_worker_dict
+    assert "actor_hello" not in fused.bound_method_names
+
+
+def test_spawn_fused_routes_calls_to_the_role(fused: LocalWorkerGroup) -> None:
+    groups = fused.spawn_fused(["actor", "critic"])
+    assert groups["actor"].hello() == [("a", 0), ("a", 1)]
+    assert groups["critic"].hello() == [("c", 0), ("c", 1)]
+    assert groups["critic"].peers() == [["actor", "critic"]] * 2
+    assert groups["actor"].ahello() == ["a", "a"]
+    assert groups["actor"]._fused_role == "actor"
+    assert groups["critic"].tag(Batch([1, 2, 3])) == Batch([("c", 0, 1), ("c", 0, 2), ("c", 1, 3)])
+    assert groups["actor"].first(7) == ("a", 0, 7)
+
+
+def test_fuse_sets_one_attribute_per_role(fused: LocalWorkerGroup) -> None:
+    fused.fuse(["actor", "critic"])
+    fused.fuse(["actor", "critic"])  # again: nothing changes
+    assert fused.actor.hello() == [("a", 0), ("a", 1)]
+    assert fused.critic.hello() == [("c", 0), ("c", 1)]
+
+
+def test_fused_errors(fused: LocalWorkerGroup) -> None:
+    with pytest.raises(ColocationError, match=r"unknown role 'ref'.*\['actor', 'critic'\]"):
+        fused.spawn_fused(["ref"])
+    with pytest.raises(ColocationError, match="collection of role names"):
+        fused.spawn_fused("actor")
+    with pytest.raises(WorkerError, match=r"_fuw_execute \(rank 0\): expected"):
+        fused.execute_all("_fuw_execute", "nobody_fwmn_hello")
+    with pytest.raises(ColocationError, match="is not a fused worker"):
+        fused.spawn_fused(["actor"])["actor"].spawn_fused(["actor"])
+    with pytest.raises(ColocationError, match="Worker attribute"):
+        create_colocated_worker_cls_fused({"rank": ClassWithInitArgs(Peer, "x")})
+
+
+class FusedClash(LocalWorkerGroup):
+    actor = "taken"
+
+
+def test_fuse_refuses_to_shadow_a_group_attribute() -> None:
+    cls = create_colocated_worker_cls_fused({"actor": ClassWithInitArgs(Peer, "a")})
+    g = FusedClash(ResourcePool([1]), ClassWithInitArgs(cls))
+    try:
+        with pytest.raises(MethodCollisionError, match="fuse: role 'actor'"):
+            g.fuse(["actor"])
+    finally:
+        g.close()
