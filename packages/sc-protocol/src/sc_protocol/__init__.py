@@ -1,1 +1,75 @@
-"""sc_protocol."""
+"""sc-protocol: DataProto, the batch every stage exchanges, on TensorDict.
+
+Importing this package registers DataProto, TensorDict and DataProtoFuture with
+sc-dispatch, so that every splitting dispatch mode and the N-d mesh dispatch take them.
+The exception tree is drawn in :mod:`sc_protocol._errors`; serialization is described in
+:mod:`sc_protocol._serialize`.
+"""
+
+from ._adapters import (
+    DataProtoAdapter,
+    DataProtoFutureAdapter,
+    TensorDictAdapter,
+    register_adapters,
+)
+from ._config import DataProtoConfig
+from ._data_proto import (
+    DataProto,
+    DataProtoItem,
+    IndexLike,
+    collate_fn,
+    pad_dataproto_to_divisor,
+    union_numpy_dict,
+    union_tensor_dict,
+    unpad_dataproto,
+)
+from ._errors import (
+    BatchSizeMismatchError,
+    FutureError,
+    IndexOutOfRange,
+    InvalidSizeError,
+    KeyConflictError,
+    KeyMismatchError,
+    MissingKeyError,
+    ProtocolError,
+    ProtocolTypeError,
+    SerializationError,
+    UnknownRowCountError,
+)
+from ._future import DataProtoFuture, Resolver, ShardSlice, plan_shard_slices
+
+__version__ = "0.1.0"
+
+register_adapters()
+
+__all__ = [
+    "BatchSizeMismatchError",
+    "DataProto",
+    "DataProtoAdapter",
+    "DataProtoConfig",
+    "DataProtoFuture",
+    "DataProtoFutureAdapter",
+    "DataProtoItem",
+    "FutureError",
+    "IndexLike",
+    "IndexOutOfRange",
+    "InvalidSizeError",
+    "KeyConflictError",
+    "KeyMismatchError",
+    "MissingKeyError",
+    "ProtocolError",
+    "ProtocolTypeError",
+    "Resolver",
+    "SerializationError",
+    "ShardSlice",
+    "TensorDictAdapter",
+    "UnknownRowCountError",
+    "__version__",
+    "collate_fn",
+    "pad_dataproto_to_divisor",
+    "plan_shard_slices",
+    "register_adapters",
+    "union_numpy_dict",
+    "union_tensor_dict",
+    "unpad_dataproto",
+]

@@ -1,0 +1,126 @@
+"""The shard adapters that let sc-dispatch split, join and pad DataProto, TensorDict and
+DataProtoFuture; registered when :mod:`sc_protocol` is imported."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+from sc_dispatch import chunk_sizes, register_future_type, register_shardable
+from tensordict import TensorDictBase
+
+from ._config import DataProtoConfig
+from ._data_proto import DataProto, _pad_rows, cat_tensordicts, unpad_dataproto
+from ._errors import BatchSizeMismatchError, InvalidSizeError
+from ._future import DataProtoFuture
+
+__all__ = [
+    "DataProtoAdapter",
+    "DataProtoFutureAdapter",
+    "TensorDictAdapter",
+    "register_adapters",
+]
+
+
+class DataProtoAdapter:
+    """DataProto rows: chunks are views, padding repeats rows from the start on a new object."""
+
+    def length(self, obj: DataProto) -> int:
+        return len(obj)
+
+    def chunk(self, obj: DataProto, chunks: int) -> list[DataProto]:
+        return obj.chunk(chunks)
+
+    def concat(self, parts: Sequence[DataProto]) -> DataProto:
+        return DataProto.concat(list(parts))
+
+    def pad(self, obj: DataProto, pad_size: int) -> DataProto:
+        if pad_size == 0:
+            return obj
+        n = len(obj)
+        if n == 0:
+            raise InvalidSizeError(f"cannot pad an empty DataProto with {pad_size} rows")
+        import numpy as np
+
+        return _pad_rows(obj, np.arange(pad_size, dtype=np.int64) % n)
+
+    def unpad(self, obj: DataProto, pad_size: int) -> DataProto:
+        return unpad_dataproto(obj, pad_size)
+
+    def auto_padding(self, obj: DataProto) -> bool:
+        return obj.is_padding_enabled()
+
+
+def _td_rows(td: TensorDictBase) -> int:
+    if td.batch_dims < 1:
+        raise BatchSizeMismatchError(
+            "a TensorDict with batch_size=[] has no rows to split; give it a batch dimension"
+        )
+    return int(td.batch_size[0])
+
+
+class TensorDictAdapter:
+    """Plain TensorDicts (nested / jagged tensors included), split along dimension 0."""
+
+    def length(self, obj: TensorDictBase) -> int:
+        return _td_rows(obj)
+
+    def chunk(self, obj: TensorDictBase, chunks: int) -> list[TensorDictBase]:
+        return list(obj.split(chunk_sizes(_td_rows(obj), chunks), dim=0))
+
+    def concat(self, parts: Sequence[TensorDictBase]) -> TensorDictBase:
+        if not parts:
+            raise InvalidSizeError("cannot concatenate an empty list of TensorDicts")
+        if len(parts) == 1:
+            return parts[0]
+        return cat_tensordicts(parts)
+
+    def pad(self, obj: TensorDictBase, pad_size: int) -> TensorDictBase:
+        if pad_size == 0:
+            return obj
+        n = _td_rows(obj)
+        if n == 0:
+            raise InvalidSizeError(f"cannot pad an empty TensorDict with {pad_size} rows")
+        extra = obj[torch.arange(pad_size) % n]
+        return cat_tensordicts([obj, extra])
+
+    def unpad(self, obj: TensorDictBase, pad_size: int) -> TensorDictBase:
+        n = _td_rows(obj)
+        if pad_size > n:
+            raise InvalidSizeError(f"cannot drop {pad_size} padding rows from a TensorDict of {n}")
+        out: TensorDictBase = obj[: n - pad_size]
+        return out
+
+    def auto_padding(self, obj: TensorDictBase) -> bool:
+        return bool(DataProtoConfig.auto_padding)
+
+
+class DataProtoFutureAdapter:
+    """Futures: every operation is lazy; the length is ``None`` until row counts are known."""
+
+    def length(self, obj: DataProtoFuture) -> int | None:
+        return obj.num_rows
+
+    def chunk(self, obj: DataProtoFuture, chunks: int) -> list[DataProtoFuture]:
+        return obj.chunk(chunks)
+
+    def concat(self, parts: Sequence[DataProtoFuture]) -> DataProtoFuture:
+        return DataProtoFuture.concat(list(parts))
+
+    def pad(self, obj: DataProtoFuture, pad_size: int) -> DataProtoFuture:
+        return obj.pad(pad_size)
+
+    def unpad(self, obj: DataProtoFuture, pad_size: int) -> DataProtoFuture:
+        return obj.unpad(pad_size)
+
+    def auto_padding(self, obj: DataProtoFuture) -> bool:
+        return bool(DataProtoConfig.auto_padding)
+
+
+def register_adapters() -> None:
+    """Register the three adapters and the future type with sc-dispatch (idempotent)."""
+    register_shardable(DataProto, DataProtoAdapter())
+    register_shardable(cast("type[Any]", TensorDictBase), TensorDictAdapter())
+    register_shardable(DataProtoFuture, DataProtoFutureAdapter())
+    register_future_type(DataProtoFuture)

@@ -1,0 +1,81 @@
+"""Process-wide settings: the auto-padding switch and the read-only buffer policy."""
+
+from __future__ import annotations
+
+import os
+
+from ._errors import ProtocolTypeError
+
+__all__ = ["DataProtoConfig"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ProtocolTypeError(
+        f"environment variable {name}={os.environ.get(name)!r} is not a boolean; "
+        "use 1/0, true/false, yes/no or on/off"
+    )
+
+
+class _DataProtoConfigMeta(type):
+    """Class-level properties, so that ``DataProtoConfig.auto_padding = True`` works as in verl."""
+
+    _auto_padding: bool | None = None
+    _copy_readonly_buffers: bool | None = None
+
+    @property
+    def auto_padding(cls) -> bool:
+        """Global auto-padding switch; defaults to the environment variable ``SC_AUTO_PADDING``."""
+        if cls._auto_padding is not None:
+            return cls._auto_padding
+        return _env_flag("SC_AUTO_PADDING")
+
+    @auto_padding.setter
+    def auto_padding(cls, enabled: bool | None) -> None:
+        if enabled is not None and not isinstance(enabled, bool):
+            raise ProtocolTypeError(
+                f"DataProtoConfig.auto_padding must be a bool (or None to follow "
+                f"SC_AUTO_PADDING), got {type(enabled).__name__} {enabled!r}"
+            )
+        cls._auto_padding = enabled
+
+    @property
+    def copy_readonly_buffers(cls) -> bool:
+        """Whether unpickling copies tensors out of read-only buffers.
+
+        Defaults to the environment variable ``SC_COPY_READONLY_BUFFERS`` (off): tensors
+        then alias the read-only memory (for example Ray's object store), without a copy.
+        """
+        if cls._copy_readonly_buffers is not None:
+            return cls._copy_readonly_buffers
+        return _env_flag("SC_COPY_READONLY_BUFFERS")
+
+    @copy_readonly_buffers.setter
+    def copy_readonly_buffers(cls, enabled: bool | None) -> None:
+        if enabled is not None and not isinstance(enabled, bool):
+            raise ProtocolTypeError(
+                f"DataProtoConfig.copy_readonly_buffers must be a bool (or None to follow "
+                f"SC_COPY_READONLY_BUFFERS), got {type(enabled).__name__} {enabled!r}"
+            )
+        cls._copy_readonly_buffers = enabled
+
+
+class DataProtoConfig(metaclass=_DataProtoConfigMeta):
+    """Process-wide DataProto settings (verl's ``DataProtoConfig``).
+
+    * ``DataProtoConfig.auto_padding`` -- when true, every DataProto may be padded so that
+      it splits evenly across workers; ``SC_AUTO_PADDING=1`` sets it from the environment.
+      Assign ``None`` to follow the environment again.
+    * ``DataProtoConfig.auto_padding_key`` -- the ``meta_info`` key of the per-object flag
+      (set by ``from_dict(..., auto_padding=True)``).
+    * ``DataProtoConfig.copy_readonly_buffers`` -- see :mod:`sc_protocol` serialization.
+    """
+
+    auto_padding_key = "_sc_auto_padding"

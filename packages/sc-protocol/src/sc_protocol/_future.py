@@ -1,0 +1,534 @@
+"""DataProtoFuture: the not-yet-available output of a non-blocking call, backend-neutral.
+
+A future is a list of *shards* -- opaque handles (Ray ``ObjectRef``s, ``concurrent.futures``
+futures, or plain DataProtos), one per producer rank -- plus a *resolver*, the function
+the backend supplies to turn a list of handles into a list of DataProtos (``ray.get`` for
+sc-ray). When the row count of every shard is known, the future keeps a *plan*: the ordered
+row ranges of the shards that make up its value. ``chunk``, ``pad``, ``unpad`` and
+``slice`` then only rewrite the plan, and each resulting future holds just the shards it
+needs, so that a consumer fetches only those. When some row count is unknown (``None``),
+the same operations are recorded and applied after every shard has been fetched and joined,
+which is verl's behaviour.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from ._config import DataProtoConfig
+from ._data_proto import DataProto, _pad_rows, unpad_dataproto
+from ._errors import FutureError, InvalidSizeError, ProtocolTypeError, UnknownRowCountError
+
+__all__ = ["DataProtoFuture", "Resolver", "ShardSlice", "plan_shard_slices"]
+
+#: Turns a list of shard handles into the list of their DataProtos (e.g. ``ray.get``).
+Resolver = Callable[[list[Any]], Sequence[Any]]
+CollectFn = Callable[[list[Any]], Any]
+_Op = tuple[str, Any, Any]
+
+
+class ShardSlice(NamedTuple):
+    """Rows ``start:stop`` of shard number ``shard`` (an index into ``shard_refs``)."""
+
+    shard: int
+    start: int
+    stop: int
+
+
+def _check_count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidSizeError(f"{what} must be a non-negative int, got {value!r}")
+    return value
+
+
+def plan_shard_slices(row_counts: Sequence[int], start: int, stop: int) -> list[ShardSlice]:
+    """The shards overlapping rows ``start:stop`` of the concatenation of shards with
+    ``row_counts`` rows, with the local row range to take from each, in order.
+
+    A consumer rank that owns rows ``start:stop`` fetches only the listed shards.
+    """
+    counts = [_check_count(c, f"row_counts[{i}]") for i, c in enumerate(row_counts)]
+    total = sum(counts)
+    _check_count(start, "start")
+    _check_count(stop, "stop")
+    if start > stop or stop > total:
+        raise InvalidSizeError(
+            f"plan_shard_slices: row range {start}:{stop} is not within the {total} rows of "
+            f"shards with row counts {counts}"
+        )
+    out: list[ShardSlice] = []
+    offset = 0
+    for i, count in enumerate(counts):
+        lo, hi = max(start, offset), min(stop, offset + count)
+        if lo < hi:
+            out.append(ShardSlice(i, lo - offset, hi - offset))
+        offset += count
+    return out
+
+
+def _plan_rows(plan: Sequence[ShardSlice]) -> int:
+    return sum(p.stop - p.start for p in plan)
+
+
+def _cut(plan: Sequence[ShardSlice], start: int, stop: int) -> list[ShardSlice]:
+    """Rows ``start:stop`` of the value described by ``plan``."""
+    out: list[ShardSlice] = []
+    offset = 0
+    for piece in plan:
+        size = piece.stop - piece.start
+        lo, hi = max(start, offset), min(stop, offset + size)
+        if lo < hi:
+            out.append(
+                ShardSlice(piece.shard, piece.start + lo - offset, piece.start + hi - offset)
+            )
+        offset += size
+    if not out and plan:
+        # Keep an empty piece so that an empty result still has the columns of the shards.
+        out.append(ShardSlice(plan[0].shard, plan[0].start, plan[0].start))
+    return out
+
+
+def _chunk_bounds(total: int, chunks: int) -> list[tuple[int, int]]:
+    base, extra = divmod(total, chunks)
+    bounds = []
+    start = 0
+    for i in range(chunks):
+        size = base + 1 if i < extra else base
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def _resolve_local(refs: list[Any]) -> list[Any]:
+    """Default resolver: DataProtos as they are, ``concurrent.futures`` futures by ``result()``,
+    and any other future by ``get()``."""
+    out = []
+    for i, ref in enumerate(refs):
+        if isinstance(ref, DataProto):
+            out.append(ref)
+        elif isinstance(ref, concurrent.futures.Future):
+            out.append(ref.result())
+        elif callable(getattr(ref, "get", None)):
+            out.append(ref.get())
+        else:
+            raise FutureError(
+                f"DataProtoFuture: shard {i} is a {type(ref).__name__} and no resolver was given; "
+                "pass resolve= (for Ray: resolve=ray.get)"
+            )
+    return out
+
+
+class DataProtoFuture:
+    """A DataProto that a non-blocking call will produce.
+
+    Build one with :meth:`from_shards` (``refs``, their ``row_counts`` -- ``None`` where
+    unknown -- and the backend's ``resolve`` function), or, as in verl, with
+    ``DataProtoFuture(collect_fn, futures, dispatch_fn)``. :meth:`get` fetches the needed
+    shards and returns the DataProto; the value is cached.
+    """
+
+    def __init__(
+        self,
+        collect_fn: CollectFn | None = None,
+        futures: Sequence[Any] | None = None,
+        dispatch_fn: Callable[[DataProto], DataProto] | None = None,
+        *,
+        resolve: Resolver | None = None,
+        row_counts: Sequence[int | None] | None = None,
+    ) -> None:
+        refs = tuple(futures or ())
+        if collect_fn is not None and not callable(collect_fn):
+            raise ProtocolTypeError(
+                f"DataProtoFuture: collect_fn must be callable, got {collect_fn!r}"
+            )
+        if dispatch_fn is not None and not callable(dispatch_fn):
+            raise ProtocolTypeError(
+                f"DataProtoFuture: dispatch_fn must be callable, got {dispatch_fn!r}"
+            )
+        if resolve is not None and not callable(resolve):
+            raise ProtocolTypeError(f"DataProtoFuture: resolve must be callable, got {resolve!r}")
+        if row_counts is None:
+            counts: tuple[int | None, ...] = (None,) * len(refs)
+        else:
+            counts = tuple(row_counts)
+            if len(counts) != len(refs):
+                raise FutureError(
+                    f"DataProtoFuture: {len(refs)} shards but {len(counts)} row counts "
+                    f"{list(counts)}"
+                )
+            for i, c in enumerate(counts):
+                if c is not None:
+                    _check_count(c, f"DataProtoFuture: row_counts[{i}]")
+        self._refs: tuple[Any, ...] = refs
+        self._counts = counts
+        self._resolve: Resolver | None = resolve
+        self._collect_fn: CollectFn | None = collect_fn
+        self._children: tuple[DataProtoFuture, ...] | None = None
+        self._ops: tuple[_Op, ...] = ()
+        self._plan: tuple[ShardSlice, ...] | None = None
+        self._value: DataProto | None = None
+        if dispatch_fn is not None:
+            self._ops = (("fn", dispatch_fn, None),)
+        elif collect_fn is None and all(c is not None for c in counts):
+            plan: list[ShardSlice] = []
+            for i, c in enumerate(counts):
+                if c:
+                    plan.append(ShardSlice(i, 0, int(c)))
+            if not plan and refs:
+                plan.append(ShardSlice(0, 0, 0))
+            self._plan = tuple(plan)
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_shards(
+        cls,
+        refs: Sequence[Any],
+        row_counts: Sequence[int | None] | None = None,
+        resolve: Resolver | None = None,
+    ) -> DataProtoFuture:
+        """A future joining ``refs`` in order; ``row_counts[i]`` is the rows of shard ``i``
+        (``None`` if unknown); ``resolve(list_of_refs)`` returns their DataProtos."""
+        return cls(futures=refs, resolve=resolve, row_counts=row_counts)
+
+    @classmethod
+    def from_value(cls, data: DataProto) -> DataProtoFuture:
+        """A future that is already resolved (for in-process backends and tests)."""
+        if not isinstance(data, DataProto):
+            raise ProtocolTypeError(
+                f"DataProtoFuture.from_value: expected a DataProto, got {type(data).__name__}"
+            )
+        return cls(futures=[data], row_counts=[len(data)])
+
+    def _derive(self) -> DataProtoFuture:
+        new = DataProtoFuture.__new__(DataProtoFuture)
+        new.__dict__.update(self.__dict__)
+        new._value = None
+        return new
+
+    # -- accessors ------------------------------------------------------------------------
+
+    @property
+    def shard_refs(self) -> tuple[Any, ...]:
+        """The shard handles this future needs (after chunking: only the overlapping ones)."""
+        if self._children is not None:
+            refs: list[Any] = []
+            for child in self._children:
+                refs.extend(r for r in child.shard_refs if not any(r is x for x in refs))
+            return tuple(refs)
+        return self._refs
+
+    @property
+    def row_counts(self) -> tuple[int | None, ...]:
+        """The row count of each shard in :attr:`shard_refs` (``None`` where unknown)."""
+        if self._children is not None:
+            refs: list[Any] = []
+            counts: list[int | None] = []
+            for child in self._children:
+                for r, c in zip(child.shard_refs, child.row_counts, strict=True):
+                    if not any(r is x for x in refs):
+                        refs.append(r)
+                        counts.append(c)
+            return tuple(counts)
+        return self._counts
+
+    @property
+    def slices(self) -> tuple[ShardSlice, ...] | None:
+        """How the value is built from :attr:`shard_refs`: row ranges in order, or ``None``
+        when some row count is unknown (then every shard is fetched and joined)."""
+        return self._plan
+
+    @property
+    def num_rows(self) -> int | None:
+        """Rows of the value, or ``None`` if it is not known before resolving."""
+        if self._plan is not None:
+            return _plan_rows(self._plan)
+        if self._children is not None:
+            counts = [c.num_rows for c in self._children]
+            base = (
+                None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+            )
+        elif self._collect_fn is None and all(c is not None for c in self._counts):
+            base = sum(c for c in self._counts if c is not None)
+        else:
+            base = None
+        for op in self._ops:
+            if base is None:
+                return None
+            base = _op_rows(op, base)
+        return base
+
+    def __len__(self) -> int:
+        rows = self.num_rows
+        if rows is None:
+            raise UnknownRowCountError(
+                "DataProtoFuture: the row count is unknown "
+                f"(shard row counts {list(self.row_counts)})"
+            )
+        return rows
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"DataProtoFuture(shards={len(self.shard_refs)}, row_counts={list(self.row_counts)}, "
+            f"rows={self.num_rows})"
+        )
+
+    # verl's attribute names
+    @property
+    def futures(self) -> list[Any]:
+        """verl's name for :attr:`shard_refs`."""
+        return list(self.shard_refs)
+
+    @property
+    def collect_fn(self) -> CollectFn:
+        """The function that joins the resolved shards (``DataProto.concat`` by default)."""
+        return self._collect_fn or DataProto.concat
+
+    # -- lazy row operations ----------------------------------------------------------------
+
+    def shard_slices(self, start: int, stop: int) -> list[ShardSlice]:
+        """Rows ``start:stop`` of this future's value, as pieces of :attr:`shard_refs`.
+
+        Needs known row counts (raises :class:`UnknownRowCountError` otherwise).
+        """
+        if self._plan is None:
+            raise UnknownRowCountError(
+                "DataProtoFuture.shard_slices: the shard row counts are not all known "
+                f"({list(self.row_counts)})"
+            )
+        total = _plan_rows(self._plan)
+        if not (0 <= start <= stop <= total):
+            raise InvalidSizeError(
+                f"DataProtoFuture.shard_slices: row range {start}:{stop} is not within {total} rows"
+            )
+        return [p for p in _cut(self._plan, start, stop) if p.stop > p.start]
+
+    def _with_plan(self, plan: Sequence[ShardSlice]) -> DataProtoFuture:
+        used = sorted({p.shard for p in plan})
+        remap = {old: new for new, old in enumerate(used)}
+        new = self._derive()
+        new._refs = tuple(self._refs[i] for i in used)
+        new._counts = tuple(self._counts[i] for i in used)
+        new._plan = tuple(ShardSlice(remap[p.shard], p.start, p.stop) for p in plan)
+        return new
+
+    def _with_op(self, op: _Op) -> DataProtoFuture:
+        new = self._derive()
+        new._ops = (*self._ops, op)
+        return new
+
+    def slice(self, start: int, stop: int) -> DataProtoFuture:
+        """Rows ``start:stop`` of the value (a new future; nothing is fetched)."""
+        _check_count(start, "DataProtoFuture.slice: start")
+        _check_count(stop, "DataProtoFuture.slice: stop")
+        if start > stop:
+            raise InvalidSizeError(f"DataProtoFuture.slice: start {start} > stop {stop}")
+        if self._plan is not None:
+            total = _plan_rows(self._plan)
+            if stop > total:
+                raise InvalidSizeError(
+                    f"DataProtoFuture.slice: row range {start}:{stop} is not within {total} rows"
+                )
+            return self._with_plan(_cut(self._plan, start, stop))
+        return self._with_op(("slice", start, stop))
+
+    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+        """Split into exactly ``chunks`` futures (``numpy.array_split`` sizes) without
+        fetching anything; with known row counts each part holds only its shards."""
+        if isinstance(chunks, bool) or not isinstance(chunks, int):
+            raise ProtocolTypeError(f"DataProtoFuture.chunk: chunks must be an int, got {chunks!r}")
+        if chunks < 1:
+            raise InvalidSizeError(f"DataProtoFuture.chunk: chunks must be >= 1, got {chunks}")
+        if self._plan is not None:
+            total = _plan_rows(self._plan)
+            if chunks > total and not DataProtoConfig.auto_padding:
+                raise InvalidSizeError(
+                    f"DataProtoFuture.chunk: cannot split {total} rows into {chunks} chunks"
+                )
+            return [
+                self._with_plan(_cut(self._plan, a, b)) for a, b in _chunk_bounds(total, chunks)
+            ]
+        return [self._with_op(("chunk", i, chunks)) for i in range(chunks)]
+
+    def pad(self, pad_size: int) -> DataProtoFuture:
+        """Append ``pad_size`` rows repeated from the start (cycling), lazily."""
+        _check_count(pad_size, "DataProtoFuture.pad: pad_size")
+        if pad_size == 0:
+            return self
+        if self._plan is not None:
+            total = _plan_rows(self._plan)
+            if total == 0:
+                raise InvalidSizeError(
+                    f"DataProtoFuture.pad: cannot pad an empty batch with {pad_size} rows"
+                )
+            full, rest = divmod(pad_size, total)
+            plan = list(self._plan) * (1 + full) + _cut(self._plan, 0, rest)
+            return self._with_plan([p for p in plan if p.stop > p.start])
+        return self._with_op(("pad", pad_size, None))
+
+    def unpad(self, pad_size: int) -> DataProtoFuture:
+        """Drop the last ``pad_size`` rows, lazily (``get()`` never returns them)."""
+        _check_count(pad_size, "DataProtoFuture.unpad: pad_size")
+        if pad_size == 0:
+            return self
+        if self._plan is not None:
+            total = _plan_rows(self._plan)
+            if pad_size > total:
+                raise InvalidSizeError(
+                    f"DataProtoFuture.unpad: cannot drop {pad_size} rows from {total}"
+                )
+            return self._with_plan(_cut(self._plan, 0, total - pad_size))
+        return self._with_op(("unpad", pad_size, None))
+
+    @staticmethod
+    def concat(data: Sequence[Any]) -> DataProtoFuture:
+        """Join futures into one (rows in order). Futures with known row counts and the same
+        resolver merge into one plan; raw shard handles (verl's call) become one future."""
+        parts = list(data)
+        if not parts:
+            raise InvalidSizeError("DataProtoFuture.concat: nothing to concatenate (empty list)")
+        if not all(isinstance(p, DataProtoFuture) for p in parts):
+            if any(isinstance(p, DataProtoFuture) for p in parts):
+                raise ProtocolTypeError(
+                    "DataProtoFuture.concat: mix of DataProtoFutures and raw shard handles"
+                )
+            return DataProtoFuture(futures=parts)
+        futures: list[DataProtoFuture] = parts
+        if len(futures) == 1:
+            return futures[0]
+        first = futures[0]
+        if all(f._plan is not None and f._resolve == first._resolve for f in futures):
+            refs: list[Any] = []
+            counts: list[int | None] = []
+            plan: list[ShardSlice] = []
+            for f in futures:
+                index_of: dict[int, int] = {}
+                for i, ref in enumerate(f._refs):
+                    found = next((j for j, r in enumerate(refs) if r is ref), None)
+                    if found is None:
+                        refs.append(ref)
+                        counts.append(f._counts[i])
+                        found = len(refs) - 1
+                    index_of[i] = found
+                plan.extend(ShardSlice(index_of[p.shard], p.start, p.stop) for p in f._plan or ())
+            merged = DataProtoFuture(futures=refs, resolve=first._resolve, row_counts=counts)
+            non_empty = [p for p in plan if p.stop > p.start]
+            merged._plan = tuple(non_empty or plan[:1])
+            return merged
+        out = DataProtoFuture()
+        out._children = tuple(futures)
+        out._plan = None
+        return out
+
+    # -- resolution -------------------------------------------------------------------------
+
+    def _fetch(self) -> list[DataProto]:
+        refs = list(self._refs)
+        resolve = self._resolve or _resolve_local
+        values = list(resolve(refs))
+        if len(values) != len(refs):
+            raise FutureError(
+                f"DataProtoFuture: the resolver returned {len(values)} values for "
+                f"{len(refs)} shards"
+            )
+        for i, (value, count) in enumerate(zip(values, self._counts, strict=True)):
+            if self._collect_fn is None and not isinstance(value, DataProto):
+                raise FutureError(
+                    f"DataProtoFuture: shard {i} resolved to a {type(value).__name__}, "
+                    "not a DataProto"
+                )
+            if count is not None and isinstance(value, DataProto) and len(value) != count:
+                raise FutureError(
+                    f"DataProtoFuture: shard {i} has {len(value)} rows, {count} were announced"
+                )
+        return values
+
+    def get(self) -> DataProto:
+        """Fetch the needed shards and return the DataProto (cached after the first call)."""
+        if self._value is not None:
+            return self._value
+        value: DataProto
+        if self._plan is not None:
+            values = self._fetch()
+            pieces = []
+            for p in self._plan:
+                shard = values[p.shard]
+                whole = p.start == 0 and p.stop == len(shard)
+                pieces.append(shard if whole else shard.slice(p.start, p.stop))
+            if not pieces:
+                value = DataProto()
+            else:
+                value = pieces[0] if len(pieces) == 1 else DataProto.concat(pieces)
+        else:
+            if self._children is not None:
+                value = DataProto.concat([c.get() for c in self._children])
+            elif not self._refs:
+                value = DataProto()
+            else:
+                joined = self.collect_fn(self._fetch())
+                if not isinstance(joined, DataProto):
+                    raise FutureError(
+                        f"DataProtoFuture: collect_fn returned a {type(joined).__name__}, "
+                        "not a DataProto"
+                    )
+                value = joined
+            for op in self._ops:
+                value = _apply_op(op, value)
+        self._value = value
+        return value
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_value"] = None  # never ship a fetched value along with the handles
+        return state
+
+
+def _op_rows(op: _Op, rows: int) -> int:
+    kind, a, b = op
+    if kind == "slice":
+        return max(0, min(int(b), rows) - min(int(a), rows))
+    if kind == "chunk":
+        lo, hi = _chunk_bounds(rows, b)[a]
+        return hi - lo
+    if kind == "pad":
+        return rows + int(a)
+    if kind == "unpad":
+        return max(0, rows - int(a))
+    raise UnknownRowCountError(f"DataProtoFuture: the rows after {kind!r} are unknown")
+
+
+def _apply_op(op: _Op, value: DataProto) -> DataProto:
+    kind, a, b = op
+    if kind == "fn":
+        out = a(value)
+        if not isinstance(out, DataProto):
+            raise FutureError(
+                f"DataProtoFuture: dispatch_fn returned a {type(out).__name__}, not a DataProto"
+            )
+        return out
+    n = len(value)
+    if kind == "slice":
+        if b > n:
+            raise FutureError(
+                f"DataProtoFuture: row range {a}:{b} is not within the {n} rows that resolved"
+            )
+        return value.slice(a, b)
+    if kind == "chunk":
+        lo, hi = _chunk_bounds(n, b)[a]
+        return value.slice(lo, hi)
+    if kind == "pad":
+        import numpy as np
+
+        if n == 0:
+            raise FutureError(f"DataProtoFuture: cannot pad an empty result with {a} rows")
+        return _pad_rows(value, np.arange(a, dtype=np.int64) % n)
+    if kind == "unpad":
+        if a > n:
+            raise FutureError(f"DataProtoFuture: cannot drop {a} padding rows from {n} rows")
+        return unpad_dataproto(value, a)
+    raise FutureError(f"DataProtoFuture: unknown operation {kind!r}")

@@ -1,0 +1,252 @@
+"""DataProto, TensorDict and DataProtoFuture through sc-dispatch's splitting modes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from _protocol_helpers import make_dp, row_ids
+from sc_dispatch import (
+    Dispatch,
+    DispatchArgumentError,
+    collect_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto_with_func,
+    get_shard_adapter,
+    is_future,
+    make_nd_compute_dataproto_dispatch_fn,
+    materialize,
+    pop_padding_size,
+    register,
+    resolve_dispatch_mode,
+    split_args_kwargs,
+    unpad_output,
+)
+from sc_protocol import (
+    DataProto,
+    DataProtoAdapter,
+    DataProtoConfig,
+    DataProtoFuture,
+    DataProtoFutureAdapter,
+    TensorDictAdapter,
+)
+from tensordict import TensorDict, TensorDictBase
+
+
+class FakeWorkerGroup:
+    """Just enough of a worker group for dispatch functions: a world size and mesh info."""
+
+    def __init__(self, world_size: int, dp_ranks: list[int] | None = None) -> None:
+        self._world_size = world_size
+        self._dp_ranks = dp_ranks if dp_ranks is not None else list(range(world_size))
+        self._dispatch_info: dict[str, list[int]] = {}
+        self._collect_info: dict[str, list[bool]] = {}
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
+        return list(self._dp_ranks)
+
+    def _query_collect_info(self, mesh_name: str) -> list[bool]:
+        seen: set[int] = set()
+        flags = []
+        for d in self._dp_ranks:
+            flags.append(d not in seen)
+            seen.add(d)
+        return flags
+
+
+def run_call(
+    wg: FakeWorkerGroup, mode: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """Dispatch, call ``fn`` once per rank (as a worker would), collect, drop padding."""
+    spec = resolve_dispatch_mode(mode)
+    split_args, split_kwargs = spec.dispatch_fn(wg, *args, **kwargs)
+    split_kwargs = dict(split_kwargs)
+    pad = pop_padding_size(split_kwargs)
+    outputs = []
+    for rank in range(wg.world_size):
+        rank_args = [a[rank] for a in split_args]
+        rank_kwargs = {k: v[rank] for k, v in split_kwargs.items()}
+        rank_args_t, rank_kwargs = materialize(tuple(rank_args), rank_kwargs)
+        outputs.append(fn(*rank_args_t, **rank_kwargs))
+    out = spec.collect_fn(wg, outputs)
+    return unpad_output(out, pad) if spec.unpad_output else out
+
+
+def double_ids(data: DataProto) -> DataProto:
+    assert data.batch is not None
+    return DataProto.from_dict(
+        {"ids": data.batch["ids"] * 2}, {"uid": data.non_tensor_batch["uid"]}
+    )
+
+
+def test_adapters_registered_on_import() -> None:
+    assert isinstance(get_shard_adapter(make_dp(1)), DataProtoAdapter)
+    assert isinstance(get_shard_adapter(TensorDict({}, batch_size=[1])), TensorDictAdapter)
+    assert isinstance(get_shard_adapter(DataProtoFuture()), DataProtoFutureAdapter)
+    assert is_future(DataProtoFuture())
+
+
+def test_dataproto_split_even_and_uneven() -> None:
+    dp = make_dp(7)
+    split, _, pad = split_args_kwargs("DP_COMPUTE_PROTO", 3, [dp], {})
+    assert pad == 0
+    assert [row_ids(p) for p in split[0]] == [[0, 1, 2], [3, 4], [5, 6]]
+
+
+def test_dp_compute_proto_roundtrip() -> None:
+    wg = FakeWorkerGroup(4)
+    out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, double_ids, make_dp(8))
+    assert out.batch["ids"][:, 0].tolist() == [i * 6 for i in range(8)]
+
+
+def test_auto_padding_via_dataproto_does_not_mutate_caller() -> None:
+    wg = FakeWorkerGroup(4)
+    dp = make_dp(6, meta={DataProtoConfig.auto_padding_key: True})
+    args, kwargs = dispatch_dp_compute_data_proto(wg, dp)
+    assert kwargs["_sc_padding_size"] == 2
+    assert [len(p) for p in args[0]] == [2, 2, 2, 2]
+    assert row_ids(args[0][3]) == [0, 1]  # padding repeats rows from the start
+    assert len(dp) == 6
+    assert row_ids(dp) == list(range(6))
+    out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, double_ids, dp)
+    assert len(out) == 6
+    assert list(out.non_tensor_batch["uid"]) == [f"u{i}" for i in range(6)]
+
+
+def test_global_auto_padding_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    wg = FakeWorkerGroup(4)
+    with pytest.raises(DispatchArgumentError, match=r"3 rows is shorter than the 4 shards"):
+        dispatch_dp_compute_data_proto(wg, make_dp(3))
+    monkeypatch.setenv("SC_AUTO_PADDING", "1")
+    args, kwargs = dispatch_dp_compute_data_proto(wg, make_dp(3))
+    assert kwargs["_sc_padding_size"] == 1
+    assert len(args[0]) == 4
+
+
+def test_tensordict_through_dispatch_and_collect() -> None:
+    wg = FakeWorkerGroup(3)
+    td = TensorDict({"x": torch.arange(9), "n": {"y": torch.arange(9) * 10}}, batch_size=[9])
+
+    def inc(t: TensorDictBase) -> TensorDictBase:
+        out = t.clone()
+        out["x"] = out["x"] + 1
+        return out
+
+    out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, inc, td)
+    assert out["x"].tolist() == list(range(1, 10))
+    assert out["n", "y"].tolist() == [i * 10 for i in range(9)]
+
+
+def test_tensordict_with_jagged_tensor_and_padding() -> None:
+    DataProtoConfig.auto_padding = True
+    wg = FakeWorkerGroup(2)
+    nt = torch.nested.nested_tensor([torch.ones(i + 1) for i in range(3)], layout=torch.jagged)
+    td = TensorDict({"j": nt, "x": torch.arange(3)}, batch_size=[3])
+    args, kwargs = dispatch_dp_compute_data_proto(wg, td)
+    assert kwargs["_sc_padding_size"] == 1
+    assert [p["x"].tolist() for p in args[0]] == [[0, 1], [2, 0]]
+    out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, lambda t: t, td)
+    assert out["x"].tolist() == [0, 1, 2]
+    assert [t.numel() for t in out["j"].unbind()] == [1, 2, 3]
+    assert td.batch_size == torch.Size([3])
+
+
+def test_tensordict_adapter_errors() -> None:
+    adapter = TensorDictAdapter()
+    with pytest.raises(ValueError, match=r"batch_size=\[\] has no rows"):
+        adapter.length(TensorDict({}, batch_size=[]))
+    with pytest.raises(ValueError, match=r"empty list"):
+        adapter.concat([])
+    with pytest.raises(ValueError, match=r"cannot pad an empty TensorDict with 1 rows"):
+        adapter.pad(TensorDict({}, batch_size=[0]), 1)
+    with pytest.raises(ValueError, match=r"cannot drop 3 padding rows from a TensorDict of 2"):
+        adapter.unpad(TensorDict({}, batch_size=[2]), 3)
+    td = TensorDict({"x": torch.arange(2)}, batch_size=[2])
+    assert adapter.pad(td, 0) is td
+    assert adapter.concat([td]) is td
+    dp_adapter = DataProtoAdapter()
+    dp = make_dp(0)
+    with pytest.raises(ValueError, match=r"cannot pad an empty DataProto with 1 rows"):
+        dp_adapter.pad(dp, 1)
+    assert dp_adapter.pad(dp, 0) is dp
+
+
+def test_future_through_dispatch_known_counts() -> None:
+    wg = FakeWorkerGroup(2)
+    dp = make_dp(6)
+    fetched: list[list[Any]] = []
+
+    def resolve(refs: list[Any]) -> list[DataProto]:
+        fetched.append(list(refs))
+        return [{"a": dp[:3], "b": dp[3:]}[r] for r in refs]
+
+    fut = DataProtoFuture.from_shards(["a", "b"], [3, 3], resolve)
+    args, _ = dispatch_dp_compute_data_proto(wg, fut)
+    assert [p.shard_refs for p in args[0]] == [("a",), ("b",)]
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def worker_fn(data: DataProto) -> DataProto:
+        assert isinstance(data, DataProto)  # materialized before the body runs
+        return double_ids(data)
+
+    out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, worker_fn, fut)
+    assert out.batch["ids"][:, 0].tolist() == [i * 6 for i in range(6)]
+    assert sorted(map(tuple, fetched)) == [("a",), ("b",)]  # one fetch per rank, own shard
+
+
+def test_future_redistributed_to_a_larger_group_fetches_overlaps_only() -> None:
+    dp = make_dp(6)
+    fut = DataProtoFuture.from_shards([dp[:3], dp[3:]], [3, 3])
+    args, _ = dispatch_dp_compute_data_proto(FakeWorkerGroup(3), fut)
+    assert [p.row_counts for p in args[0]] == [(3,), (3, 3), (3,)]
+    assert [row_ids(p.get()) for p in args[0]] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_future_with_unknown_counts_follows_the_dataproto() -> None:
+    wg = FakeWorkerGroup(4)
+    dp = make_dp(6, meta={DataProtoConfig.auto_padding_key: True})
+    other = make_dp(6)
+    fut = DataProtoFuture.from_shards([other[:2], other[2:]])
+    args, kwargs = dispatch_dp_compute_data_proto(wg, dp, fut)
+    assert kwargs["_sc_padding_size"] == 2
+    assert [row_ids(p.get()) for p in args[1]] == [row_ids(p) for p in args[0]]
+    only_future, kw = dispatch_dp_compute_data_proto(wg, fut)
+    assert "_sc_padding_size" not in kw
+    assert [len(p.get()) for p in only_future[0]] == [2, 2, 1, 1]
+
+
+def test_future_collect_concat_and_lazy_unpad() -> None:
+    wg = FakeWorkerGroup(4)
+    dp = make_dp(8)
+    per_rank = [DataProtoFuture.from_value(p) for p in dp.chunk(4)]
+    combined = collect_dp_compute_data_proto(wg, per_rank)
+    assert isinstance(combined, DataProtoFuture)
+    assert combined.num_rows == 8
+    trimmed = unpad_output(combined, 3)
+    assert isinstance(trimmed, DataProtoFuture)
+    assert trimmed.num_rows == 5
+    assert trimmed.shard_refs == combined.shard_refs[:3]
+    assert row_ids(trimmed.get()) == [0, 1, 2, 3, 4]
+    unknown = [DataProtoFuture.from_shards([p]) for p in dp.chunk(4)]
+    lazy = unpad_output(collect_dp_compute_data_proto(wg, unknown), 3)
+    assert lazy.num_rows is None
+    assert row_ids(lazy.get()) == [0, 1, 2, 3, 4]
+
+
+def test_with_func_and_nd_dispatch() -> None:
+    wg = FakeWorkerGroup(2)
+    args, _ = dispatch_dp_compute_data_proto_with_func(wg, len, make_dp(4))
+    assert args[0] == [len, len]
+    assert [len(p) for p in args[1]] == [2, 2]
+    mesh_wg = FakeWorkerGroup(4, dp_ranks=[0, 0, 1, 1])
+    mode = make_nd_compute_dataproto_dispatch_fn("actor")
+    out = run_call(mesh_wg, mode, double_ids, make_dp(6))
+    assert out.batch["ids"][:, 0].tolist() == [i * 6 for i in range(6)]
+    td = TensorDict({"x": torch.arange(4)}, batch_size=[4])
+    assert run_call(mesh_wg, mode, lambda t: t, td)["x"].tolist() == [0, 1, 2, 3]
