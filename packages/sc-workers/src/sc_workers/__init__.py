@@ -1,1 +1,78 @@
-"""sc_workers."""
+"""sc-workers: training workers for the sc single controller (verl's workers, rebuilt).
+
+* :class:`ActorRolloutRefWorker` and :class:`CriticWorker` — worker classes for a worker
+  group (``sc_core.LocalWorkerGroup`` in-process, ``sc_ray.RayWorkerGroup`` on Ray);
+* engines (:mod:`sc_workers.engine`) — FSDP2, and tensor x data parallel on a DeviceMesh;
+* the built-in causal transformer and the optional Hugging Face adapter
+  (:mod:`sc_workers.models`);
+* RL math (:mod:`sc_workers.algos`);
+* typed configuration dataclasses, validated on construction.
+
+Exceptions are described in :mod:`sc_workers._errors`. ``transformers`` is imported only
+when a Hugging Face model is loaded (extra ``sc-workers[hf]``).
+"""
+
+from ._config import (
+    LOSS_AGG_MODES,
+    ActorConfig,
+    ActorRolloutRefConfig,
+    BatchSizes,
+    ConfigBase,
+    CriticConfig,
+    FSDPConfig,
+    MegatronConfig,
+    ModelConfig,
+    OptimConfig,
+    RefConfig,
+    RolloutConfig,
+)
+from ._errors import (
+    BatchError,
+    CheckpointError,
+    ConfigError,
+    DistributedError,
+    MissingKeyError,
+    NotInitializedError,
+    OptionalDependencyError,
+    UnsupportedParallelismError,
+    WorkersError,
+)
+from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
+from .models import TinyCausalLM
+from .workers import ROLES, ActorRolloutRefWorker, CriticWorker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LOSS_AGG_MODES",
+    "ROLES",
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "ActorRolloutRefWorker",
+    "BatchError",
+    "BatchSizes",
+    "CheckpointError",
+    "ConfigBase",
+    "ConfigError",
+    "CriticConfig",
+    "CriticWorker",
+    "DistributedError",
+    "Engine",
+    "FSDPConfig",
+    "FSDPEngine",
+    "MegatronConfig",
+    "MegatronEngine",
+    "MissingKeyError",
+    "ModelConfig",
+    "NotInitializedError",
+    "OptimConfig",
+    "OptionalDependencyError",
+    "ParallelLayout",
+    "RefConfig",
+    "RolloutConfig",
+    "TinyCausalLM",
+    "UnsupportedParallelismError",
+    "WorkersError",
+    "__version__",
+    "make_engine",
+]

@@ -1,0 +1,84 @@
+"""The exceptions sc-workers raises.
+
+Every error is raised explicitly (never through ``assert``) and subclasses the builtin
+exception it means, so callers may catch either the sc-workers class or the builtin::
+
+    WorkersError (Exception)                      base class of everything below
+    ├── ConfigError (ValueError)                  a configuration value that is out of range
+    │   │                                         or inconsistent: a batch size that is not
+    │   │                                         divisible by the dp size or the micro-batch
+    │   │                                         size, heads not divisible by the tp size, ...
+    │   └── UnsupportedParallelismError           a layout this release cannot run (pipeline
+    │       (also NotImplementedError)            parallelism, TP on a Hugging Face model)
+    ├── BatchError (ValueError)                   a DataProto a worker method cannot use: a
+    │   │                                         batch size that does not split into the
+    │   │                                         configured mini-/micro-batches, mismatched
+    │   │                                         shapes, a bad meta_info value
+    │   └── MissingKeyError (also KeyError)       a tensor the method needs is not in the batch
+    ├── DistributedError (RuntimeError)           the process group cannot be set up: a world
+    │                                             size that does not match the one already
+    │                                             initialised, missing MASTER_ADDR/MASTER_PORT
+    │                                             for a multi-rank group, an unknown backend
+    ├── NotInitializedError (RuntimeError)        a worker method called before ``init_model``,
+    │                                             or one the worker's role does not provide
+    ├── CheckpointError (RuntimeError)            a checkpoint that is missing, incomplete, or
+    │                                             written by a different layout (world size,
+    │                                             dp/tp sizes, parameter names or shapes)
+    └── OptionalDependencyError (ImportError)     an optional extra that is not installed
+                                                  (``sc-workers[hf]`` for transformers)
+
+Messages name the method or setting, the rank where one applies, and the offending numbers.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchError",
+    "CheckpointError",
+    "ConfigError",
+    "DistributedError",
+    "MissingKeyError",
+    "NotInitializedError",
+    "OptionalDependencyError",
+    "UnsupportedParallelismError",
+    "WorkersError",
+]
+
+
+class WorkersError(Exception):
+    """Base class of every error raised by sc-workers."""
+
+
+class ConfigError(WorkersError, ValueError):
+    """A configuration value that is out of range or inconsistent with another one."""
+
+
+class UnsupportedParallelismError(ConfigError, NotImplementedError):
+    """A parallel layout this release does not implement (for example pipeline parallelism)."""
+
+
+class BatchError(WorkersError, ValueError):
+    """A batch that a worker method cannot process."""
+
+
+class MissingKeyError(BatchError, KeyError):
+    """A tensor that a worker method needs is missing from the batch."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DistributedError(WorkersError, RuntimeError):
+    """The torch.distributed process group cannot be set up as requested."""
+
+
+class NotInitializedError(WorkersError, RuntimeError):
+    """A worker method called before ``init_model`` or outside the worker's role."""
+
+
+class CheckpointError(WorkersError, RuntimeError):
+    """A checkpoint that cannot be written or read back."""
+
+
+class OptionalDependencyError(WorkersError, ImportError):
+    """An optional dependency (an extra of sc-workers) is not installed."""

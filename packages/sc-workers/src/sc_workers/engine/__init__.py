@@ -1,0 +1,50 @@
+"""Engines: a sharded model with its optimizer, behind one small interface.
+
+* :class:`FSDPEngine` — FSDP2 over a dp mesh (HSDP with ``fsdp_size``);
+* :class:`MegatronEngine` — tensor parallelism x FSDP2 on a ``(dp, tp)`` mesh.
+
+:func:`make_engine` picks one from a strategy name ("fsdp", "fsdp2" or "megatron").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._config import FSDPConfig, ModelConfig, OptimConfig
+from .._errors import ConfigError
+from ._base import Engine, warmup_lr_lambda
+from ._fsdp import FSDPEngine
+from ._megatron import MegatronEngine, tensor_parallel_plan
+from ._parallel import ParallelLayout, init_distributed, resolve_device
+
+__all__ = [
+    "Engine",
+    "FSDPEngine",
+    "MegatronEngine",
+    "ParallelLayout",
+    "init_distributed",
+    "make_engine",
+    "resolve_device",
+    "tensor_parallel_plan",
+    "warmup_lr_lambda",
+]
+
+
+def make_engine(
+    strategy: str,
+    model_config: ModelConfig,
+    fsdp_config: FSDPConfig,
+    layout: ParallelLayout,
+    device: torch.device,
+    optim_config: OptimConfig | None = None,
+    value_head: bool = False,
+) -> Engine:
+    """An (unbuilt) engine for ``strategy``; call :meth:`Engine.build` to create the model."""
+    cls: type[Engine]
+    if strategy in ("fsdp", "fsdp2"):
+        cls = FSDPEngine
+    elif strategy == "megatron":
+        cls = MegatronEngine
+    else:
+        raise ConfigError(f"strategy must be 'fsdp', 'fsdp2' or 'megatron', got {strategy!r}")
+    return cls(model_config, fsdp_config, layout, device, optim_config, value_head)

@@ -1,0 +1,7 @@
+"""Workers: the actor/rollout/reference worker and the critic worker."""
+
+from ._actor import ROLES, ActorRolloutRefWorker
+from ._critic import CriticWorker
+from ._sampling import SamplingParams, filter_logits
+
+__all__ = ["ROLES", "ActorRolloutRefWorker", "CriticWorker", "SamplingParams", "filter_logits"]

@@ -1,0 +1,319 @@
+"""``ActorRolloutRefWorker``: the policy (actor), its sampler (rollout) and the reference."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from sc_protocol import DataProto
+
+from .._config import ActorRolloutRefConfig, BatchSizes
+from .._errors import BatchError, ConfigError, NotInitializedError
+from ..engine import Engine, make_engine
+from ._common import WorkerBase
+from ._ppo import compute_log_prob, gather_tensors, update_policy
+from ._sampling import SamplingParams, eos_tuple, generate
+
+__all__ = ["ROLES", "ActorRolloutRefWorker"]
+
+logger = logging.getLogger(__name__)
+
+#: role -> (actor, rollout, ref)
+ROLES: dict[str, tuple[bool, bool, bool]] = {
+    "actor": (True, False, False),
+    "rollout": (False, True, False),
+    "ref": (False, False, True),
+    "actor_rollout": (True, True, False),
+    "actor_rollout_ref": (True, True, True),
+}
+
+_MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def _meta_float(meta: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise BatchError(f"{where}: meta_info[{key!r}] must be a number, got {value!r}")
+    return float(value)
+
+
+class ActorRolloutRefWorker(WorkerBase):
+    """verl's hybrid worker: one model for training (actor) and sampling (rollout), plus an
+    optional frozen reference model (ref), on the FSDP or megatron-style engine.
+
+    ``role`` is "actor", "rollout", "ref", "actor_rollout" or "actor_rollout_ref". The
+    worker registers the meshes "actor", "rollout" and "ref" that its role includes: on
+    each, its dp rank and whether it returns outputs (tp rank 0). The data methods use
+    ``make_nd_compute_dataproto_dispatch_fn`` on those meshes, so a worker group splits a
+    batch by dp rank and collects one output per dp group.
+    """
+
+    def __init__(self, config: ActorRolloutRefConfig | Mapping[str, Any], role: str) -> None:
+        super().__init__()
+        if isinstance(config, Mapping):
+            config = ActorRolloutRefConfig.from_dict(config)
+        if not isinstance(config, ActorRolloutRefConfig):
+            raise ConfigError(
+                f"ActorRolloutRefWorker: config must be an ActorRolloutRefConfig or a mapping, "
+                f"got {type(config).__name__}"
+            )
+        if role not in ROLES:
+            raise ConfigError(
+                f"ActorRolloutRefWorker: role must be one of {sorted(ROLES)}, got {role!r}"
+            )
+        self.config = config
+        self.role = role
+        self._is_actor, self._is_rollout, self._is_ref = ROLES[role]
+        uses_actor_model = self._is_actor or self._is_rollout
+        section = config.actor if uses_actor_model else config.ref
+        tp = section.megatron.tensor_model_parallel_size if section.strategy == "megatron" else 1
+        self._setup_identity(config.device, tp)
+        self.actor_batch_sizes: BatchSizes | None = None
+        if self._is_actor:
+            self.actor_batch_sizes = config.actor.normalized_batch_sizes(
+                config.rollout.n, self.layout.dp_size
+            )
+        for mesh, present in (
+            ("actor", self._is_actor),
+            ("rollout", self._is_rollout),
+            ("ref", self._is_ref),
+        ):
+            if present:
+                self._register_dispatch_collect_info(
+                    mesh, dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect
+                )
+        self.actor_engine: Engine | None = None
+        self.ref_engine: Engine | None = None
+        self._generator: torch.Generator | None = None
+        self._update_steps = 0
+
+    # ------------------------------------------------------------------ setup
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Join the process group and build the engines the role needs (idempotent)."""
+        if self.actor_engine is not None or self.ref_engine is not None:
+            return
+        self._init_distributed()
+        cfg = self.config
+        if self._is_actor or self._is_rollout:
+            optim = cfg.actor.optim if self._is_actor else None
+            engine = make_engine(
+                cfg.actor.strategy,
+                cfg.model,
+                cfg.actor.fsdp_config,
+                self.layout,
+                self.device,
+                optim,
+            )
+            engine.build()
+            if cfg.actor.fsdp_config.param_offload:
+                engine.offload_params()
+            if cfg.actor.fsdp_config.optimizer_offload:
+                engine.offload_optimizer()
+            self.actor_engine = engine
+        if self._is_ref:
+            ref = make_engine(
+                cfg.ref.strategy, cfg.model, cfg.ref.fsdp_config, self.layout, self.device
+            )
+            ref.build()
+            if cfg.ref.fsdp_config.param_offload:
+                ref.offload_params()
+            self.ref_engine = ref
+        seed = cfg.rollout.seed * 1_000_003 + self.layout.dp_rank
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def _actor(self, method: str) -> Engine:
+        if not self._is_actor:
+            raise NotInitializedError(f"{self._where(method)}: role {self.role!r} has no actor")
+        if self.actor_engine is None:
+            raise NotInitializedError(f"{self._where(method)}: call init_model first")
+        return self.actor_engine
+
+    # ---------------------------------------------------------------- rollout
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample responses for left-padded prompts (``input_ids``, ``attention_mask``,
+        ``position_ids``).
+
+        ``meta_info`` may override the rollout config: ``temperature``, ``top_k``, ``top_p``,
+        ``do_sample``, ``response_length`` (or ``max_new_tokens``), ``eos_token_id`` (int or
+        list) and ``pad_token_id``. Returns ``prompts``, ``responses``, ``input_ids``
+        (prompt + response), ``attention_mask``, ``position_ids`` and ``response_mask``;
+        the non-tensor columns of the input are passed through.
+        """
+        where = self._where("generate_sequences")
+        if not self._is_rollout:
+            raise NotInitializedError(f"{where}: role {self.role!r} has no rollout")
+        if self.actor_engine is None or self._generator is None:
+            raise NotInitializedError(f"{where}: call init_model first")
+        t = gather_tensors(prompts, ("input_ids", "attention_mask", "position_ids"), (), where)
+        params = self._sampling_params(prompts.meta_info, where)
+        engine = self.actor_engine
+        with engine.on_device():
+            engine.eval_mode()
+            responses, response_mask = generate(
+                engine,
+                t["input_ids"],
+                t["attention_mask"],
+                t["position_ids"],
+                params,
+                self._generator,
+            )
+        responses, response_mask = responses.cpu(), response_mask.cpu()
+        prompt_ids = t["input_ids"]
+        length = responses.shape[1]
+        delta = torch.arange(1, length + 1, dtype=t["position_ids"].dtype)
+        response_pos = t["position_ids"][:, -1:] + delta[None, :]
+        out = {
+            "prompts": prompt_ids,
+            "responses": responses,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": torch.cat(
+                [t["attention_mask"], response_mask.to(t["attention_mask"].dtype)], dim=1
+            ),
+            "position_ids": torch.cat([t["position_ids"], response_pos], dim=1),
+            "response_mask": response_mask.to(t["attention_mask"].dtype),
+        }
+        return DataProto.from_dict(tensors=out, non_tensors=dict(prompts.non_tensor_batch))
+
+    def _sampling_params(self, meta: Mapping[str, Any], where: str) -> SamplingParams:
+        rc = self.config.rollout
+        mc = self.config.model
+        length = meta.get("response_length", meta.get("max_new_tokens", rc.response_length))
+        temperature = _meta_float(meta, "temperature", rc.temperature, where)
+        top_p = _meta_float(meta, "top_p", rc.top_p, where)
+        top_k = int(meta.get("top_k", rc.top_k))
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise BatchError(f"{where}: response_length must be a positive int, got {length!r}")
+        if temperature <= 0:
+            raise BatchError(f"{where}: temperature must be > 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise BatchError(f"{where}: top_p must be in (0, 1], got {top_p}")
+        eos = meta.get("eos_token_id", mc.eos_token_id)
+        pad = meta.get("pad_token_id", mc.pad_token_id)
+        return SamplingParams(
+            response_length=length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            do_sample=bool(meta.get("do_sample", rc.do_sample)),
+            eos_token_ids=eos_tuple(eos),
+            pad_token_id=int(pad),
+        )
+
+    # ---------------------------------------------------------------- log-prob
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys`` ``[batch, response_length]`` under the actor.
+
+        Needs ``input_ids``, ``attention_mask``, ``position_ids`` and ``responses``; the
+        logits are divided by ``meta_info["temperature"]`` (default: the rollout's).
+        """
+        where = self._where("compute_log_prob")
+        engine = self._actor("compute_log_prob")
+        t = gather_tensors(data, _MODEL_INPUTS, (), where)
+        temperature = _meta_float(
+            data.meta_info, "temperature", self.config.rollout.temperature, where
+        )
+        with engine.on_device():
+            log_prob, entropy = compute_log_prob(
+                engine, t, temperature, self.config.rollout.log_prob_micro_batch_size_per_gpu
+            )
+        return DataProto.from_dict(
+            tensors={"old_log_probs": log_prob, "entropys": entropy},
+            meta_info={"temperature": temperature},
+        )
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` ``[batch, response_length]`` under the frozen reference model."""
+        where = self._where("compute_ref_log_prob")
+        if not self._is_ref:
+            raise NotInitializedError(f"{where}: role {self.role!r} has no ref")
+        if self.ref_engine is None:
+            raise NotInitializedError(f"{where}: call init_model first")
+        t = gather_tensors(data, _MODEL_INPUTS, (), where)
+        temperature = _meta_float(
+            data.meta_info, "temperature", self.config.rollout.temperature, where
+        )
+        engine = self.ref_engine
+        with engine.on_device():
+            log_prob, _ = compute_log_prob(
+                engine,
+                t,
+                temperature,
+                self.config.ref.log_prob_micro_batch_size_per_gpu,
+                calculate_entropy=False,
+            )
+        return DataProto.from_dict(
+            tensors={"ref_log_prob": log_prob}, meta_info={"temperature": temperature}
+        )
+
+    # ------------------------------------------------------------------ update
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update on this batch; returns ``meta_info["metrics"]`` (dp-reduced floats).
+
+        Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``,
+        ``old_log_probs``, ``advantages`` (and ``ref_log_prob`` with ``use_kl_loss``);
+        ``response_mask`` defaults to the response part of ``attention_mask``. Metrics:
+        ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``,
+        ``actor/pg_clipfrac_lower``, ``actor/entropy``, ``actor/grad_norm``, ``actor/lr``
+        (the rate used), and ``actor/kl_loss``, ``actor/kl_coef`` with the KL loss.
+        """
+        where = self._where("update_actor")
+        engine = self._actor("update_actor")
+        cfg = self.config.actor
+        keys = [*_MODEL_INPUTS, "old_log_probs", "advantages"]
+        if cfg.use_kl_loss:
+            keys.append("ref_log_prob")
+        t = gather_tensors(data, keys, ("response_mask",), where)
+        temperature = _meta_float(
+            data.meta_info, "temperature", self.config.rollout.temperature, where
+        )
+        sizes = self.actor_batch_sizes
+        if sizes is None:  # pragma: no cover - set in __init__ for every actor role
+            raise NotInitializedError(f"{where}: no batch sizes")
+        seed = cfg.data_loader_seed * 1_000_003 + self._update_steps
+        with engine.on_device(with_optimizer=True):
+            lr = engine.get_lr()
+            metrics = update_policy(engine, t, cfg, sizes, temperature, seed, where)
+            engine.lr_scheduler_step()
+        metrics["actor/lr"] = lr
+        self._update_steps += 1
+        return DataProto(meta_info={"metrics": metrics})
+
+    # -------------------------------------------------------------- checkpoint
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(
+        self,
+        local_path: str,
+        hdfs_path: str | None = None,
+        global_step: int = 0,
+        max_ckpt_to_keep: int | None = None,
+    ) -> None:
+        """Save the actor's model shards, optimizer, lr schedule and RNG states atomically."""
+        engine = self._actor("save_checkpoint")
+        gen = self._generator
+        extra = {
+            "update_steps": self._update_steps,
+            "generator": None if gen is None else gen.get_state(),
+            "global_step": global_step,
+        }
+        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
+    ) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same world size and layout)."""
+        engine = self._actor("load_checkpoint")
+        extra = self._load(engine, local_path, hdfs_path, del_local_after_load)
+        self._update_steps = int(extra.get("update_steps", 0))
+        state = extra.get("generator")
+        if state is not None and self._generator is not None:
+            self._generator.set_state(state)

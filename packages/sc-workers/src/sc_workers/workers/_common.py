@@ -1,0 +1,91 @@
+"""What the actor and critic workers share: set-up, data access, checkpoint bookkeeping."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from sc_core import Worker
+
+from .._errors import CheckpointError, ConfigError, DistributedError
+from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
+from ._checkpoint import load_engine_checkpoint, save_engine_checkpoint
+
+__all__ = ["WorkerBase"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerBase(Worker):
+    """Device choice, process-group set-up and checkpoint retention for sc-workers' workers."""
+
+    layout: ParallelLayout
+    device: torch.device
+
+    def _setup_identity(self, device: str, tp_size: int) -> None:
+        self.layout = ParallelLayout.create(self.world_size, self.rank, tp_size)
+        self.device = resolve_device(device, self.env)
+        self._saved_checkpoints: list[str] = []
+
+    def _where(self, method: str) -> str:
+        return f"{type(self).__name__}.{method} (rank {self.rank})"
+
+    def _init_distributed(self) -> None:
+        if self.world_size > 1 and self.env.get("WG_BACKEND") == "local":
+            raise DistributedError(
+                f"{self._where('init_model')}: world size {self.world_size} under the "
+                "in-process backend (LocalWorkerGroup); its ranks share one process, and "
+                "multi-rank collectives need a multi-process backend (sc_ray.RayWorkerGroup). "
+                "Use world size 1 in-process."
+            )
+        addr, port = self.get_master_addr_port()
+        init_distributed(self.world_size, self.rank, self.device, addr, port)
+
+    def _save(
+        self,
+        engine: Engine,
+        local_path: str,
+        hdfs_path: str | None,
+        global_step: int,
+        max_ckpt_to_keep: int | None,
+        extra: dict[str, Any],
+    ) -> None:
+        where = self._where("save_checkpoint")
+        if hdfs_path is not None:
+            raise ConfigError(
+                f"{where}: hdfs_path {hdfs_path!r} is not supported; copy the "
+                "local checkpoint yourself"
+            )
+        if max_ckpt_to_keep is not None and max_ckpt_to_keep < 1:
+            raise ConfigError(f"{where}: max_ckpt_to_keep must be >= 1, got {max_ckpt_to_keep}")
+        with engine.on_device(with_optimizer=True):
+            path = save_engine_checkpoint(engine, local_path, global_step, extra)
+        if path in self._saved_checkpoints:
+            self._saved_checkpoints.remove(path)
+        self._saved_checkpoints.append(path)
+        if max_ckpt_to_keep is not None:
+            while len(self._saved_checkpoints) > max_ckpt_to_keep:
+                old = self._saved_checkpoints.pop(0)
+                if self.rank == 0:
+                    shutil.rmtree(old, ignore_errors=True)
+                    logger.info("removed old checkpoint %s", old)
+
+    def _load(
+        self, engine: Engine, local_path: str, hdfs_path: str | None, del_local_after_load: bool
+    ) -> dict[str, Any]:
+        where = self._where("load_checkpoint")
+        if hdfs_path is not None:
+            raise ConfigError(f"{where}: hdfs_path {hdfs_path!r} is not supported")
+        if not Path(local_path).is_dir():
+            raise CheckpointError(f"{where}: {local_path} is not a directory")
+        with engine.on_device(with_optimizer=True):
+            extra = load_engine_checkpoint(engine, local_path)
+        if del_local_after_load:
+            if torch.distributed.is_initialized() and self.world_size > 1:
+                torch.distributed.barrier()
+            if self.rank == 0:
+                shutil.rmtree(local_path, ignore_errors=True)
+        return extra

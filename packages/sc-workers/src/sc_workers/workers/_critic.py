@@ -1,0 +1,125 @@
+"""``CriticWorker``: the value model of PPO."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from sc_protocol import DataProto
+
+from .._config import CriticConfig
+from .._errors import ConfigError, NotInitializedError
+from ..engine import Engine, make_engine
+from ._common import WorkerBase
+from ._ppo import compute_values, gather_tensors, update_critic
+
+__all__ = ["CriticWorker"]
+
+_MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+class CriticWorker(WorkerBase):
+    """A value model (the built-in transformer with a scalar head) on either engine.
+
+    Registers the mesh "critic" (its dp rank; outputs from tp rank 0).
+    """
+
+    def __init__(self, config: CriticConfig | Mapping[str, Any]) -> None:
+        super().__init__()
+        if isinstance(config, Mapping):
+            config = CriticConfig.from_dict(config)
+        if not isinstance(config, CriticConfig):
+            raise ConfigError(
+                f"CriticWorker: config must be a CriticConfig or a mapping, got "
+                f"{type(config).__name__}"
+            )
+        self.config = config
+        tp = config.megatron.tensor_model_parallel_size if config.strategy == "megatron" else 1
+        self._setup_identity(config.device, tp)
+        self.batch_sizes = config.normalized_batch_sizes(self.layout.dp_size)
+        self._register_dispatch_collect_info(
+            "critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect
+        )
+        self.critic_engine: Engine | None = None
+        self._update_steps = 0
+
+    def _engine(self, method: str) -> Engine:
+        if self.critic_engine is None:
+            raise NotInitializedError(f"{self._where(method)}: call init_model first")
+        return self.critic_engine
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Join the process group and build the value model with its optimizer (idempotent)."""
+        if self.critic_engine is not None:
+            return
+        self._init_distributed()
+        cfg = self.config
+        engine = make_engine(
+            cfg.strategy,
+            cfg.model,
+            cfg.fsdp_config,
+            self.layout,
+            self.device,
+            cfg.optim,
+            value_head=True,
+        )
+        engine.build()
+        if cfg.fsdp_config.param_offload:
+            engine.offload_params()
+        if cfg.fsdp_config.optimizer_offload:
+            engine.offload_optimizer()
+        self.critic_engine = engine
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` ``[batch, response_length]``, zero outside the response mask."""
+        where = self._where("compute_values")
+        engine = self._engine("compute_values")
+        t = gather_tensors(data, _MODEL_INPUTS, ("response_mask",), where)
+        with engine.on_device():
+            values = compute_values(engine, t, self.config.forward_micro_batch_size_per_gpu)
+        return DataProto.from_dict(tensors={"values": values})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
+    def update_critic(self, data: DataProto) -> DataProto:
+        """One clipped value-loss update; returns ``meta_info["metrics"]``.
+
+        Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``,
+        ``values`` (old predictions) and ``returns``. Metrics: ``critic/vf_loss``,
+        ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``.
+        """
+        where = self._where("update_critic")
+        engine = self._engine("update_critic")
+        t = gather_tensors(data, [*_MODEL_INPUTS, "values", "returns"], ("response_mask",), where)
+        seed = self.config.data_loader_seed * 1_000_003 + self._update_steps
+        with engine.on_device(with_optimizer=True):
+            lr = engine.get_lr()
+            metrics = update_critic(engine, t, self.config, self.batch_sizes, seed, where)
+            engine.lr_scheduler_step()
+        metrics["critic/lr"] = lr
+        self._update_steps += 1
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(
+        self,
+        local_path: str,
+        hdfs_path: str | None = None,
+        global_step: int = 0,
+        max_ckpt_to_keep: int | None = None,
+    ) -> None:
+        """Save the critic's shards, optimizer, lr schedule and RNG states atomically."""
+        engine = self._engine("save_checkpoint")
+        extra = {"update_steps": self._update_steps, "global_step": global_step}
+        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
+    ) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same world size and layout)."""
+        engine = self._engine("load_checkpoint")
+        extra = self._load(engine, local_path, hdfs_path, del_local_after_load)
+        self._update_steps = int(extra.get("update_steps", 0))

@@ -1,0 +1,295 @@
+"""The per-rank PPO computations behind the worker methods (actor and critic)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .._config import ActorConfig, BatchSizes, CriticConfig
+from .._errors import BatchError, MissingKeyError
+from ..algos import (
+    agg_loss,
+    agg_loss_denominator,
+    compute_policy_loss,
+    compute_value_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+)
+from ..engine import Engine
+
+__all__ = [
+    "compute_log_prob",
+    "compute_values",
+    "gather_tensors",
+    "update_critic",
+    "update_policy",
+]
+
+
+def gather_tensors(
+    data: Any, keys: Sequence[str], optional: Sequence[str], where: str
+) -> dict[str, Tensor]:
+    """The named tensor columns of a DataProto; :class:`MissingKeyError` names what is absent."""
+    batch: Any = getattr(data, "batch", None)
+    available = [] if batch is None else [str(k) for k in batch.keys()]  # noqa: SIM118
+    missing = [k for k in keys if k not in available]
+    if missing:
+        raise MissingKeyError(f"{where}: the batch has no {missing}; it has {sorted(available)}")
+    out: dict[str, Tensor] = {}
+    for key in [*keys, *(k for k in optional if k in available)]:
+        value = batch[key]
+        if not isinstance(value, Tensor):
+            raise BatchError(f"{where}: column {key!r} is a {type(value).__name__}, not a tensor")
+        out[key] = value
+    rows = {k: int(v.shape[0]) for k, v in out.items()}
+    if len(set(rows.values())) > 1:
+        raise BatchError(f"{where}: columns have different row counts {rows}")
+    return out
+
+
+def response_mask_of(tensors: dict[str, Tensor]) -> Tensor:
+    """``response_mask`` if given, else the response part of ``attention_mask``."""
+    if "response_mask" in tensors:
+        return tensors["response_mask"]
+    length = tensors["responses"].shape[1]
+    return tensors["attention_mask"][:, -length:]
+
+
+def _micro_slices(total: int, size: int) -> Iterator[slice]:
+    for start in range(0, total, size):
+        yield slice(start, min(start + size, total))
+
+
+def _response_logits(engine: Engine, t: dict[str, Tensor], temperature: float) -> Tensor:
+    logits = engine.forward(t["input_ids"], t["attention_mask"], t["position_ids"])
+    length = t["responses"].shape[1]
+    return logits[:, -length - 1 : -1, :].float() / temperature
+
+
+def compute_log_prob(
+    engine: Engine,
+    tensors: dict[str, Tensor],
+    temperature: float,
+    micro_batch_size: int,
+    calculate_entropy: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Log-probabilities and entropies of the response tokens, ``[batch, response_length]``."""
+    engine.eval_mode()
+    total = tensors["input_ids"].shape[0]
+    log_probs: list[Tensor] = []
+    entropies: list[Tensor] = []
+    with torch.no_grad():
+        for sl in _micro_slices(total, micro_batch_size):
+            micro = {k: v[sl] for k, v in tensors.items()}
+            logits = _response_logits(engine, micro, temperature)
+            labels = micro["responses"].to(logits.device)
+            log_probs.append(logprobs_from_logits(logits, labels).cpu())
+            if calculate_entropy:
+                entropies.append(entropy_from_logits(logits).cpu())
+    log_prob = torch.cat(log_probs) if log_probs else torch.zeros(0)
+    entropy = torch.cat(entropies) if entropies else torch.zeros_like(log_prob)
+    return log_prob, entropy
+
+
+def compute_values(engine: Engine, tensors: dict[str, Tensor], micro_batch_size: int) -> Tensor:
+    """Value predictions for the response tokens, zero outside ``response_mask``."""
+    engine.eval_mode()
+    total = tensors["input_ids"].shape[0]
+    out: list[Tensor] = []
+    with torch.no_grad():
+        for sl in _micro_slices(total, micro_batch_size):
+            micro = {k: v[sl] for k, v in tensors.items()}
+            values = engine.forward(
+                micro["input_ids"], micro["attention_mask"], micro["position_ids"]
+            )
+            length = micro["responses"].shape[1]
+            values = values[:, -length - 1 : -1].float().cpu()
+            out.append(values * response_mask_of(micro).to(values.dtype))
+    return torch.cat(out)
+
+
+def _check_batch(where: str, total: int, sizes: BatchSizes) -> None:
+    if total % sizes.mini_batch_size:
+        raise BatchError(
+            f"{where}: this rank's batch of {total} sequences is not divisible by the per-rank "
+            f"mini-batch size {sizes.mini_batch_size}"
+        )
+
+
+def _orders(total: int, epochs: int, shuffle: bool, seed: int) -> Iterator[Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        yield torch.randperm(total, generator=gen) if shuffle else torch.arange(total)
+
+
+class _Meter:
+    """Sums of metrics per mini-batch, reduced over the dp group, averaged over steps."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.steps: dict[str, list[float]] = defaultdict(list)
+        self._sums: dict[str, Tensor] = {}
+
+    def add(self, name: str, value: Tensor) -> None:
+        v = value.detach().double().cpu()
+        self._sums[name] = self._sums.get(name, torch.zeros((), dtype=torch.float64)) + v
+
+    def close_step(self, weights: dict[str, float], extra: dict[str, float]) -> None:
+        """All-reduce the sums over dp; each metric is divided by its weight."""
+        names = sorted(self._sums)
+        if names:
+            packed = torch.stack([self._sums[n] for n in names])
+            if dist.get_world_size(self.group) > 1:
+                dist.all_reduce(packed, group=self.group)
+            for n, v in zip(names, packed.tolist(), strict=True):
+                self.steps[n].append(v / weights.get(n, 1.0))
+        for n, v in extra.items():
+            self.steps[n].append(v)
+        self._sums = {}
+
+    def result(self) -> dict[str, float]:
+        return {k: sum(v) / len(v) for k, v in self.steps.items() if v}
+
+
+def _global_count(count: Tensor, group: dist.ProcessGroup) -> float:
+    c = count.detach().double().cpu().reshape(1)
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(c, group=group)
+    return float(c.item())
+
+
+def update_policy(
+    engine: Engine,
+    tensors: dict[str, Tensor],
+    config: ActorConfig,
+    sizes: BatchSizes,
+    temperature: float,
+    seed: int,
+    where: str,
+) -> dict[str, float]:
+    """PPO epochs over mini-batches with gradient accumulation over micro-batches.
+
+    Each loss term is divided by the *global* token (or sequence) count of the mini-batch
+    and multiplied by the dp size (FSDP averages gradients over dp), so the update equals
+    the one a single process would make on the whole mini-batch.
+    """
+    total = tensors["input_ids"].shape[0]
+    _check_batch(where, total, sizes)
+    group = engine.dp_group
+    dp_size = dist.get_world_size(group)
+    mode = config.loss_agg_mode
+    meter = _Meter(group)
+    engine.train_mode()
+    for order in _orders(total, config.ppo_epochs, config.shuffle, seed):
+        for start in range(0, total, sizes.mini_batch_size):
+            idx = order[start : start + sizes.mini_batch_size]
+            mini = {k: v[idx] for k, v in tensors.items()}
+            mask_all = response_mask_of(mini).float()
+            denom = _global_count(agg_loss_denominator(mask_all, mode), group)
+            tokens = _global_count(mask_all.sum(), group)
+            engine.zero_grad()
+            for sl in _micro_slices(sizes.mini_batch_size, sizes.micro_batch_size):
+                micro = {k: v[sl] for k, v in mini.items()}
+                logits = _response_logits(engine, micro, temperature)
+                dev = logits.device
+                mask = response_mask_of(micro).to(dev).float()
+                log_prob = logprobs_from_logits(logits, micro["responses"].to(dev))
+                pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+                    micro["old_log_probs"].to(dev).float(),
+                    log_prob,
+                    micro["advantages"].to(dev).float(),
+                    mask,
+                    cliprange=config.clip_ratio,
+                    cliprange_low=config.cliprange_low,
+                    cliprange_high=config.cliprange_high,
+                    clip_ratio_c=config.clip_ratio_c,
+                    loss_agg_mode=mode,
+                    denominator=denom,
+                )
+                loss = pg_loss
+                entropy = agg_loss(entropy_from_logits(logits), mask, mode, denom)
+                if config.entropy_coeff != 0:
+                    loss = loss - config.entropy_coeff * entropy
+                if config.use_kl_loss:
+                    kld = kl_penalty(
+                        log_prob, micro["ref_log_prob"].to(dev).float(), config.kl_loss_type
+                    )
+                    kl_loss = agg_loss(kld, mask, mode, denom)
+                    loss = loss + config.kl_loss_coef * kl_loss
+                    meter.add("actor/kl_loss", kl_loss)
+                torch.autograd.backward(loss * dp_size)
+                n_tok = mask.sum()
+                meter.add("actor/pg_loss", pg_loss)
+                meter.add("actor/entropy", entropy)
+                meter.add("actor/pg_clipfrac", clipfrac * n_tok)
+                meter.add("actor/ppo_kl", ppo_kl * n_tok)
+                meter.add("actor/pg_clipfrac_lower", clipfrac_lower * n_tok)
+            grad_norm = engine.optimizer_step(config.grad_clip)
+            per_token = {
+                k: max(tokens, 1.0)
+                for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+            }
+            meter.close_step(per_token, {"actor/grad_norm": grad_norm})
+    metrics = meter.result()
+    if config.use_kl_loss:
+        metrics["actor/kl_coef"] = config.kl_loss_coef
+    return metrics
+
+
+def update_critic(
+    engine: Engine,
+    tensors: dict[str, Tensor],
+    config: CriticConfig,
+    sizes: BatchSizes,
+    seed: int,
+    where: str,
+) -> dict[str, float]:
+    """Clipped value-loss epochs over mini-batches (same normalisation as the actor)."""
+    total = tensors["input_ids"].shape[0]
+    _check_batch(where, total, sizes)
+    group = engine.dp_group
+    dp_size = dist.get_world_size(group)
+    mode = config.loss_agg_mode
+    meter = _Meter(group)
+    engine.train_mode()
+    for order in _orders(total, config.ppo_epochs, config.shuffle, seed):
+        for start in range(0, total, sizes.mini_batch_size):
+            idx = order[start : start + sizes.mini_batch_size]
+            mini = {k: v[idx] for k, v in tensors.items()}
+            mask_all = response_mask_of(mini).float()
+            denom = _global_count(agg_loss_denominator(mask_all, mode), group)
+            tokens = _global_count(mask_all.sum(), group)
+            engine.zero_grad()
+            for sl in _micro_slices(sizes.mini_batch_size, sizes.micro_batch_size):
+                micro = {k: v[sl] for k, v in mini.items()}
+                out = engine.forward(
+                    micro["input_ids"], micro["attention_mask"], micro["position_ids"]
+                )
+                length = micro["responses"].shape[1]
+                vpreds = out[:, -length - 1 : -1].float()
+                dev = vpreds.device
+                mask = response_mask_of(micro).to(dev).float()
+                vf_loss, vf_clipfrac = compute_value_loss(
+                    vpreds,
+                    micro["returns"].to(dev).float(),
+                    micro["values"].to(dev).float(),
+                    mask,
+                    config.cliprange_value,
+                    mode,
+                    denom,
+                )
+                torch.autograd.backward(vf_loss * dp_size)
+                n_tok = mask.sum()
+                meter.add("critic/vf_loss", vf_loss)
+                meter.add("critic/vf_clipfrac", vf_clipfrac * n_tok)
+                meter.add("critic/vpred_mean", (vpreds.detach() * mask).sum())
+            grad_norm = engine.optimizer_step(config.grad_clip)
+            per_token = {k: max(tokens, 1.0) for k in ("critic/vf_clipfrac", "critic/vpred_mean")}
+            meter.close_step(per_token, {"critic/grad_norm": grad_norm})
+    return meter.result()

@@ -1,0 +1,120 @@
+"""Autoregressive sampling with the engine's model (temperature, top-k, top-p, eos)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..engine import Engine
+from ..models import KVCache
+
+__all__ = ["SamplingParams", "filter_logits", "generate"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One call's sampling settings (the rollout config, overridden by ``meta_info``)."""
+
+    response_length: int
+    temperature: float
+    top_k: int
+    top_p: float
+    do_sample: bool
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+
+
+def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf; keeps at least one token."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
+        drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
+    logits = logits.float()
+    if not params.do_sample:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _all_finished(finished: Tensor, device: torch.device) -> bool:
+    """True when every sequence on every rank is done (all ranks take the same steps)."""
+    flag = torch.tensor([0 if bool(finished.all()) else 1], dtype=torch.int64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) == 0
+
+
+@torch.no_grad()
+def generate(
+    engine: Engine,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """Sample up to ``response_length`` tokens after left-padded prompts.
+
+    Returns ``(responses, response_mask)``, both ``[batch, response_length]``: tokens after
+    a sequence's eos are ``pad_token_id`` with mask 0; the eos itself has mask 1. Every rank
+    runs the same number of decoding steps (sharded models need every rank in each forward).
+    """
+    device = engine.device
+    ids = input_ids.to(device)
+    mask = attention_mask.to(device)
+    pos = position_ids.to(device)
+    batch = ids.shape[0]
+    length = params.response_length
+    responses = torch.full((batch, length), params.pad_token_id, dtype=ids.dtype, device=device)
+    response_mask = torch.zeros((batch, length), dtype=mask.dtype, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    eos = torch.tensor(list(params.eos_token_ids), dtype=ids.dtype, device=device)
+    use_cache = engine.supports_kv_cache
+    num_layers = len(getattr(engine.module, "layers", ())) if use_cache else 0
+    cache = KVCache(num_layers) if use_cache else None
+    logits = engine.forward(ids, mask, pos, cache)[:, -1, :]
+    all_ids, all_mask, all_pos = ids, mask, pos
+    last_pos = pos[:, -1]
+    for t in range(length):
+        token = _next_token(logits, params, generator)
+        alive = ~finished
+        token = torch.where(alive, token, torch.full_like(token, params.pad_token_id))
+        responses[:, t] = token
+        response_mask[:, t] = alive.to(mask.dtype)
+        finished = finished | torch.isin(token, eos)
+        if t == length - 1 or _all_finished(finished, device):
+            break
+        last_pos = last_pos + 1
+        new_mask = alive.to(mask.dtype)[:, None]
+        all_ids = torch.cat([all_ids, token[:, None]], dim=1)
+        all_mask = torch.cat([all_mask, new_mask], dim=1)
+        all_pos = torch.cat([all_pos, last_pos[:, None]], dim=1)
+        if cache is not None:
+            logits = engine.forward(token[:, None], all_mask, last_pos[:, None], cache)[:, -1, :]
+        else:
+            logits = engine.forward(all_ids, all_mask, all_pos)[:, -1, :]
+    return responses, response_mask
+
+
+def eos_tuple(value: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)

@@ -1,0 +1,187 @@
+"""Configuration validation: every rule, with the numbers in the message."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from sc_workers import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    ConfigError,
+    CriticConfig,
+    FSDPConfig,
+    MegatronConfig,
+    ModelConfig,
+    OptimConfig,
+    RefConfig,
+    RolloutConfig,
+    UnsupportedParallelismError,
+)
+from sc_workers.engine import ParallelLayout, warmup_lr_lambda
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (
+            lambda: ModelConfig(hidden_size=30),
+            "hidden_size 30 is not divisible by num_attention_heads 4",
+        ),
+        (lambda: ModelConfig(hidden_size=12, num_attention_heads=4), "head dim 3"),
+        (lambda: ModelConfig(vocab_size=0), "vocab_size must be a positive number, got 0"),
+        (lambda: ModelConfig(eos_token_id=40), "eos_token_id 40 is outside [0, vocab_size 32)"),
+        (lambda: ModelConfig(dtype="int8"), "dtype must be one of"),  # type: ignore[arg-type]
+        (lambda: OptimConfig(lr=-1.0), "lr must be >= 0, got -1.0"),
+        (lambda: OptimConfig(betas=(0.9, 1.0)), "betas must be two numbers in [0, 1)"),
+        (lambda: OptimConfig(warmup_style="cosine"), "total_training_steps must be set"),
+        (lambda: OptimConfig(lr_warmup_steps_ratio=0.1), "total_training_steps must be set"),
+        (lambda: OptimConfig(min_lr_ratio=2.0), "min_lr_ratio must be in [0, 1], got 2.0"),
+        (lambda: FSDPConfig(fsdp_size=0), "fsdp_size must be -1 or a positive int, got 0"),
+        (lambda: FSDPConfig(param_dtype="fp8"), "param_dtype must be one of"),  # type: ignore[arg-type]
+        (lambda: ActorConfig(ppo_epochs=0), "ppo_epochs must be a positive number, got 0"),
+        (lambda: ActorConfig(clip_ratio_c=1.0), "clip_ratio_c must be > 1.0 (dual clip), got 1.0"),
+        (lambda: ActorConfig(loss_agg_mode="sum"), "loss_agg_mode must be one of"),  # type: ignore[arg-type]
+        (lambda: ActorConfig(kl_loss_type="full"), "kl_loss_type must be one of"),
+        (lambda: ActorConfig(strategy="ddp"), "strategy must be one of"),  # type: ignore[arg-type]
+        (
+            lambda: ActorConfig(megatron=MegatronConfig(tensor_model_parallel_size=2)),
+            "tensor_model_parallel_size 2 needs strategy 'megatron', got 'fsdp'",
+        ),
+        (lambda: RolloutConfig(top_p=0.0), "top_p must be in (0, 1], got 0.0"),
+        (lambda: RolloutConfig(temperature=0), "temperature must be a positive number, got 0"),
+        (lambda: RefConfig(log_prob_micro_batch_size_per_gpu=0), "got 0"),
+        (lambda: CriticConfig(cliprange_value=-0.1), "cliprange_value must be a positive number"),
+        (lambda: CriticConfig(device="tpu"), "device must be one of"),  # type: ignore[arg-type]
+        (
+            lambda: CriticConfig(
+                strategy="megatron", megatron=MegatronConfig(tensor_model_parallel_size=3)
+            ),
+            "num_attention_heads 4 is not divisible by tensor_model_parallel_size 3",
+        ),
+        (
+            lambda: CriticConfig(
+                model=ModelConfig(intermediate_size=66),
+                strategy="megatron",
+                megatron=MegatronConfig(tensor_model_parallel_size=4),
+            ),
+            "intermediate_size 66 is not divisible by tensor_model_parallel_size 4",
+        ),
+        (
+            lambda: ActorRolloutRefConfig(
+                actor=ActorConfig(
+                    strategy="megatron", megatron=MegatronConfig(tensor_model_parallel_size=2)
+                )
+            ),
+            "actor tensor_model_parallel_size 2 differs from ref tensor_model_parallel_size 1",
+        ),
+    ],
+)
+def test_invalid_values_raise_config_error(factory: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        factory()
+
+
+def test_config_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelConfig(hidden_size=30)
+
+
+def test_pipeline_parallelism_is_a_clear_not_implemented() -> None:
+    with pytest.raises(UnsupportedParallelismError, match="pipeline_model_parallel_size 2"):
+        MegatronConfig(pipeline_model_parallel_size=2)
+    with pytest.raises(NotImplementedError):
+        MegatronConfig(pipeline_model_parallel_size=4)
+
+
+def test_tp_on_a_hugging_face_model_is_unsupported() -> None:
+    with pytest.raises(UnsupportedParallelismError, match="only implemented for the built-in"):
+        CriticConfig(
+            model=ModelConfig(path="/models/x"),
+            strategy="megatron",
+            megatron=MegatronConfig(tensor_model_parallel_size=2),
+        )
+
+
+def test_batch_sizes_normalised_by_dp() -> None:
+    sizes = ActorConfig(
+        ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2
+    ).normalized_batch_sizes(rollout_n=2, dp_size=2)
+    assert (sizes.mini_batch_size, sizes.micro_batch_size, sizes.grad_accumulation) == (4, 2, 2)
+    critic = CriticConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=1, rollout_n=1)
+    assert critic.normalized_batch_sizes(4).mini_batch_size == 2
+
+
+def test_batch_sizes_not_divisible() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "ppo_mini_batch_size 6 (x rollout n 1 = 6 sequences) is not divisible by dp size 4"
+        ),
+    ):
+        ActorConfig(ppo_mini_batch_size=6).normalized_batch_sizes(rollout_n=1, dp_size=4)
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "per-rank mini-batch 2 (ppo_mini_batch_size 4 x n 1 / dp size 2) is not "
+            "divisible by ppo_micro_batch_size_per_gpu 3"
+        ),
+    ):
+        ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=3).normalized_batch_sizes(
+            1, 2
+        )
+
+
+def test_from_dict_builds_nested_sections() -> None:
+    cfg = ActorRolloutRefConfig.from_dict(
+        {
+            "model": {"vocab_size": 64},
+            "actor": {"ppo_mini_batch_size": 8, "optim": {"lr": 0.1, "betas": [0.8, 0.9]}},
+            "rollout": {"n": 2, "temperature": 0.7},
+            "device": "cpu",
+        }
+    )
+    assert cfg.model.vocab_size == 64
+    assert cfg.actor.optim.betas == (0.8, 0.9)
+    assert cfg.actor.ppo_mini_batch_size == 8
+    assert cfg.rollout.n == 2
+    assert ActorRolloutRefConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_from_dict_rejects_unknown_keys() -> None:
+    with pytest.raises(ConfigError, match=r"actor: unknown keys \['ppo_mini_batch'\]"):
+        ActorRolloutRefConfig.from_dict({"actor": {"ppo_mini_batch": 8}})
+    with pytest.raises(ConfigError, match="expected a mapping, got list"):
+        CriticConfig.from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_warmup_then_constant_and_cosine() -> None:
+    constant = warmup_lr_lambda(OptimConfig(lr_warmup_steps=4))
+    assert [constant(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cosine = warmup_lr_lambda(
+        OptimConfig(
+            lr_warmup_steps=2, warmup_style="cosine", total_training_steps=6, min_lr_ratio=0.1
+        )
+    )
+    # after warmup: progress (s - 2) / 4; 0.1 + 0.9 * 0.5 * (1 + cos(pi * progress))
+    assert cosine(2) == pytest.approx(1.0)
+    assert cosine(4) == pytest.approx(0.55)
+    assert cosine(6) == pytest.approx(0.1)
+    assert cosine(99) == pytest.approx(0.1)
+    ratio = OptimConfig(lr_warmup_steps_ratio=0.25, total_training_steps=20)
+    assert ratio.num_warmup_steps == 5
+
+
+def test_parallel_layout() -> None:
+    layouts = [ParallelLayout.create(4, r, tp_size=2) for r in range(4)]
+    assert [lay.dp_rank for lay in layouts] == [0, 0, 1, 1]
+    assert [lay.tp_rank for lay in layouts] == [0, 1, 0, 1]
+    assert [lay.is_collect for lay in layouts] == [True, False, True, False]
+    assert layouts[0].dp_size == 2
+    with pytest.raises(
+        ConfigError, match="world size 6 is not divisible by tensor_model_parallel_size 4"
+    ):
+        ParallelLayout.create(6, 0, tp_size=4)
+    with pytest.raises(ConfigError, match="rank 4 is outside world size 4"):
+        ParallelLayout.create(4, 4)

@@ -1,0 +1,46 @@
+"""The public surface: ``__all__`` resolves, and importing stays free of optional extras."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import sc_workers
+import sc_workers.algos
+import sc_workers.engine
+import sc_workers.models
+import sc_workers.workers
+
+
+def test_every_public_name_resolves() -> None:
+    for module in (
+        sc_workers,
+        sc_workers.algos,
+        sc_workers.engine,
+        sc_workers.models,
+        sc_workers.workers,
+    ):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+
+
+def test_exception_tree() -> None:
+    assert issubclass(sc_workers.ConfigError, ValueError)
+    assert issubclass(sc_workers.UnsupportedParallelismError, NotImplementedError)
+    assert issubclass(sc_workers.MissingKeyError, KeyError)
+    assert issubclass(sc_workers.MissingKeyError, sc_workers.BatchError)
+    assert issubclass(sc_workers.CheckpointError, RuntimeError)
+    assert issubclass(sc_workers.OptionalDependencyError, ImportError)
+    for name in sc_workers.__all__:
+        obj = getattr(sc_workers, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, sc_workers.WorkersError), name
+    assert str(sc_workers.MissingKeyError("no 'x'")) == "no 'x'"
+
+
+def test_import_does_not_load_transformers() -> None:
+    code = "import sys, sc_workers; print('transformers' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=100
+    )
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,107 @@
+"""Mesh registration: what each rank tells the dispatcher, for several layouts.
+
+Workers register their meshes on construction, before any process group exists, so the
+layouts of a whole group can be checked in one process (one worker per rank, with that
+rank's environment).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _workers_helpers import actor_config, critic_config
+from sc_core import UnknownMeshError
+from sc_dispatch import mesh_layout
+from sc_workers import ActorRolloutRefWorker, ConfigError, CriticWorker
+
+
+class _Group:
+    """The part of a worker group that ``sc_dispatch.mesh_layout`` uses."""
+
+    def __init__(self, workers: list[Any]) -> None:
+        self.workers = workers
+        self._dispatch_info: dict[str, list[int]] = {}
+        self._collect_info: dict[str, list[bool]] = {}
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
+        return [w._query_dispatch_info(mesh_name) for w in self.workers]
+
+    def _query_collect_info(self, mesh_name: str) -> list[bool]:
+        return [w._query_collect_info(mesh_name) for w in self.workers]
+
+
+def _build(monkeypatch: pytest.MonkeyPatch, world: int, make: Any) -> list[Any]:
+    workers = []
+    for rank in range(world):
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("RANK", str(rank))
+        workers.append(make())
+    return workers
+
+
+def test_tp2_dp2_registers_dp_ranks_and_collect_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = actor_config("megatron", tp=2, mini=4)
+    actors = _build(monkeypatch, 4, lambda: ActorRolloutRefWorker(cfg, "actor_rollout_ref"))
+    critics = _build(monkeypatch, 4, lambda: CriticWorker(critic_config("megatron", tp=2)))
+    for group, meshes in (
+        (_Group(actors), ("actor", "rollout", "ref")),
+        (_Group(critics), ("critic",)),
+    ):
+        for mesh in meshes:
+            assert mesh_layout(group, mesh) == ([0, 0, 1, 1], [True, False, True, False])
+
+
+def test_fsdp_registers_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    actors = _build(monkeypatch, 2, lambda: ActorRolloutRefWorker(actor_config(), "actor"))
+    assert mesh_layout(_Group(actors), "actor") == ([0, 1], [True, True])
+    # the role decides which meshes exist
+    assert set(actors[0].get_dispatch_collect()[0]) == {"actor"}
+    with pytest.raises(UnknownMeshError, match="mesh 'rollout' was never registered"):
+        mesh_layout(_Group(actors), "rollout")
+
+
+@pytest.mark.parametrize(
+    ("role", "meshes"),
+    [
+        ("actor", {"actor"}),
+        ("rollout", {"rollout"}),
+        ("ref", {"ref"}),
+        ("actor_rollout", {"actor", "rollout"}),
+        ("actor_rollout_ref", {"actor", "rollout", "ref"}),
+    ],
+)
+def test_roles_register_their_meshes(
+    monkeypatch: pytest.MonkeyPatch, role: str, meshes: set[str]
+) -> None:
+    (worker,) = _build(monkeypatch, 1, lambda: ActorRolloutRefWorker(actor_config(), role))
+    assert set(worker.get_dispatch_collect()[0]) == meshes
+
+
+def test_bad_roles_and_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match=r"role must be one of .* got 'critic'"):
+        ActorRolloutRefWorker(actor_config(), "critic")
+    with pytest.raises(ConfigError, match="is not divisible by dp size 4"):
+        ActorRolloutRefWorker(actor_config(mini=6), "actor")
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    with pytest.raises(
+        ConfigError, match="world size 6 is not divisible by tensor_model_parallel_size 4"
+    ):
+        CriticWorker(critic_config("megatron", tp=4))
+    with pytest.raises(ConfigError, match="must be an ActorRolloutRefConfig or a mapping, got int"):
+        ActorRolloutRefWorker(3, "actor")  # type: ignore[arg-type]
+
+
+def test_config_may_be_a_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    worker = ActorRolloutRefWorker({"rollout": {"n": 2}, "device": "cpu"}, "actor")
+    assert worker.config.rollout.n == 2
+    assert worker.actor_batch_sizes is not None
+    assert worker.actor_batch_sizes.mini_batch_size == 8
