@@ -1,1 +1,53 @@
-"""sc_ray."""
+"""sc-ray: the Ray backend of sc.
+
+verl's Ray layer under the same names: :class:`RayResourcePool` (one placement group per
+node, ordered by node IP), :class:`RayClassWithInitArgs`, :class:`RayWorkerGroup`,
+:class:`ResourcePoolManager`, colocated and fused worker classes, split and merge of pools.
+Ray's loosely typed API is confined to one private module; importing ``sc_ray`` does not
+import torch or sc-protocol (they are imported when a DataProto is handled).
+"""
+
+from ._class_with_init import RayClassWithInitArgs
+from ._colocate import create_colocated_worker_cls, create_colocated_worker_cls_fused
+from ._errors import (
+    DetachedWorkerError,
+    PlacementTimeoutError,
+    ResourcePoolError,
+    ScRayError,
+    WorkerEnvError,
+)
+from ._futures import RayFuture
+from ._resource_pool import (
+    PLACEMENT_TIMEOUT_ENV,
+    RayResourcePool,
+    ResourcePoolManager,
+    SubRayResourcePool,
+    merge_resource_pool,
+    sort_placement_group_by_node_ip,
+    split_resource_pool,
+)
+from ._worker_group import RESERVED_ENV_VARS, RayWorkerGroup
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PLACEMENT_TIMEOUT_ENV",
+    "RESERVED_ENV_VARS",
+    "DetachedWorkerError",
+    "PlacementTimeoutError",
+    "RayClassWithInitArgs",
+    "RayFuture",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "ResourcePoolError",
+    "ResourcePoolManager",
+    "ScRayError",
+    "SubRayResourcePool",
+    "WorkerEnvError",
+    "__version__",
+    "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "merge_resource_pool",
+    "sort_placement_group_by_node_ip",
+    "split_resource_pool",
+]

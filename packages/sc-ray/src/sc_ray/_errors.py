@@ -1,0 +1,57 @@
+"""The exceptions sc-ray raises of its own.
+
+Failures of a worker during a call are sc-core's (``WorkerError``, ``WorkerDiedError``,
+``CallTimeoutError``); sc-ray adds only what is about Ray resources and actor set-up. Every
+class subclasses the builtin it means, so callers may catch either::
+
+    ScRayError (Exception)                         base class of everything below
+    ├── ResourcePoolError (ValueError)             a pool spec that cannot work: bad
+    │   │                                          process_on_nodes, split sizes that do not
+    │   │                                          add up, pools that cannot be merged, a
+    │   │                                          placement-group name already taken, an
+    │   │                                          actor asking more than its bundle holds
+    │   └── PlacementTimeoutError (TimeoutError)   the cluster did not reserve the pool's
+    │                                              bundles within the placement deadline;
+    │                                              names what was asked and what the cluster has
+    ├── WorkerEnvError (ValueError)                a user ``worker_env`` / ``runtime_env`` that
+    │                                              sets a variable the worker group owns
+    │                                              (WORLD_SIZE, RANK, MASTER_ADDR, ...)
+    └── DetachedWorkerError (LookupError)          ``from_detached`` names an actor that does
+                                                   not exist
+
+``ResourcePoolError`` also subclasses sc-core's ``ResourcePoolError`` (a ``ValueError``), so
+``except sc_core.ResourcePoolError`` catches bad pools of either package. Messages name what
+was asked and what the cluster has.
+"""
+
+from __future__ import annotations
+
+from sc_core import ResourcePoolError as _CoreResourcePoolError
+
+__all__ = [
+    "DetachedWorkerError",
+    "PlacementTimeoutError",
+    "ResourcePoolError",
+    "ScRayError",
+    "WorkerEnvError",
+]
+
+
+class ScRayError(Exception):
+    """Base class of every error sc-ray raises of its own."""
+
+
+class ResourcePoolError(ScRayError, _CoreResourcePoolError):
+    """A resource pool that cannot be built, placed, split or merged as asked."""
+
+
+class PlacementTimeoutError(ResourcePoolError, TimeoutError):
+    """The cluster did not reserve a pool's bundles within the placement deadline."""
+
+
+class WorkerEnvError(ScRayError, ValueError):
+    """A user environment that would override a variable the worker group sets."""
+
+
+class DetachedWorkerError(ScRayError, LookupError):
+    """A detached worker that ``from_detached`` cannot find."""

@@ -1,0 +1,134 @@
+"""Futures of non-blocking calls: per-rank :class:`RayFuture`, joined lazily.
+
+A non-blocking call runs each rank's method through ``_sc_call_with_meta`` with two return
+values: a tiny metadata reference (the row count of a DataProto result) and the value
+reference. Nothing is fetched when the call returns. The collect function of a splitting
+mode joins the per-rank futures with :class:`RayFuture`'s shard adapter into one
+``sc_protocol.DataProtoFuture`` (:class:`RayDataProtoFuture`, built in
+:mod:`sc_ray._proto_futures`, which imports sc-protocol only then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sc_core import WorkerDiedError, WorkerError
+from sc_dispatch import register_future_type, register_shardable
+
+from . import _ray_api as rapi
+
+__all__ = ["RayFuture", "resolve_refs", "row_meta"]
+
+
+def row_meta(value: object) -> int | None:
+    """The metadata a worker returns with a non-blocking result: a DataProto's row count."""
+    if type(value).__name__ == "DataProto" and type(value).__module__.startswith("sc_protocol"):
+        return len(value)  # type: ignore[arg-type]
+    return None
+
+
+def raise_remote_failure(exc: BaseException, method: str, rank: int) -> None:
+    """Re-raise a Ray failure of ``method`` on ``rank`` as sc-core's error."""
+    failure = rapi.classify_failure(exc)
+    if failure.kind == "died":
+        raise WorkerDiedError(method, [rank], failure.cause_type) from exc
+    if failure.kind == "raised":
+        raise WorkerError(
+            method,
+            rank,
+            failure.cause_type,
+            str(failure.cause),
+            failure.traceback,
+            cause=failure.cause,
+        ) from exc
+    raise exc
+
+
+def resolve_refs(refs: list[Any]) -> list[Any]:
+    """A DataProtoFuture resolver: the values of Ray references, fetched where it runs (in
+    a consumer worker, each reference is read from the local object store when it can)."""
+    return rapi.get(refs)
+
+
+class RayFuture:
+    """One rank's result of a non-blocking call; :meth:`get` fetches it.
+
+    ``value_ref`` is the Ray reference of the value, ``meta_ref`` that of its row count
+    (``None`` when unknown). A worker method receiving a RayFuture gets its value
+    (``@register(materialize_futures=True)``, the default).
+    """
+
+    __slots__ = ("meta_ref", "method", "rank", "value_ref")
+
+    def __init__(
+        self, value_ref: rapi.ObjectRef, meta_ref: rapi.ObjectRef | None, method: str, rank: int
+    ) -> None:
+        self.value_ref = value_ref
+        self.meta_ref = meta_ref
+        self.method = method
+        self.rank = rank
+
+    def get(self) -> Any:
+        """The value (waits for it); a worker failure raises sc-core's error."""
+        try:
+            return rapi.get([self.value_ref])[0]
+        except Exception as exc:
+            raise_remote_failure(exc, self.method, self.rank)
+            raise  # pragma: no cover - raise_remote_failure always raises
+
+    def rows(self) -> int | None:
+        """The row count of a DataProto result (fetches only the tiny metadata)."""
+        if self.meta_ref is None:
+            return None
+        try:
+            value = rapi.get([self.meta_ref])[0]
+        except Exception as exc:
+            raise_remote_failure(exc, self.method, self.rank)
+            raise  # pragma: no cover
+        return value if isinstance(value, int) else None
+
+    def done(self) -> bool:
+        """Whether the value is ready (without fetching it)."""
+        ready, _ = rapi.wait([self.value_ref], 1, 0)
+        return bool(ready)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RayFuture, (self.value_ref, self.meta_ref, self.method, self.rank))
+
+    def __repr__(self) -> str:
+        return f"<RayFuture {self.method} rank {self.rank}>"
+
+
+def _to_proto(parts: Sequence[RayFuture]) -> Any:
+    from ._proto_futures import RayDataProtoFuture
+
+    return RayDataProtoFuture.from_rank_futures(list(parts))
+
+
+class _RayFutureAdapter:
+    """Joining per-rank futures gives one DataProtoFuture; nothing is fetched."""
+
+    def length(self, obj: RayFuture) -> int:
+        return len(_to_proto([obj]))
+
+    def chunk(self, obj: RayFuture, chunks: int) -> list[Any]:
+        return list(_to_proto([obj]).chunk(chunks))
+
+    def concat(self, parts: Sequence[RayFuture]) -> Any:
+        return _to_proto(parts)
+
+    def pad(self, obj: RayFuture, pad_size: int) -> Any:
+        return _to_proto([obj]).pad(pad_size)
+
+    def unpad(self, obj: RayFuture, pad_size: int) -> Any:
+        return _to_proto([obj]).unpad(pad_size)
+
+    def auto_padding(self, obj: RayFuture) -> bool:
+        from sc_protocol import DataProtoConfig
+
+        return bool(DataProtoConfig.auto_padding)
+
+
+register_future_type(RayFuture)
+register_shardable(RayFuture, _RayFutureAdapter())

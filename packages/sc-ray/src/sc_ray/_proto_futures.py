@@ -1,0 +1,128 @@
+"""``RayDataProtoFuture``: the DataProtoFuture a non-blocking Ray call returns.
+
+Imported only when a non-blocking call's per-rank results are joined, so that importing
+``sc_ray`` does not import sc-protocol (and torch).
+
+It holds the per-rank value references and the per-rank metadata references (row counts).
+The row counts are fetched -- a few bytes each -- only when they are first needed: to know
+the length, to chunk the future for a consumer group, to pad it. Chunking then yields plain
+``DataProtoFuture`` parts with known row counts, each holding only the shards overlapping
+its rows; a consumer rank fetches those itself and slices locally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from sc_dispatch import register_shardable
+from sc_protocol import DataProto, DataProtoConfig, DataProtoFuture
+
+from ._futures import RayFuture, raise_remote_failure, resolve_refs
+
+__all__ = ["RayDataProtoFuture"]
+
+
+class RayDataProtoFuture(DataProtoFuture):
+    """A DataProtoFuture over per-rank Ray references whose row counts arrive lazily."""
+
+    def __init__(self, parts: Sequence[RayFuture], unpad: int = 0) -> None:
+        super().__init__(futures=[p.value_ref for p in parts], resolve=resolve_refs)
+        self._sc_parts: tuple[RayFuture, ...] = tuple(parts)
+        self._sc_unpad = unpad
+        self._sc_known: DataProtoFuture | None = None
+
+    @classmethod
+    def from_rank_futures(cls, parts: Sequence[RayFuture]) -> RayDataProtoFuture:
+        """Join per-rank futures, in order."""
+        return cls(parts)
+
+    def known(self) -> DataProtoFuture:
+        """The same future with row counts: fetches the metadata once (a few bytes)."""
+        if self._sc_known is None:
+            counts = [p.rows() for p in self._sc_parts]
+            base = DataProtoFuture.from_shards(
+                [p.value_ref for p in self._sc_parts], counts, resolve=resolve_refs
+            )
+            self._sc_known = base.unpad(self._sc_unpad) if self._sc_unpad else base
+        return self._sc_known
+
+    # Row operations go through the future with known counts; unpad stays lazy so that a
+    # non-blocking call with auto-padding returns at once.
+    @property
+    def num_rows(self) -> int | None:
+        return self.known().num_rows
+
+    @property
+    def shard_refs(self) -> tuple[Any, ...]:
+        return tuple(p.value_ref for p in self._sc_parts)
+
+    @property
+    def row_counts(self) -> tuple[int | None, ...]:
+        return self.known().row_counts
+
+    @property
+    def slices(self) -> Any:
+        return self.known().slices
+
+    def __len__(self) -> int:
+        return len(self.known())
+
+    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+        return self.known().chunk(chunks)
+
+    def slice(self, start: int, stop: int) -> DataProtoFuture:
+        return self.known().slice(start, stop)
+
+    def shard_slices(self, start: int, stop: int) -> Any:
+        return self.known().shard_slices(start, stop)
+
+    def pad(self, pad_size: int) -> DataProtoFuture:
+        return self.known().pad(pad_size)
+
+    def unpad(self, pad_size: int) -> DataProtoFuture:
+        if self._sc_known is not None:
+            return self._sc_known.unpad(pad_size)
+        return RayDataProtoFuture(self._sc_parts, self._sc_unpad + pad_size)
+
+    def get(self) -> DataProto:
+        """Fetch the shards and return the joined DataProto (worker failures raise sc-core's
+        ``WorkerError`` / ``WorkerDiedError``)."""
+        for part in self._sc_parts:
+            try:
+                resolve_refs([part.meta_ref] if part.meta_ref is not None else [])
+            except Exception as exc:
+                raise_remote_failure(exc, part.method, part.rank)
+        return self.known().get()
+
+    def __repr__(self) -> str:
+        state = "counts known" if self._sc_known is not None else "counts pending"
+        return f"RayDataProtoFuture(shards={len(self._sc_parts)}, {state})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_sc_known"] = None
+        return state
+
+
+class _RayDataProtoFutureAdapter:
+    def length(self, obj: RayDataProtoFuture) -> int:
+        return len(obj)
+
+    def chunk(self, obj: RayDataProtoFuture, chunks: int) -> list[DataProtoFuture]:
+        return obj.chunk(chunks)
+
+    def concat(self, parts: Sequence[RayDataProtoFuture]) -> DataProtoFuture:
+        return DataProtoFuture.concat([p.known() for p in parts])
+
+    def pad(self, obj: RayDataProtoFuture, pad_size: int) -> DataProtoFuture:
+        return obj.pad(pad_size)
+
+    def unpad(self, obj: RayDataProtoFuture, pad_size: int) -> DataProtoFuture:
+        return obj.unpad(pad_size)
+
+    def auto_padding(self, obj: RayDataProtoFuture) -> bool:
+        return bool(DataProtoConfig.auto_padding)
+
+
+register_shardable(cast("type[Any]", RayDataProtoFuture), _RayDataProtoFutureAdapter())

@@ -1,0 +1,178 @@
+"""DataProto through Ray: each shard put once, futures chained between groups without the
+driver fetching data, padding removed from futures, failures surfacing from futures.
+Local cluster: 8 CPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from sc_core import SpanRecorder, Worker, WorkerError
+from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from sc_protocol import DataProto, DataProtoFuture
+from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+RAY_INIT: dict[str, Any] = {"num_cpus": 8}
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leaks")]
+
+
+def _col(data: DataProto, key: str) -> torch.Tensor:
+    if data.batch is None:
+        raise AssertionError("the DataProto has no tensor batch")
+    value: torch.Tensor = data.batch[key]
+    return value
+
+
+def _batch(rows: int, width: int = 4, padding: bool = False) -> DataProto:
+    x = torch.arange(rows * width, dtype=torch.float32).reshape(rows, width)
+    return DataProto.from_dict({"x": x}, auto_padding=padding)
+
+
+class Producer(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        # Two dp groups of two ranks each on the mesh "dp" (ranks 0, 2 collect).
+        self._register_dispatch_collect_info("dp", self.rank // 2, self.rank % 2 == 0)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def double(self, data: DataProto) -> DataProto:
+        out = DataProto.from_dict({"y": _col(data, "x") * 2})
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def double_now(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"y": _col(data, "x") * 2})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def broken(self, data: DataProto) -> DataProto:
+        raise KeyError(f"no column on rank {self.rank}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rows(self, data: DataProto) -> int:
+        return len(data)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"))
+    def nd_rows(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"r": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"), blocking=False)
+    def nd_rows_later(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"r": torch.full((len(data),), self.rank)})
+
+
+class Consumer(Worker):
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, materialize_futures=False)
+    def inspect(self, data: Any) -> list[list[int]]:
+        # Receives the future itself: how many producer shards it refers to, and its rows.
+        shards = len(data.shard_refs) if isinstance(data, DataProtoFuture) else -1
+        value = data.get()
+        return [[shards, len(value), int(_col(value, "y")[0, 0].item())]]
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def total(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"s": _col(data, "y").sum(dim=1)})
+
+
+@pytest.fixture(scope="module")
+def groups(ray_cluster: None) -> Iterator[tuple[RayWorkerGroup, RayWorkerGroup]]:
+    """A producer of 4 ranks (two dp groups of two on mesh "dp") and a consumer of 2, shared
+    by the module: workers importing torch are slow to start on a small machine."""
+    producer = RayWorkerGroup(RayResourcePool([4], use_gpu=False), RayClassWithInitArgs(Producer))
+    try:
+        consumer = RayWorkerGroup(
+            RayResourcePool([2], use_gpu=False), RayClassWithInitArgs(Consumer)
+        )
+    except BaseException:
+        producer.shutdown()
+        raise
+    with producer, consumer:
+        yield producer, consumer
+
+
+def test_shards_are_put_once_and_results_joined(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    data = _batch(12)
+    with SpanRecorder() as rec:
+        out = wg.double_now(data)
+        assert torch.equal(_col(out, "y"), _col(data, "x") * 2)
+        assert wg.rows(data) == [12, 12, 12, 12]
+        nd = wg.nd_rows(data)  # ranks 0 and 2 collect: rows 0-5 from rank 0, 6-11 from 2
+        assert _col(nd, "r").tolist() == [0] * 6 + [2] * 6
+    spans = {s.method: s for s in rec.spans}
+    nbytes = 12 * 4 * 4
+    # Four shards put once each; ONE_TO_ALL and nd put each distinct object once.
+    assert spans["double_now"].bytes_put == nbytes
+    assert spans["double_now"].bytes_fetched == nbytes
+    assert spans["rows"].bytes_put == nbytes
+    assert spans["nd_rows"].bytes_put == nbytes
+    assert {p.rank for p in spans["double_now"].phases if p.rank is not None} == {0, 1, 2, 3}
+
+
+def test_nd_future_holds_collect_ranks_only(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    future = wg.nd_rows_later(_batch(8))
+    assert isinstance(future, DataProtoFuture)
+    assert len(future.shard_refs) == 2  # ranks 0 and 2 of 4
+    assert future.row_counts == (4, 4)
+    assert _col(future.get(), "r").tolist() == [0] * 4 + [2] * 4
+
+
+def test_future_chain_never_passes_through_the_driver(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    producer, consumer = groups
+    data = _batch(12)
+    with SpanRecorder() as rec:
+        future = producer.double(data)
+        assert isinstance(future, DataProtoFuture)
+        # 4 producer shards of 3 rows, 2 consumer shards of 6: each consumer rank refers to
+        # the 2 producer shards overlapping its rows, not to all 4.
+        seen = consumer.inspect(future)
+        assert [s[0] for s in seen] == [2, 2]
+        assert [s[1] for s in seen] == [6, 6]
+        assert [s[2] for s in seen] == [0, 48]
+        summed = consumer.total(producer.double(data))
+        assert torch.equal(_col(summed, "s"), (_col(data, "x") * 2).sum(dim=1))
+    chained = [s for s in rec.spans if s.method in ("double", "inspect")]
+    assert len(chained) == 3
+    assert all(s.bytes_fetched == 0 for s in chained)
+    assert torch.equal(_col(future.get(), "y"), _col(data, "x") * 2)
+
+
+def test_uneven_chain_slices_inside_the_consumer(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    producer, consumer = groups
+    data = _batch(10)  # producer shards 3, 3, 2, 2; consumer shards 5, 5
+    seen = consumer.inspect(producer.double(data))
+    assert [s[1] for s in seen] == [5, 5]
+    assert [s[2] for s in seen] == [0, 40]
+    assert [s[0] for s in seen] == [2, 3]
+
+
+def test_padded_future_has_no_padding_rows(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    data = _batch(5, padding=True)
+    value = wg.double(data).get()
+    assert len(value) == 5
+    assert torch.equal(_col(value, "y"), _col(data, "x") * 2)
+
+
+def test_future_of_a_failed_call_raises_worker_error(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    future = wg.broken(_batch(4))
+    with pytest.raises(WorkerError) as info:
+        future.get()
+    assert info.value.method == "broken"
+    assert info.value.error_type == "KeyError"

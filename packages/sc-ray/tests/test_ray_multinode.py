@@ -1,0 +1,69 @@
+"""A simulated cluster of two nodes on this machine (``ray.cluster_utils.Cluster``): ranks
+follow node order, and a re-created group keeps the same rank <-> node mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sc_core import Worker
+from sc_dispatch import Dispatch, register
+from sc_ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    ResourcePoolError,
+    ResourcePoolManager,
+)
+from sc_ray import _ray_api as rapi
+
+pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("no_leaks")]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[list[str]]:
+    """Overrides the single-node cluster: two nodes of 2 CPUs each; yields their node ids."""
+    if rapi.is_initialized():
+        rapi.shutdown()
+    cluster = rapi.SimulatedCluster()
+    try:
+        nodes = [cluster.add_node(num_cpus=2), cluster.add_node(num_cpus=2)]
+        cluster.connect()
+        yield nodes
+    finally:
+        cluster.shutdown()
+
+
+class WhereAmI(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def node(self) -> str:
+        return rapi.current_node_id()
+
+
+def _node_order() -> list[str]:
+    """Node ids in the order sc-ray sorts placement groups: by IP, then node id."""
+    nodes = [n for n in rapi.list_nodes() if n.alive]
+    return [n.node_id for n in sorted(nodes, key=lambda n: (n.ip, n.node_id))]
+
+
+def test_ranks_follow_node_order_and_stay_put(ray_cluster: list[str]) -> None:
+    order = _node_order()
+    assert sorted(order) == sorted(ray_cluster)
+    mappings = []
+    for _ in range(2):
+        with RayWorkerGroup(
+            RayResourcePool([2, 2], use_gpu=False), RayClassWithInitArgs(WhereAmI)
+        ) as wg:
+            mappings.append(wg.node())
+    first, second = mappings
+    assert first == [order[0], order[0], order[1], order[1]]
+    assert second == first
+
+
+def test_pool_that_fits_no_single_node_is_refused(ray_cluster: list[str]) -> None:
+    # 3 processes fit the cluster (4 CPUs) but no single node (2 CPUs each).
+    with pytest.raises(ResourcePoolError, match="on one node"):
+        ResourcePoolManager({"p": [3]}, {"A": "p"}, use_gpu=False).create_resource_pool()
+    pool = RayResourcePool([3], use_gpu=False, placement_timeout_s=1)
+    with pytest.raises(ResourcePoolError, match="2 node"):
+        pool.get_placement_groups()

@@ -1,0 +1,266 @@
+"""RayResourcePool, split/merge, ResourcePoolManager and RayClassWithInitArgs on a local
+cluster with 8 CPUs, 8 fake GPUs and 4 units of a custom resource."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import sc_core
+from sc_ray import (
+    PlacementTimeoutError,
+    RayClassWithInitArgs,
+    RayResourcePool,
+    ResourcePoolError,
+    ResourcePoolManager,
+    ScRayError,
+    WorkerEnvError,
+    merge_resource_pool,
+    split_resource_pool,
+)
+from sc_ray import _ray_api as rapi
+
+RAY_INIT: dict[str, Any] = {"num_cpus": 8, "num_gpus": 8, "resources": {"custom_a": 4}}
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaks")]
+
+
+class Probe:
+    """A tiny actor class reporting where it runs."""
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "node": rapi.current_node_id(),
+            "gpus": rapi.gpu_ids(),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "env": {k: v for k, v in os.environ.items() if k.startswith("SC_TEST_")},
+        }
+
+
+def _states(pool: RayResourcePool) -> list[str]:
+    return [rapi.placement_group_state(pg) for pg in pool.pgs or []]
+
+
+def test_cpu_pool_reserves_only_what_workers_use() -> None:
+    # verl reserves processes x max_colocate_count CPUs (8 x 10 here): infeasible on 8 CPUs.
+    pool = RayResourcePool([4, 4], use_gpu=False, max_colocate_count=10)
+    try:
+        pgs = pool.get_placement_groups()
+        assert len(pgs) == 2
+        assert [rapi.placement_group_bundles(pg) for pg in pgs] == [[{"CPU": 1.0}] * 4] * 2
+        assert pool.get_placement_groups() is pgs
+        assert pool.actor_resources() == {"num_cpus": pytest.approx(0.1)}
+        assert pool.world_size == 8
+        assert pool.local_rank_list() == [0, 1, 2, 3] * 2
+        slots = pool.bundle_slots()
+        assert [(s.node_index, s.bundle_index, s.local_world_size) for s in slots][:5] == [
+            (0, 0, 4),
+            (0, 1, 4),
+            (0, 2, 4),
+            (0, 3, 4),
+            (1, 0, 4),
+        ]
+    finally:
+        pool.release()
+    assert pool.pgs is None
+
+
+def test_gpu_pool_bundles_hold_one_device_each() -> None:
+    pool = RayResourcePool([2], use_gpu=True, max_colocate_count=2, accelerator_type="custom_a")
+    try:
+        (pg,) = pool.get_placement_groups()
+        assert rapi.placement_group_bundles(pg) == [{"CPU": 1.0, "GPU": 1.0, "custom_a": 1e-4}] * 2
+        assert pool.actor_resources() == {"num_cpus": 0.5, "num_gpus": 0.5}
+        assert pool.device_resource == "GPU"
+    finally:
+        pool.release()
+
+
+def test_npu_pool_asks_for_npu_resource() -> None:
+    pool = RayResourcePool([1], device_name="npu")
+    assert pool.bundle() == {"CPU": 1.0, "NPU": 1.0}
+    assert pool.actor_resources() == {"num_cpus": 0.1, "NPU": 0.1}
+
+
+def test_unsatisfiable_pool_times_out_naming_ask_and_cluster() -> None:
+    pool = RayResourcePool([12], use_gpu=False, name_prefix="big_", placement_timeout_s=1)
+    with pytest.raises(PlacementTimeoutError) as info:
+        pool.get_placement_groups()
+    text = str(info.value)
+    assert "process_on_nodes=[12]" in text
+    assert "{CPU: 1}" in text
+    assert "CPU: 8" in text  # what the cluster has
+    assert isinstance(info.value, TimeoutError)
+    assert isinstance(info.value, ResourcePoolError)
+    assert isinstance(info.value, ScRayError)
+    assert pool.pgs is None
+    # A retry does not trip over a leftover group of the same name.
+    with pytest.raises(PlacementTimeoutError):
+        pool.get_placement_groups()
+    ok = RayResourcePool([2], use_gpu=False, name_prefix="big_", placement_timeout_s=5)
+    try:
+        assert len(ok.get_placement_groups()) == 1
+    finally:
+        ok.release()
+
+
+def test_placement_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SC_RAY_PLACEMENT_TIMEOUT_S", "0.5")
+    with pytest.raises(PlacementTimeoutError, match=r"within 0\.5 s"):
+        RayResourcePool([9], use_gpu=True, name_prefix="envt_").get_placement_groups()
+    monkeypatch.setenv("SC_RAY_PLACEMENT_TIMEOUT_S", "soon")
+    with pytest.raises(ResourcePoolError, match="soon"):
+        RayResourcePool([1], use_gpu=False).get_placement_groups()
+
+
+def test_taken_name_is_refused_clearly() -> None:
+    first = RayResourcePool([1], use_gpu=False, name_prefix="dup_")
+    try:
+        first.get_placement_groups()
+        second = RayResourcePool([1], use_gpu=False, name_prefix="dup_")
+        with pytest.raises(ResourcePoolError, match="already exist"):
+            second.get_placement_groups()
+    finally:
+        first.release()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"process_on_nodes": [2, 0]}, "positive"),
+        ({"process_on_nodes": [1], "max_colocate_count": 0}, "max_colocate_count"),
+        ({"process_on_nodes": [1], "device_name": "tpu"}, "device_name"),
+        ({"process_on_nodes": [1], "num_cpus_per_process": 0}, "num_cpus_per_process"),
+        ({"process_on_nodes": [1], "placement_timeout_s": -1}, "placement_timeout_s"),
+    ],
+)
+def test_bad_pool_arguments(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(sc_core.ResourcePoolError, match=match):
+        RayResourcePool(**kwargs)
+
+
+def test_empty_pool_and_bad_strategy() -> None:
+    with pytest.raises(ResourcePoolError, match="no nodes"):
+        RayResourcePool(use_gpu=False).get_placement_groups()
+    with pytest.raises(ResourcePoolError, match="strategy"):
+        RayResourcePool([1], use_gpu=False).get_placement_groups(strategy="LOOSE")
+
+
+def test_add_node_before_and_after_placement() -> None:
+    pool = RayResourcePool(use_gpu=False)
+    pool.add_node(1)
+    pool.add_node(2)
+    assert pool.store == [1, 2]
+    try:
+        pool.get_placement_groups(strategy="PACK")
+        with pytest.raises(ResourcePoolError, match="already placed"):
+            pool.add_node(1)
+    finally:
+        pool.release()
+
+
+def test_split_and_merge() -> None:
+    merged = merge_resource_pool(
+        RayResourcePool([2], use_gpu=False), RayResourcePool([2], use_gpu=False)
+    )
+    assert merged.store == [2, 2]
+    try:
+        halves = split_resource_pool(merged, 2)
+        assert [h.world_size for h in halves] == [2, 2]
+        uneven = split_resource_pool(merged, [1, 3])
+        assert [h.store for h in uneven] == [[1], [1, 2]]
+        slots = uneven[1].bundle_slots()
+        assert [(s.node_index, s.local_rank, s.local_world_size) for s in slots] == [
+            (0, 0, 1),
+            (1, 0, 2),
+            (1, 1, 2),
+        ]
+        assert slots[0].bundle_index == 1
+        uneven[1].release()  # a sub-pool does not own the groups
+        assert all(state == "CREATED" for state in _states(merged))
+        with pytest.raises(ResourcePoolError, match="divide"):
+            split_resource_pool(merged, 3)
+        with pytest.raises(ResourcePoolError, match="add up"):
+            split_resource_pool(merged, [1, 1])
+        with pytest.raises(ResourcePoolError, match="unplaced"):
+            merge_resource_pool(merged, RayResourcePool([1], use_gpu=False))
+    finally:
+        merged.release()
+    with pytest.raises(ResourcePoolError, match="use_gpu"):
+        merge_resource_pool(RayResourcePool([1]), RayResourcePool([1], use_gpu=False))
+
+
+def test_resource_pool_manager() -> None:
+    manager = ResourcePoolManager(
+        {"actor": [2], "critic": [2]}, {"Actor": "actor", "Rollout": "actor", "Critic": "critic"}
+    )
+    assert manager.get_n_gpus() == 4
+    manager.create_resource_pool()
+    try:
+        actor = manager.get_resource_pool("Actor")
+        assert actor is manager.get_resource_pool("Rollout")
+        assert actor is not manager.get_resource_pool("Critic")
+        assert len(actor.get_placement_groups()) == 1
+        with pytest.raises(ResourcePoolError, match="Reward"):
+            manager.get_resource_pool("Reward")
+    finally:
+        manager.release()
+    with pytest.raises(ResourcePoolError, match="ask 16 GPU"):
+        ResourcePoolManager({"p": [8, 8]}, {"A": "p"}).create_resource_pool()
+    with pytest.raises(ResourcePoolError, match="ask 12 CPU"):
+        ResourcePoolManager({"p": [6], "q": [6]}, {"A": "p"}, use_gpu=False).create_resource_pool()
+    with pytest.raises(ResourcePoolError, match="does not define"):
+        ResourcePoolManager({"p": [1]}, {"A": "nope"})
+
+
+def test_class_with_init_args_options_merge() -> None:
+    cls = RayClassWithInitArgs(Probe)
+    cls.update_options({"runtime_env": {"env_vars": {"SC_TEST_USER": "1"}}, "max_concurrency": 2})
+    cls.update_options({"runtime_env": {"env_vars": {"SC_TEST_MORE": "2"}}})
+    cls.set_additional_resource({"custom_a": 1})  # a single key is honoured
+    opts = cls.actor_options(None, 0, use_gpu=False, env_vars={"SC_TEST_GROUP": "3"})
+    assert opts["runtime_env"]["env_vars"] == {
+        "SC_TEST_USER": "1",
+        "SC_TEST_MORE": "2",
+        "SC_TEST_GROUP": "3",
+    }
+    assert opts["resources"] == {"custom_a": 1.0}
+    assert opts["max_concurrency"] == 2
+    with pytest.raises(WorkerEnvError, match="SC_TEST_USER"):
+        cls.actor_options(None, 0, use_gpu=False, env_vars={"SC_TEST_USER": "other"})
+    with pytest.raises(ResourcePoolError, match="non-negative"):
+        cls.set_additional_resource({"custom_a": -1})
+    with pytest.raises(ResourcePoolError, match="mapping"):
+        cls.update_options([("num_cpus", 1)])  # type: ignore[arg-type]
+
+
+def test_actors_on_bundles_share_fake_gpus_and_node() -> None:
+    pool = RayResourcePool([2], use_gpu=True, max_colocate_count=2)
+    actors: list[rapi.ActorHandle] = []
+    try:
+        (pg,) = pool.get_placement_groups()
+        cls = RayClassWithInitArgs(Probe)
+        cls.update_options({"runtime_env": {"env_vars": {"SC_TEST_USER": "u"}}})
+        share = pool.actor_resources()
+        for bundle in (0, 0, 1):
+            actors.append(
+                cls(
+                    pg, bundle, use_gpu=True, num_gpus=share["num_gpus"], num_cpus=share["num_cpus"]
+                )
+            )
+        infos = rapi.get([rapi.call_actor(a, "info", (), {}) for a in actors], timeout_s=30)
+        # Two actors colocated on bundle 0 share its device; bundle 1 has another.
+        assert infos[0]["cuda"] == infos[1]["cuda"]
+        assert infos[0]["cuda"] != infos[2]["cuda"]
+        assert all(len(i["gpus"]) == 1 for i in infos)
+        assert infos[0]["env"] == {"SC_TEST_USER": "u"}
+        sharer = cls(sharing_with=actors[2], use_gpu=False)
+        actors.append(sharer)
+        (shared,) = rapi.get([rapi.call_actor(sharer, "info", (), {})], timeout_s=30)
+        assert shared["node"] == infos[2]["node"]
+        assert shared["cuda"] == infos[2]["cuda"]
+    finally:
+        for actor in actors:
+            rapi.kill(actor)
+        pool.release()

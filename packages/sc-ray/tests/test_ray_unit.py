@@ -1,0 +1,120 @@
+"""sc-ray pieces that need no cluster: import weight, option merging, byte estimates,
+argument checks, the exception tree."""
+
+from __future__ import annotations
+
+import contextvars
+import pickle
+import subprocess
+import sys
+
+import pytest
+import sc_core
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sc_ray import (
+    RESERVED_ENV_VARS,
+    DetachedWorkerError,
+    PlacementTimeoutError,
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    ResourcePoolError,
+    ScRayError,
+    WorkerEnvError,
+)
+from sc_ray._class_with_init import merge_options
+from sc_ray._nbytes import estimate_nbytes, is_bulk
+from sc_ray._pickling import install
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_import_pulls_in_nothing_heavy() -> None:
+    code = (
+        "import sys, sc_ray\n"
+        "heavy = [m for m in ('torch', 'sc_protocol', 'tensordict', 'numpy') if m in sys.modules]\n"
+        "sys.exit(1 if heavy else 0)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False, timeout=50).returncode == 0
+
+
+def test_exception_tree() -> None:
+    assert issubclass(ResourcePoolError, ScRayError)
+    assert issubclass(ResourcePoolError, sc_core.ResourcePoolError)
+    assert issubclass(ResourcePoolError, ValueError)
+    assert issubclass(PlacementTimeoutError, ResourcePoolError)
+    assert issubclass(PlacementTimeoutError, TimeoutError)
+    assert issubclass(WorkerEnvError, ValueError)
+    assert issubclass(DetachedWorkerError, LookupError)
+
+
+@given(
+    st.dictionaries(st.sampled_from("ABC"), st.text(max_size=3)),
+    st.dictionaries(st.sampled_from("BCD"), st.text(max_size=3)),
+)
+@settings(deadline=None, max_examples=50)
+def test_merge_options_merges_env_vars(first: dict[str, str], second: dict[str, str]) -> None:
+    merged = merge_options(
+        {"runtime_env": {"env_vars": first, "pip": ["a"]}, "num_cpus": 1},
+        {"runtime_env": {"env_vars": second}, "num_cpus": 2},
+    )
+    assert merged["runtime_env"]["env_vars"] == {**first, **second}
+    assert merged["runtime_env"]["pip"] == ["a"]
+    assert merged["num_cpus"] == 2
+
+
+def test_bulk_detection_and_byte_estimates() -> None:
+    assert is_bulk(b"x" * 200_000)
+    assert not is_bulk(b"x" * 10)
+    assert not is_bulk([1, 2, 3])
+    assert estimate_nbytes([b"ab", {"k": b"cde"}]) == 5
+    assert estimate_nbytes(None) == 0
+    assert estimate_nbytes(object()) == 0
+
+
+def test_arguments_checked_before_touching_ray() -> None:
+    with pytest.raises(WorkerEnvError, match="WORLD_SIZE"):
+        RayWorkerGroup._check_worker_env({"WORLD_SIZE": "2"})
+    with pytest.raises(WorkerEnvError, match="str"):
+        RayWorkerGroup._check_worker_env({"A": 1})  # type: ignore[dict-item]
+    assert RayWorkerGroup._check_worker_env({"A": "1"}) == {"A": "1"}
+    assert "MASTER_PORT" in RESERVED_ENV_VARS
+    with pytest.raises(sc_core.InvalidConfigError, match="ray_cls_with_init"):
+        RayWorkerGroup(RayResourcePool([1], use_gpu=False))
+    with pytest.raises(sc_core.InvalidConfigError, match="RayClassWithInitArgs"):
+        RayWorkerGroup(
+            RayResourcePool([1], use_gpu=False),
+            sc_core.ClassWithInitArgs(sc_core.Worker),  # type: ignore[arg-type]
+        )
+    with pytest.raises(sc_core.InvalidConfigError, match="worker_names"):
+        RayWorkerGroup()
+    with pytest.raises(sc_core.InvalidConfigError, match="start_timeout"):
+        RayWorkerGroup(worker_handles=[], start_timeout=-1)
+
+
+def test_start_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SC_WORKER_START_TIMEOUT", "later")
+    with pytest.raises(sc_core.InvalidConfigError, match="later"):
+        RayWorkerGroup(worker_handles=[])
+
+
+def test_sc_core_context_variables_pickle_by_name() -> None:
+    from sc_core import _context
+
+    install()
+    variables = [v for v in vars(_context).values() if isinstance(v, contextvars.ContextVar)]
+    assert variables
+    for var in variables:
+        assert pickle.loads(pickle.dumps(var)) is var
+    with pytest.raises(TypeError, match="outside sc-core"):
+        pickle.dumps(contextvars.ContextVar("elsewhere"))
+
+
+def test_class_with_init_args_unwraps_and_validates() -> None:
+    cls = RayClassWithInitArgs(sc_core.Worker)
+    assert cls.worker_cls is sc_core.Worker
+    assert cls.options == {}
+    with pytest.raises(ResourcePoolError, match="bad entry"):
+        cls.set_additional_resource({"a": True})
+    assert "Worker" in repr(cls)
