@@ -86,7 +86,48 @@ def integration(session: nox.Session) -> None:
 def typecheck_integration(session: nox.Session) -> None:
     """mypy --strict on the trainer and the sc-demo command."""
     _sync(session, "--package", "sc-integration", "--group", "typecheck")
-    session.run("mypy", "--strict", os.path.join("integration", "src"))
+    session.run(
+        "mypy", "--strict", os.path.join("integration", "src"), os.path.join("integration", "tests")
+    )
+
+
+EXTENSION_DIR = os.path.join("integration", "sc-ext-roundrobin")
+
+
+@nox.session(name="tests(sc-ext-roundrobin)", tags=["sc-ext-roundrobin", "extension"])
+def tests_ext_roundrobin(session: nox.Session) -> None:
+    """The downstream extension's tests, with only sc-dispatch and sc-core installed."""
+    _sync(session, "--package", "sc-ext-roundrobin", "--group", "test")
+    session.run(
+        "pytest",
+        os.path.join(EXTENSION_DIR, "tests"),
+        *session.posargs,
+        env={"SC_ISOLATED_PACKAGE": "sc-ext-roundrobin"},
+    )
+
+
+@nox.session(name="typecheck(sc-ext-roundrobin)", tags=["sc-ext-roundrobin", "extension"])
+def typecheck_ext_roundrobin(session: nox.Session) -> None:
+    """mypy --strict with sc-core's plugin (its pyproject's [tool.mypy]) on the extension."""
+    _sync(session, "--package", "sc-ext-roundrobin", "--group", "typecheck")
+    session.run(
+        "mypy",
+        "--config-file",
+        os.path.join(EXTENSION_DIR, "pyproject.toml"),
+        os.path.join(EXTENSION_DIR, "src"),
+        os.path.join(EXTENSION_DIR, "tests"),
+    )
+
+
+@nox.session(tags=["typing"])
+def typing(session: nox.Session) -> None:
+    """Typed worker-group calls: mypy (with and without the plugin) and pyright on the cases.
+
+    They must accept packages/sc-core/typing_tests/ok_*.py and reject each marked line of
+    bad_*.py with the expected error code.
+    """
+    _sync(session, "--package", "sc-core", "--group", "typecheck", "--group", "test")
+    session.run("pytest", os.path.join("packages", "sc-core", "typing_tests"), *session.posargs)
 
 
 @nox.session(default=False)

@@ -1,1 +1,57 @@
-"""sc integration."""
+"""sc-integration: the reference RL trainer and the ``sc-demo`` command (never published).
+
+The trainer drives PPO or GRPO from one process in the single-controller style: a
+:class:`TaskRunner` maps roles to resource pools and builds a :class:`RayPPOTrainer`, whose
+``init_workers`` creates the worker groups and whose ``fit`` runs the training loop, one line
+per stage. The toy task (:class:`DigitsTask`) has a verifiable reward that the tiny
+built-in model of sc-workers learns from scratch on a couple of CPU cores.
+"""
+
+from ._backends import LocalBackend, RayBackend, WorkerBackend, make_backend
+from ._balance import balanced_order, shard_token_sums
+from ._config import ALGORITHMS, BACKENDS, Algorithm, Backend, TrainerConfig
+from ._errors import (
+    CheckpointError,
+    IntegrationError,
+    TaskError,
+    TrainerConfigError,
+    TrainingDivergedError,
+    WorkerOutputError,
+)
+from ._output import PLOT_PANELS, RunOutput, read_metrics, resolve_checkpoint
+from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
+from ._trainer import RayPPOTrainer, Role, RunResult, TaskRunner, check_resumable
+
+__all__ = [
+    "ALGORITHMS",
+    "BACKENDS",
+    "PLOT_PANELS",
+    "TASK_MODES",
+    "Algorithm",
+    "Backend",
+    "CharTokenizer",
+    "CheckpointError",
+    "IntegrationError",
+    "LocalBackend",
+    "RayBackend",
+    "RayPPOTrainer",
+    "DigitsTask",
+    "Role",
+    "RunResult",
+    "RunOutput",
+    "TaskConfig",
+    "TaskError",
+    "TaskMode",
+    "TaskRunner",
+    "TrainerConfig",
+    "TrainerConfigError",
+    "TrainingDivergedError",
+    "WorkerBackend",
+    "WorkerOutputError",
+    "balanced_order",
+    "check_resumable",
+    "make_backend",
+    "read_metrics",
+    "resolve_checkpoint",
+    "shard_token_sums",
+]

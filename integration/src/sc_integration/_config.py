@@ -1,0 +1,173 @@
+"""The trainer's configuration: typed dataclasses, validated when built."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ._errors import TrainerConfigError
+from ._task import TaskConfig
+
+__all__ = ["ALGORITHMS", "BACKENDS", "Algorithm", "Backend", "TrainerConfig"]
+
+Algorithm = Literal["ppo", "grpo"]
+Backend = Literal["ray", "local"]
+ALGORITHMS: tuple[Algorithm, ...] = ("ppo", "grpo")
+BACKENDS: tuple[Backend, ...] = ("ray", "local")
+
+
+def _positive(owner: str, **values: int | float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not value > 0:
+            raise TrainerConfigError(f"{owner}.{name} must be > 0, got {value!r}")
+
+
+def _non_negative(owner: str, **values: int | float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not value >= 0:
+            raise TrainerConfigError(f"{owner}.{name} must be >= 0, got {value!r}")
+
+
+@dataclass
+class TrainerConfig:
+    """Everything one training run needs; the defaults are the ``sc-demo`` run.
+
+    Rows per step are ``prompts_per_step * responses_per_prompt``; every dp size divides it.
+    ``responses_per_prompt`` is the GRPO group size (PPO may sample several too).
+    """
+
+    algorithm: Algorithm = "ppo"
+    backend: Backend = "ray"
+    steps: int = 200
+    prompts_per_step: int = 32
+    responses_per_prompt: int = 4
+    workers_per_role: int = 2
+    nnodes: int = 1
+    colocate: bool = True
+    seed: int = 0
+    # policy and critic optimisation
+    actor_lr: float = 2e-3
+    critic_lr: float = 2e-3
+    ppo_epochs: int = 1
+    ppo_mini_batches: int = 1
+    clip_ratio: float = 0.2
+    entropy_coeff: float = 0.01
+    kl_coef: float = 0.001
+    gamma: float = 1.0
+    lam: float = 1.0
+    temperature: float = 1.0
+    # model (the built-in tiny causal transformer of sc-workers)
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    # bookkeeping
+    val_every: int = 25
+    save_every: int = 50
+    output_dir: str = "sc-demo-output"
+    resume_from: str | None = None
+    num_cpus: int | None = None
+    task: TaskConfig = field(default_factory=TaskConfig)
+
+    def __post_init__(self) -> None:
+        owner = "TrainerConfig"
+        if self.algorithm not in ALGORITHMS:
+            raise TrainerConfigError(
+                f"{owner}.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise TrainerConfigError(
+                f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}"
+            )
+        _positive(
+            owner,
+            steps=self.steps,
+            prompts_per_step=self.prompts_per_step,
+            responses_per_prompt=self.responses_per_prompt,
+            workers_per_role=self.workers_per_role,
+            nnodes=self.nnodes,
+            actor_lr=self.actor_lr,
+            critic_lr=self.critic_lr,
+            ppo_epochs=self.ppo_epochs,
+            ppo_mini_batches=self.ppo_mini_batches,
+            clip_ratio=self.clip_ratio,
+            temperature=self.temperature,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            val_every=self.val_every,
+            save_every=self.save_every,
+        )
+        _non_negative(owner, entropy_coeff=self.entropy_coeff, kl_coef=self.kl_coef, seed=self.seed)
+        for name in ("gamma", "lam"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise TrainerConfigError(f"{owner}.{name} must be in [0, 1], got {value!r}")
+        if self.algorithm == "grpo" and self.responses_per_prompt < 2:
+            raise TrainerConfigError(
+                f"{owner}: grpo compares responses to the same prompt, so responses_per_prompt "
+                f"must be >= 2, got {self.responses_per_prompt}"
+            )
+        if self.hidden_size % self.num_heads:
+            raise TrainerConfigError(
+                f"{owner}: num_heads ({self.num_heads}) must divide hidden_size "
+                f"({self.hidden_size})"
+            )
+        if self.backend == "local" and (self.workers_per_role, self.nnodes) != (1, 1):
+            raise TrainerConfigError(
+                f"{owner}: the local backend runs world size 1 per role on one node, got "
+                f"workers_per_role={self.workers_per_role}, nnodes={self.nnodes}"
+            )
+        if self.workers_per_role % self.nnodes:
+            raise TrainerConfigError(
+                f"{owner}: workers_per_role ({self.workers_per_role}) must split evenly over "
+                f"nnodes ({self.nnodes})"
+            )
+        train_prompts = 10**self.task.length - self.task.num_val
+        if self.prompts_per_step > train_prompts:
+            raise TrainerConfigError(
+                f"{owner}.prompts_per_step ({self.prompts_per_step}) exceeds the "
+                f"{train_prompts} training prompts of the task"
+            )
+        rows = self.rows_per_step
+        if rows % (self.workers_per_role * self.ppo_mini_batches):
+            raise TrainerConfigError(
+                f"{owner}: rows per step ({self.prompts_per_step} prompts x "
+                f"{self.responses_per_prompt} responses = {rows}) must divide into "
+                f"workers_per_role ({self.workers_per_role}) x ppo_mini_batches "
+                f"({self.ppo_mini_batches})"
+            )
+        if self.num_cpus is not None:
+            _positive(owner, num_cpus=self.num_cpus)
+            if self.num_cpus < self.worker_processes:
+                raise TrainerConfigError(
+                    f"{owner}: num_cpus ({self.num_cpus}) is below the {self.worker_processes} "
+                    f"worker processes the pools need (one CPU each)"
+                )
+        if not self.output_dir:
+            raise TrainerConfigError(f"{owner}.output_dir must not be empty")
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.prompts_per_step * self.responses_per_prompt
+
+    @property
+    def uses_critic(self) -> bool:
+        """PPO learns a value function; GRPO compares responses to the same prompt instead."""
+        return self.algorithm == "ppo"
+
+    @property
+    def ray_num_cpus(self) -> int:
+        """CPUs the demo's local Ray cluster declares: one per worker process, at least.
+
+        The pools reserve one CPU per process; declaring more logical CPUs than the machine
+        has is how several single-threaded workers share a small machine.
+        """
+        if self.num_cpus is not None:
+            return self.num_cpus
+        return max(self.worker_processes, os.cpu_count() or 1)
+
+    @property
+    def worker_processes(self) -> int:
+        """Worker processes of the run: one per rank, two with the critic in its own pool."""
+        return self.workers_per_role * (1 if self.colocate or not self.uses_critic else 2)
