@@ -72,7 +72,9 @@ def lint(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation site, failing on any warning."""
     _sync(session, "--all-packages", "--group", "docs")
-    session.run("mkdocs", "build", "--strict", "--site-dir", os.path.join(session.create_tmp(), "site"))
+    session.run(
+        "mkdocs", "build", "--strict", "--site-dir", os.path.join(session.create_tmp(), "site")
+    )
 
 
 @nox.session
@@ -132,7 +134,7 @@ def typing(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmarks (not run by default): prints tables, writes JSON under integration/benchmarks/results."""
+    """Benchmarks (not run by default): tables, JSON in integration/benchmarks/results."""
     _sync(session, "--package", "sc-integration")
     out = os.path.join("integration", "benchmarks", "results")
     for script in sorted(os.listdir(os.path.join("integration", "benchmarks"))):

@@ -313,3 +313,33 @@ def test_fuse_refuses_to_shadow_a_group_attribute() -> None:
             g.fuse(["actor"])
     finally:
         g.close()
+
+
+def test_colocation_module_holds_no_context_variable() -> None:
+    # Ray ships a colocated class by value together with the module globals its methods
+    # use; a ContextVar among them cannot be pickled, so it is referenced via its module.
+    import contextvars
+
+    from sc_core import _colocate
+
+    held = [n for n, v in vars(_colocate).items() if isinstance(v, contextvars.ContextVar)]
+    assert held == []
+
+
+def test_spawned_groups_outlive_the_dropped_parent() -> None:
+    import gc
+    import weakref
+
+    cia = create_colocated_worker_cls(
+        {"actor": ClassWithInitArgs(Actor, 0.5), "critic": ClassWithInitArgs(Critic, scale=3)}
+    )
+    parent = LocalWorkerGroup(ResourcePool([2]), cia)
+    parent_ref = weakref.ref(parent)
+    groups = parent.spawn({"actor", "critic"})
+    del parent
+    gc.collect()  # the parent is reachable only through its spawned groups
+    assert groups["actor"].describe() == [("actor", 0, 0.5), ("actor", 1, 0.5)]
+    assert groups["critic"].values(Batch([1, 2])) == Batch([3, 6])
+    del groups
+    gc.collect()  # nothing else (not the rank threads) keeps the workers alive
+    assert parent_ref() is None

@@ -233,12 +233,12 @@ def test_bare_decorator_is_rejected() -> None:
     def method(self: Any) -> None: ...
 
     with pytest.raises(InvalidDispatchModeError, match=r"got function"):
-        register(method)  # type: ignore[arg-type]
+        register(method)  # type: ignore[call-overload]
 
 
 def test_decorating_a_non_callable_is_rejected() -> None:
     with pytest.raises(InvalidDispatchModeError, match=r"register: expected a function, got 5"):
-        register()(5)  # type: ignore[arg-type]
+        register()(5)  # type: ignore[call-overload]
 
 
 def test_mapping_custom_mode() -> None:

@@ -3,8 +3,6 @@ argument checks, the exception tree."""
 
 from __future__ import annotations
 
-import contextvars
-import pickle
 import subprocess
 import sys
 
@@ -25,7 +23,6 @@ from sc_ray import (
 )
 from sc_ray._class_with_init import merge_options
 from sc_ray._nbytes import estimate_nbytes, is_bulk
-from sc_ray._pickling import install
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,18 +94,6 @@ def test_start_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("SC_WORKER_START_TIMEOUT", "later")
     with pytest.raises(sc_core.InvalidConfigError, match="later"):
         RayWorkerGroup(worker_handles=[])
-
-
-def test_sc_core_context_variables_pickle_by_name() -> None:
-    from sc_core import _context
-
-    install()
-    variables = [v for v in vars(_context).values() if isinstance(v, contextvars.ContextVar)]
-    assert variables
-    for var in variables:
-        assert pickle.loads(pickle.dumps(var)) is var
-    with pytest.raises(TypeError, match="outside sc-core"):
-        pickle.dumps(contextvars.ContextVar("elsewhere"))
 
 
 def test_class_with_init_args_unwraps_and_validates() -> None:

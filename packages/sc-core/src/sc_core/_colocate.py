@@ -15,7 +15,10 @@ from typing import Any
 
 from sc_dispatch import MAGIC_ATTR, get_register_attrs
 
-from ._context import _skip_rendezvous
+# Referenced through its module, never imported by name: a colocated class is built at run
+# time, and Ray ships it by value with the globals its methods use. A module pickles by
+# reference; a ContextVar does not pickle at all.
+from . import _context
 from ._errors import ColocationError
 from ._resource import ClassWithInitArgs
 from ._worker import Worker
@@ -124,12 +127,12 @@ def create_colocated_worker_raw_cls(
     def __init__(self: Any) -> None:
         Worker.__init__(self)
         self.worker_dict = {}
-        token = _skip_rendezvous.set(True)
+        token = _context._skip_rendezvous.set(True)
         try:
             for role, (user_cls, cia) in roles.items():
                 self.worker_dict[role] = user_cls(*cia.args, **cia.kwargs)
         finally:
-            _skip_rendezvous.reset(token)
+            _context._skip_rendezvous.reset(token)
 
     namespace["__init__"] = __init__
     namespace[COLOCATED_METHODS_ATTR] = method_map
@@ -171,14 +174,14 @@ def create_colocated_worker_cls_fused(
 
     def __init__(self: Any) -> None:
         Worker.__init__(self)
-        token = _skip_rendezvous.set(True)
+        token = _context._skip_rendezvous.set(True)
         try:
             for role, (user_cls, cia) in roles.items():
                 instance = user_cls(*cia.args, **cia.kwargs)
                 self.fused_worker_dict[role] = instance
                 setattr(self, role, instance)
         finally:
-            _skip_rendezvous.reset(token)
+            _context._skip_rendezvous.reset(token)
         for instance in self.fused_worker_dict.values():
             setattr(instance, Worker.fused_worker_attr_name, self.fused_worker_dict)
 

@@ -24,7 +24,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ._call import Call
 from ._colocate import unwrap_worker_cls
@@ -39,11 +39,13 @@ from ._errors import (
 )
 from ._future import LazyFuture
 from ._resource import ClassWithInitArgs, ResourcePool
-from ._worker_group import WorkerGroup, _env_flag
+from ._worker_group import W, WorkerGroup, _env_flag
 
 __all__ = ["LocalHandle", "LocalWorkerGroup"]
 
 logger = logging.getLogger("sc_core.local")
+
+_LWG = TypeVar("_LWG", bound="LocalWorkerGroup")
 
 
 @dataclass
@@ -99,6 +101,9 @@ class _RankRunner:
             fut, task = item
             if fut.set_running_or_notify_cancel():
                 fut.set_result(task())
+            # Drop the references before blocking on the next item: the task (a bound method
+            # of the group) would otherwise keep the group alive and its finalizer from running.
+            del item, fut, task
         if self._loop is not None:
             self._loop.close()
 
@@ -155,7 +160,7 @@ def _worker_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
-class LocalWorkerGroup(WorkerGroup):
+class LocalWorkerGroup(WorkerGroup[W]):
     """All ranks of a worker group as objects in this process (for tests and debugging).
 
     ``LocalWorkerGroup(resource_pool, ClassWithInitArgs(MyWorker, ...))`` builds
@@ -176,10 +181,10 @@ class LocalWorkerGroup(WorkerGroup):
     def __init__(
         self,
         resource_pool: ResourcePool | None = None,
-        cls_with_init: ClassWithInitArgs[Any] | None = None,
+        cls_with_init: ClassWithInitArgs[W] | None = None,
         name_prefix: str | None = None,
         *,
-        ray_cls_with_init: ClassWithInitArgs[Any] | None = None,
+        ray_cls_with_init: ClassWithInitArgs[W] | None = None,
         default_timeout: float | None = None,
         concurrent: bool = False,
         inline: bool | None = None,
@@ -399,7 +404,7 @@ class LocalWorkerGroup(WorkerGroup):
         from :meth:`spawn` share them, and stop working too."""
         _close_runners(self._runners)
 
-    def __enter__(self) -> LocalWorkerGroup:
+    def __enter__(self: _LWG) -> _LWG:
         return self
 
     def __exit__(self, *exc: object) -> None:

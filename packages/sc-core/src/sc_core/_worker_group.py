@@ -38,13 +38,24 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Concatenate, Generic, NoReturn, ParamSpec, TypeVar, cast
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    NoReturn,
+    ParamSpec,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from sc_dispatch import (
     DispatchError,
     DispatchModeSpec,
     Execute,
     RegisterAttrs,
+    RegisteredMethod,
     get_predefined_execute_fn,
     get_register_attrs,
     pop_padding_size,
@@ -70,8 +81,21 @@ __all__ = ["MethodProxy", "WorkerGroup"]
 logger = logging.getLogger("sc_core.worker_group")
 
 P = ParamSpec("P")
+Q = ParamSpec("Q")
 R = TypeVar("R")
+C = TypeVar("C")
 WG = TypeVar("WG", bound="WorkerGroup")
+
+if TYPE_CHECKING:
+    # The worker class of a group, for the type checker only (``sc_core.mypy_plugin`` types
+    # ``wg.method(...)`` calls with it). It defaults to ``Any`` (PEP 696), so that a bare
+    # ``WorkerGroup`` / ``class MyGroup(WorkerGroup)`` stays valid under ``mypy --strict``.
+    # ``typing_extensions`` is read from the type checker's own stubs: nothing imports it.
+    from typing_extensions import TypeVar as _TypeVarWithDefault
+
+    W = _TypeVarWithDefault("W", default=Any)
+else:
+    W = TypeVar("W")
 
 #: Attribute of a colocated worker class mapping each role to ``{plain: prefixed}`` names.
 COLOCATED_METHODS_ATTR = "__sc_colocated_methods__"
@@ -132,14 +156,34 @@ class MethodProxy(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return cast("R", self._group._call_method(self, args, kwargs))
 
+    @overload
+    def options(
+        self,
+        *,
+        timeout: float | _Keep | None = KEEP,
+        blocking: Literal[True] | _Keep = KEEP,
+    ) -> MethodProxy[P, R]: ...
+
+    @overload
     def options(
         self,
         *,
         timeout: float | _Keep | None = KEEP,
         blocking: bool | _Keep | None = KEEP,
-    ) -> MethodProxy[P, R]:
+    ) -> MethodProxy[P, Any]: ...
+
+    def options(
+        self,
+        *,
+        timeout: float | _Keep | None = KEEP,
+        blocking: bool | _Keep | None = KEEP,
+    ) -> MethodProxy[P, Any]:
         """A proxy whose calls use ``timeout`` seconds (``None``: no limit) and ``blocking``
-        instead of the defaults; arguments left out keep their current setting."""
+        instead of the defaults; arguments left out keep their current setting.
+
+        For the type checker the proxy keeps its result type unless ``blocking`` may be
+        false (``blocking=False`` or ``None``, which restores the registered default):
+        then a call returns futures, typed ``Any``."""
         where = f"{self.__qualname__}.options"
         opts = self.call_options
         if timeout is not KEEP:
@@ -178,13 +222,19 @@ class _Liveness:
         self.thread: threading.Thread | None = None
 
 
-class WorkerGroup(abc.ABC):
+class WorkerGroup(abc.ABC, Generic[W]):
     """The base of every backend's worker group (verl's ``WorkerGroup``).
 
     After construction every ``@register``-ed method of the worker class is an attribute:
     ``wg.generate(batch)`` dispatches, executes on the workers, waits (if blocking) and
     collects. ``default_timeout`` (or ``SC_CALL_TIMEOUT``) bounds every call unless
     ``.options(timeout=...)`` says otherwise.
+
+    For the type checker a group is generic in its worker class, ``WorkerGroup[MyWorker]``
+    (inferred by the backends' constructors from ``ClassWithInitArgs(MyWorker, ...)``; a
+    bare ``WorkerGroup`` means ``WorkerGroup[Any]``). ``wg.call(MyWorker.method, ...)``
+    is typed for every checker; with ``plugins = ["sc_core.mypy_plugin"]`` mypy also types
+    ``wg.method(...)`` itself.
     """
 
     fused_worker_execute_fn_name = "_fuw_execute"
@@ -226,6 +276,7 @@ class WorkerGroup(abc.ABC):
         # The role of a group made by spawn_fused: its calls go through _fuw_execute.
         self._fused_role: str | None = None
         self.wg_dict: dict[str, WorkerGroup] | None = None
+        self._spawned_from: WorkerGroup | None = None
 
     # --- the backend hooks -----------------------------------------------------------------
 
@@ -436,9 +487,16 @@ class WorkerGroup(abc.ABC):
         """The names of the bound worker methods, sorted."""
         return sorted(self._bound_methods)
 
-    def method(self, func: Callable[Concatenate[Any, P], Any]) -> MethodProxy[P, Any]:
-        """The bound proxy of a worker method, typed with its parameters:
-        ``wg.method(MyWorker.generate)(batch)`` (for modes that keep argument types)."""
+    def method(self, func: RegisteredMethod[Any, Any, Q, C]) -> MethodProxy[Q, C]:
+        """The bound proxy of a worker method, typed: ``wg.method(MyWorker.generate)``.
+
+        ``func`` is a ``@register``-ed method (for the type checker a
+        :class:`~sc_dispatch.RegisteredMethod`); the proxy takes the method's parameters
+        (or, for per-rank modes such as ``DP_COMPUTE``, anything) and returns what the call
+        collects: ``list[R]``, ``R``, or ``Any`` for non-blocking methods and modes the
+        checker does not know (see :func:`sc_dispatch.register`). ``.options(...)`` keeps the
+        types. A method that is not bound on this group is an
+        :class:`~sc_core.UnknownMethodError`."""
         name = getattr(func, "__name__", None)
         proxy = self._bound_methods.get(name) if isinstance(name, str) else None
         if not isinstance(proxy, MethodProxy):
@@ -446,7 +504,21 @@ class WorkerGroup(abc.ABC):
                 f"{type(self).__name__}.method: {func!r} is not a bound worker method; "
                 f"bound: {self.bound_method_names}"
             )
-        return cast("MethodProxy[P, Any]", proxy)
+        return cast("MethodProxy[Q, C]", proxy)
+
+    def call(
+        self, func: RegisteredMethod[Any, Any, Q, C], /, *args: Q.args, **kwargs: Q.kwargs
+    ) -> C:
+        """Call the bound worker method ``func`` with a type the checker knows, no plugin
+        needed: ``wg.call(MyWorker.update_actor, batch)`` is ``wg.update_actor(batch)``.
+
+        The arguments are checked against the worker method's parameters (except for
+        per-rank modes, whose arguments are lists with one entry per rank), and the result
+        is typed as the mode collects it: ``list[R]`` for ``ONE_TO_ALL``, ``R`` for
+        ``DP_COMPUTE_PROTO``, ... (see :meth:`method`). ``func`` must be ``@register``-ed
+        and bound on this group; for per-call options use
+        ``wg.method(MyWorker.update_actor).options(timeout=30)(batch)``."""
+        return self.method(func)(*args, **kwargs)
 
     def __repr__(self) -> str:
         return (
@@ -641,6 +713,9 @@ class WorkerGroup(abc.ABC):
         new._dispatch_info = {}
         new._collect_info = {}
         new.wg_dict = None
+        # The group that owns the workers may close them when it is garbage-collected (the
+        # local backend's finalizer does): a spawned group keeps it alive while in use.
+        new._spawned_from = self
         for name, proxy in self._bound_methods.items():
             rebound = proxy._rebind(new, name) if isinstance(proxy, MethodProxy) else proxy
             new._set_bound_method(name, rebound)

@@ -6,7 +6,14 @@ worker group (sc-core, or your own RPC layer) looks the mode up with
 and joins the outputs with ``collect_fn``.
 """
 
-from ._enums import Dispatch, DynamicEnum, Execute
+from ._enums import (
+    CollectsList,
+    CollectsResult,
+    Dispatch,
+    DynamicEnum,
+    Execute,
+    PerRankCollectsList,
+)
 from ._errors import (
     DispatchArgumentError,
     DispatchError,
@@ -16,7 +23,12 @@ from ._errors import (
     NotShardableError,
     UnknownDispatchModeError,
 )
-from ._nd import make_nd_compute_dataproto_dispatch_fn, mesh_layout
+from ._nd import (
+    MeshDispatchFnDict,
+    MeshModeName,
+    make_nd_compute_dataproto_dispatch_fn,
+    mesh_layout,
+)
 from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter
 from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
 from ._registry import (
@@ -55,6 +67,7 @@ from ._shard import (
     split_args_kwargs,
     unpad_output,
 )
+from ._typed import RegisteredMethod
 
 __version__ = "0.1.0"
 
@@ -62,6 +75,8 @@ __all__ = [
     "MAGIC_ATTR",
     "PADDING_SIZE_KEY",
     "CollectFn",
+    "CollectsList",
+    "CollectsResult",
     "Dispatch",
     "DispatchArgumentError",
     "DispatchError",
@@ -75,9 +90,13 @@ __all__ = [
     "ExecuteFnDict",
     "FutureLike",
     "InvalidDispatchModeError",
+    "MeshDispatchFnDict",
     "MeshLayoutError",
+    "MeshModeName",
     "NotShardableError",
+    "PerRankCollectsList",
     "RegisterAttrs",
+    "RegisteredMethod",
     "ShardAdapter",
     "UnknownDispatchModeError",
     "__version__",

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NewType, TypeVar
 
 from ._errors import DispatchModeExistsError, InvalidDispatchModeError, UnknownDispatchModeError
 
-__all__ = ["Dispatch", "DynamicEnum", "Execute"]
+__all__ = [
+    "CollectsList",
+    "CollectsResult",
+    "Dispatch",
+    "DynamicEnum",
+    "Execute",
+    "PerRankCollectsList",
+]
 
 _E = TypeVar("_E", bound="DynamicEnum")
 
@@ -108,16 +115,38 @@ class DynamicEnum(metaclass=_DynamicEnumMeta):
 
 
 class Dispatch(DynamicEnum):
-    """How a call's arguments are split across workers and how outputs are joined."""
+    """How a call's arguments are split across workers and how outputs are joined.
 
-    RANK_ZERO: ClassVar[Dispatch]
-    ONE_TO_ALL: ClassVar[Dispatch]
-    ALL_TO_ALL: ClassVar[Dispatch]
-    DP_COMPUTE: ClassVar[Dispatch]
-    DP_COMPUTE_PROTO: ClassVar[Dispatch]
-    DP_COMPUTE_PROTO_WITH_FUNC: ClassVar[Dispatch]
-    DP_COMPUTE_METRIC: ClassVar[Dispatch]
+    For the type checker each predefined member also says what a driver-side call of a
+    method registered with it returns (see :data:`CollectsList`, :data:`CollectsResult`,
+    :data:`PerRankCollectsList`); at run time every member is a plain ``Dispatch``.
+    """
+
+    RANK_ZERO: ClassVar[CollectsResult]
+    ONE_TO_ALL: ClassVar[CollectsList]
+    ALL_TO_ALL: ClassVar[PerRankCollectsList]
+    DP_COMPUTE: ClassVar[PerRankCollectsList]
+    DP_COMPUTE_PROTO: ClassVar[CollectsResult]
+    DP_COMPUTE_PROTO_WITH_FUNC: ClassVar[CollectsResult]
+    DP_COMPUTE_METRIC: ClassVar[CollectsList]
     DIRECT_ROLLOUT_METHOD: ClassVar[Dispatch]
+
+
+#: A dispatch mode whose driver-side call takes the worker method's own arguments and
+#: returns the list of every rank's result (``list[R]``): ``ONE_TO_ALL``,
+#: ``DP_COMPUTE_METRIC``. A static marker only (``typing.NewType``): wrap a custom member,
+#: ``CollectsList(register_dispatch_mode(...))``, to declare the same of it.
+CollectsList = NewType("CollectsList", Dispatch)
+
+#: A dispatch mode whose driver-side call takes the worker method's own arguments and
+#: returns a value of the method's return type ``R`` (the joined batch, or rank 0's value):
+#: ``RANK_ZERO``, ``DP_COMPUTE_PROTO``, ``DP_COMPUTE_PROTO_WITH_FUNC``. A static marker only.
+CollectsResult = NewType("CollectsResult", Dispatch)
+
+#: A dispatch mode whose driver-side arguments are per-rank lists rather than the worker
+#: method's own arguments (so they are not checked), and that returns ``list[R]``:
+#: ``ALL_TO_ALL``, ``DP_COMPUTE``. A static marker only.
+PerRankCollectsList = NewType("PerRankCollectsList", Dispatch)
 
 
 class Execute(DynamicEnum):

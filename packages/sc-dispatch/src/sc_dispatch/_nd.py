@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NewType
 
 from ._errors import DispatchArgumentError, MeshLayoutError
 from ._protocols import DispatchWorkerGroup
 from ._registry import PADDING_SIZE_KEY, DispatchFnDict, concat_outputs
 from ._shard import split_args_kwargs
 
-__all__ = ["make_nd_compute_dataproto_dispatch_fn", "mesh_layout"]
+__all__ = [
+    "MeshDispatchFnDict",
+    "MeshModeName",
+    "make_nd_compute_dataproto_dispatch_fn",
+    "mesh_layout",
+]
+
+#: The ``name`` of an N-d mesh dispatch mode; a distinct static type so that the type
+#: checker tells a mesh mode (whose calls return the method's own return type) from any
+#: other custom mapping.
+MeshModeName = NewType("MeshModeName", str)
+
+
+class MeshDispatchFnDict(DispatchFnDict):
+    """The custom mode :func:`make_nd_compute_dataproto_dispatch_fn` returns: the dispatch
+    and collect functions and the mode's ``name`` (``nd_dispatch_fn[<mesh>]``)."""
+
+    name: MeshModeName
 
 
 def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list[int], list[bool]]:
@@ -54,7 +71,7 @@ def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list
     return dp_ranks, collect
 
 
-def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchFnDict:
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
     """A custom dispatch mode that splits by dp rank on the mesh ``mesh_name``.
 
     The batch is split into ``dp_size`` shards (padded like ``DP_COMPUTE_PROTO`` when
@@ -96,4 +113,8 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchFnDict:
 
     nd_dispatch_fn.__name__ = nd_dispatch_fn.__qualname__ = f"nd_dispatch_fn[{mesh_name}]"
     nd_collect_fn.__name__ = nd_collect_fn.__qualname__ = f"nd_collect_fn[{mesh_name}]"
-    return {"dispatch_fn": nd_dispatch_fn, "collect_fn": nd_collect_fn}
+    return {
+        "dispatch_fn": nd_dispatch_fn,
+        "collect_fn": nd_collect_fn,
+        "name": MeshModeName(nd_dispatch_fn.__name__),
+    }

@@ -6,12 +6,20 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, Literal, ParamSpec, TypeVar, cast, overload
 
-from ._enums import Dispatch, Execute
+from ._enums import CollectsList, CollectsResult, Dispatch, Execute, PerRankCollectsList
 from ._errors import InvalidDispatchModeError
+from ._nd import MeshDispatchFnDict
 from ._registry import resolve_dispatch_mode
 from ._shard import is_future
+from ._typed import (
+    FutureDecorator,
+    ListDecorator,
+    PerRankListDecorator,
+    ResultDecorator,
+    UntypedDecorator,
+)
 
 __all__ = ["MAGIC_ATTR", "RegisterAttrs", "get_register_attrs", "materialize", "register"]
 
@@ -41,12 +49,63 @@ def materialize(
     return new_args, new_kwargs
 
 
+# The overloads tell the type checker what a call through a worker group returns (see
+# ``_typed``); they only apply when ``execute_mode`` is left at its default. At run time
+# every variant returns the decorated function with its settings attached.
+
+
+@overload
+def register(  # type: ignore[overload-overlap, unused-ignore]
+    dispatch_mode: CollectsList,
+    execute_mode: None = None,
+    blocking: Literal[True] = True,
+    materialize_futures: bool = True,
+) -> ListDecorator: ...
+
+
+@overload
+def register(  # type: ignore[overload-overlap, unused-ignore]
+    dispatch_mode: CollectsResult | MeshDispatchFnDict,
+    execute_mode: None = None,
+    blocking: Literal[True] = True,
+    materialize_futures: bool = True,
+) -> ResultDecorator: ...
+
+
+@overload
+def register(
+    dispatch_mode: PerRankCollectsList = ...,
+    execute_mode: None = None,
+    blocking: Literal[True] = True,
+    materialize_futures: bool = True,
+) -> PerRankListDecorator: ...
+
+
+@overload
+def register(  # type: ignore[overload-overlap, unused-ignore]
+    dispatch_mode: CollectsList | CollectsResult | MeshDispatchFnDict,
+    execute_mode: None = None,
+    *,
+    blocking: Literal[False],
+    materialize_futures: bool = True,
+) -> FutureDecorator: ...
+
+
+@overload
+def register(
+    dispatch_mode: Dispatch | Mapping[str, Any] = ...,
+    execute_mode: Execute | None = None,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+) -> UntypedDecorator: ...
+
+
 def register(
     dispatch_mode: Dispatch | Mapping[str, Any] = Dispatch.ALL_TO_ALL,
     execute_mode: Execute | None = None,
     blocking: bool = True,
     materialize_futures: bool = True,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
+) -> Any:
     """Mark a worker method as callable through a worker group.
 
     ``dispatch_mode`` is a :class:`Dispatch` member or a mapping
@@ -54,7 +113,15 @@ def register(
     ``Execute.RANK_ZERO`` for ``Dispatch.RANK_ZERO`` and ``Execute.ALL`` otherwise;
     ``blocking=False`` makes the driver-side call return futures; ``materialize_futures``
     resolves future arguments (``get()``) before the method runs. Works on plain and
-    ``async def`` methods, and returns a function with the same signature.
+    ``async def`` methods, and returns the function itself, with the same signature.
+
+    For the type checker the result is a :class:`~sc_dispatch.RegisteredMethod` that also
+    records what a call through a worker group takes and returns: ``list[R]`` for
+    :data:`~sc_dispatch.CollectsList` modes, ``R`` for :data:`~sc_dispatch.CollectsResult`
+    modes and N-d mesh modes, ``list[R]`` from unchecked per-rank arguments for
+    :data:`~sc_dispatch.PerRankCollectsList` modes (``R`` being what the method, or its
+    coroutine, returns); ``Any`` for non-blocking methods, other custom modes and an
+    explicit ``execute_mode``.
     """
     if isinstance(dispatch_mode, Mapping):
         resolve_dispatch_mode(dispatch_mode)  # validates both functions now, not at call time

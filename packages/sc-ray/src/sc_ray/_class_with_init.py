@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sc_core import ClassWithInitArgs
 
@@ -15,6 +15,15 @@ from ._errors import ResourcePoolError, WorkerEnvError
 __all__ = ["RayClassWithInitArgs", "merge_options"]
 
 logger = logging.getLogger("sc_ray")
+
+if TYPE_CHECKING:
+    # The worker class, for the type checker only (sc-core's typed calls); it defaults to
+    # ``Any`` (PEP 696) so that a bare ``RayClassWithInitArgs`` stays valid.
+    from typing_extensions import TypeVar as _TypeVarWithDefault
+
+    W = _TypeVarWithDefault("W", default=Any)
+else:
+    W = TypeVar("W")
 
 _DEVICE_RESOURCE = {"cuda": "GPU", "gpu": "GPU", "npu": "NPU"}
 
@@ -39,7 +48,7 @@ def merge_options(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str
     return out
 
 
-class RayClassWithInitArgs(ClassWithInitArgs[Any]):
+class RayClassWithInitArgs(ClassWithInitArgs[Any], Generic[W]):
     """A worker class (plain or ``ray.remote``-wrapped) with its constructor arguments and
     the Ray options its actors are created with.
 
@@ -50,7 +59,7 @@ class RayClassWithInitArgs(ClassWithInitArgs[Any]):
     devices.
     """
 
-    def __init__(self, cls: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, cls: Callable[..., W], *args: Any, **kwargs: Any) -> None:
         super().__init__(cls, *args, **kwargs)
         self._options: dict[str, Any] = {}
         self._additional_resource: dict[str, float] = {}

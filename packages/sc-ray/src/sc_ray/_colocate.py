@@ -13,10 +13,7 @@ from sc_core import ClassWithInitArgs, ColocationError
 from sc_core import create_colocated_worker_cls_fused as _core_fused
 from sc_core import create_colocated_worker_raw_cls as _core_raw
 
-from . import _pickling
 from ._class_with_init import RayClassWithInitArgs, merge_options
-
-_pickling.install()
 
 __all__ = ["create_colocated_worker_cls", "create_colocated_worker_cls_fused"]
 

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sc_core import (
     Call,
@@ -44,6 +44,16 @@ from ._resource_pool import BundleSlot, RayResourcePool
 __all__ = ["RESERVED_ENV_VARS", "RayWorkerGroup"]
 
 logger = logging.getLogger("sc_ray")
+
+if TYPE_CHECKING:
+    # The worker class, for the type checker only (sc-core's typed calls and mypy plugin);
+    # it defaults to ``Any`` (PEP 696), so a bare ``RayWorkerGroup`` stays valid.
+    from typing_extensions import TypeVar as _TypeVarWithDefault
+
+    W = _TypeVarWithDefault("W", default=Any)
+else:
+    W = TypeVar("W")
+_RWG = TypeVar("_RWG", bound="RayWorkerGroup")
 
 #: Variables the worker group sets for every actor; ``worker_env`` may not set them.
 RESERVED_ENV_VARS = (
@@ -157,7 +167,7 @@ def _start_timeout(given: float | None, fallback: float) -> float:
     return value
 
 
-class RayWorkerGroup(WorkerGroup):
+class RayWorkerGroup(WorkerGroup[W]):
     """A group of Ray actors, one per rank of ``resource_pool``, running ``ray_cls_with_init``.
 
     Every ``@register``-ed method of the worker class becomes a method of the group. Each
@@ -177,7 +187,7 @@ class RayWorkerGroup(WorkerGroup):
     def __init__(
         self,
         resource_pool: RayResourcePool | None = None,
-        ray_cls_with_init: RayClassWithInitArgs | None = None,
+        ray_cls_with_init: RayClassWithInitArgs[W] | None = None,
         bin_pack: bool = True,
         name_prefix: str | None = None,
         detached: bool = False,
@@ -638,7 +648,7 @@ class RayWorkerGroup(WorkerGroup):
         """Whether :meth:`shutdown` was called (on this group or one it shares actors with)."""
         return self._lifecycle.closed
 
-    def __enter__(self) -> RayWorkerGroup:
+    def __enter__(self: _RWG) -> _RWG:
         return self
 
     def __exit__(self, *exc: object) -> None:
