@@ -185,3 +185,21 @@ def test_parallel_layout() -> None:
         ParallelLayout.create(6, 0, tp_size=4)
     with pytest.raises(ConfigError, match="rank 4 is outside world size 4"):
         ParallelLayout.create(4, 4)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("", 600.0), ("30", 30.0), ("abc", "number of seconds"), ("0", "positive")],
+)
+def test_process_group_timeout_from_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str, expected: float | str
+) -> None:
+    from sc_workers import ConfigError
+    from sc_workers.engine._parallel import TIMEOUT_ENV, _process_group_timeout
+
+    monkeypatch.setenv(TIMEOUT_ENV, raw)
+    if isinstance(expected, float):
+        assert _process_group_timeout() == expected
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            _process_group_timeout()

@@ -87,6 +87,20 @@ def resolve_device(requested: str, env: Mapping[str, str] | None = None) -> torc
     return torch.device("cuda", index)
 
 
+def _process_group_timeout() -> float:
+    """Seconds a collective may block, from ``SC_WORKERS_PG_TIMEOUT`` (default 600)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return 600.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ConfigError(f"{TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
+    if not seconds > 0:
+        raise ConfigError(f"{TIMEOUT_ENV} must be positive, got {raw!r}")
+    return seconds
+
+
 def init_distributed(
     world_size: int,
     rank: int,
@@ -111,7 +125,7 @@ def init_distributed(
             )
         return
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "600")))
+    timeout = timedelta(seconds=_process_group_timeout())
     if world_size == 1:
         store = dist.HashStore()  # type: ignore[attr-defined]  # not re-exported in stubs
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
