@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -164,6 +165,43 @@ def _global_count(count: Tensor, group: dist.ProcessGroup) -> float:
     return float(c.item())
 
 
+@dataclass
+class _MiniBatch:
+    """One optimizer step's data: its micro-batches and dp-global normalisers."""
+
+    micro_batches: list[dict[str, Tensor]]
+    denominator: float  # the loss-aggregation denominator over all dp ranks
+    tokens: float  # response tokens over all dp ranks
+
+
+def _mini_batches(
+    engine: Engine,
+    tensors: dict[str, Tensor],
+    config: ActorConfig | CriticConfig,
+    sizes: BatchSizes,
+    seed: int,
+    where: str,
+) -> Iterator[_MiniBatch]:
+    """The mini-batches of every PPO epoch, gradients zeroed before each is yielded."""
+    total = tensors["input_ids"].shape[0]
+    _check_batch(where, total, sizes)
+    group = engine.dp_group
+    engine.train_mode()
+    for order in _orders(total, config.ppo_epochs, config.shuffle, seed):
+        for start in range(0, total, sizes.mini_batch_size):
+            idx = order[start : start + sizes.mini_batch_size]
+            mini = {k: v[idx] for k, v in tensors.items()}
+            mask_all = response_mask_of(mini).float()
+            denominator = _global_count(agg_loss_denominator(mask_all, config.loss_agg_mode), group)
+            tokens = _global_count(mask_all.sum(), group)
+            engine.zero_grad()
+            micros = [
+                {k: v[sl] for k, v in mini.items()}
+                for sl in _micro_slices(sizes.mini_batch_size, sizes.micro_batch_size)
+            ]
+            yield _MiniBatch(micros, denominator, tokens)
+
+
 def update_policy(
     engine: Engine,
     tensors: dict[str, Tensor],
@@ -179,63 +217,52 @@ def update_policy(
     and multiplied by the dp size (FSDP averages gradients over dp), so the update equals
     the one a single process would make on the whole mini-batch.
     """
-    total = tensors["input_ids"].shape[0]
-    _check_batch(where, total, sizes)
-    group = engine.dp_group
-    dp_size = dist.get_world_size(group)
+    dp_size = dist.get_world_size(engine.dp_group)
     mode = config.loss_agg_mode
-    meter = _Meter(group)
-    engine.train_mode()
-    for order in _orders(total, config.ppo_epochs, config.shuffle, seed):
-        for start in range(0, total, sizes.mini_batch_size):
-            idx = order[start : start + sizes.mini_batch_size]
-            mini = {k: v[idx] for k, v in tensors.items()}
-            mask_all = response_mask_of(mini).float()
-            denom = _global_count(agg_loss_denominator(mask_all, mode), group)
-            tokens = _global_count(mask_all.sum(), group)
-            engine.zero_grad()
-            for sl in _micro_slices(sizes.mini_batch_size, sizes.micro_batch_size):
-                micro = {k: v[sl] for k, v in mini.items()}
-                logits = _response_logits(engine, micro, temperature)
-                dev = logits.device
-                mask = response_mask_of(micro).to(dev).float()
-                log_prob = logprobs_from_logits(logits, micro["responses"].to(dev))
-                pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
-                    micro["old_log_probs"].to(dev).float(),
-                    log_prob,
-                    micro["advantages"].to(dev).float(),
-                    mask,
-                    cliprange=config.clip_ratio,
-                    cliprange_low=config.cliprange_low,
-                    cliprange_high=config.cliprange_high,
-                    clip_ratio_c=config.clip_ratio_c,
-                    loss_agg_mode=mode,
-                    denominator=denom,
+    meter = _Meter(engine.dp_group)
+    for mb in _mini_batches(engine, tensors, config, sizes, seed, where):
+        denom, tokens = mb.denominator, mb.tokens
+        for micro in mb.micro_batches:
+            logits = _response_logits(engine, micro, temperature)
+            dev = logits.device
+            mask = response_mask_of(micro).to(dev).float()
+            log_prob = logprobs_from_logits(logits, micro["responses"].to(dev))
+            pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+                micro["old_log_probs"].to(dev).float(),
+                log_prob,
+                micro["advantages"].to(dev).float(),
+                mask,
+                cliprange=config.clip_ratio,
+                cliprange_low=config.cliprange_low,
+                cliprange_high=config.cliprange_high,
+                clip_ratio_c=config.clip_ratio_c,
+                loss_agg_mode=mode,
+                denominator=denom,
+            )
+            loss = pg_loss
+            entropy = agg_loss(entropy_from_logits(logits), mask, mode, denom)
+            if config.entropy_coeff != 0:
+                loss = loss - config.entropy_coeff * entropy
+            if config.use_kl_loss:
+                kld = kl_penalty(
+                    log_prob, micro["ref_log_prob"].to(dev).float(), config.kl_loss_type
                 )
-                loss = pg_loss
-                entropy = agg_loss(entropy_from_logits(logits), mask, mode, denom)
-                if config.entropy_coeff != 0:
-                    loss = loss - config.entropy_coeff * entropy
-                if config.use_kl_loss:
-                    kld = kl_penalty(
-                        log_prob, micro["ref_log_prob"].to(dev).float(), config.kl_loss_type
-                    )
-                    kl_loss = agg_loss(kld, mask, mode, denom)
-                    loss = loss + config.kl_loss_coef * kl_loss
-                    meter.add("actor/kl_loss", kl_loss)
-                torch.autograd.backward(loss * dp_size)
-                n_tok = mask.sum()
-                meter.add("actor/pg_loss", pg_loss)
-                meter.add("actor/entropy", entropy)
-                meter.add("actor/pg_clipfrac", clipfrac * n_tok)
-                meter.add("actor/ppo_kl", ppo_kl * n_tok)
-                meter.add("actor/pg_clipfrac_lower", clipfrac_lower * n_tok)
-            grad_norm = engine.optimizer_step(config.grad_clip)
-            per_token = {
-                k: max(tokens, 1.0)
-                for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
-            }
-            meter.close_step(per_token, {"actor/grad_norm": grad_norm})
+                kl_loss = agg_loss(kld, mask, mode, denom)
+                loss = loss + config.kl_loss_coef * kl_loss
+                meter.add("actor/kl_loss", kl_loss)
+            torch.autograd.backward(loss * dp_size)
+            n_tok = mask.sum()
+            meter.add("actor/pg_loss", pg_loss)
+            meter.add("actor/entropy", entropy)
+            meter.add("actor/pg_clipfrac", clipfrac * n_tok)
+            meter.add("actor/ppo_kl", ppo_kl * n_tok)
+            meter.add("actor/pg_clipfrac_lower", clipfrac_lower * n_tok)
+        grad_norm = engine.optimizer_step(config.grad_clip)
+        per_token = {
+            k: max(tokens, 1.0)
+            for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+        }
+        meter.close_step(per_token, {"actor/grad_norm": grad_norm})
     metrics = meter.result()
     if config.use_kl_loss:
         metrics["actor/kl_coef"] = config.kl_loss_coef
@@ -251,45 +278,32 @@ def update_critic(
     where: str,
 ) -> dict[str, float]:
     """Clipped value-loss epochs over mini-batches (same normalisation as the actor)."""
-    total = tensors["input_ids"].shape[0]
-    _check_batch(where, total, sizes)
-    group = engine.dp_group
-    dp_size = dist.get_world_size(group)
+    dp_size = dist.get_world_size(engine.dp_group)
     mode = config.loss_agg_mode
-    meter = _Meter(group)
-    engine.train_mode()
-    for order in _orders(total, config.ppo_epochs, config.shuffle, seed):
-        for start in range(0, total, sizes.mini_batch_size):
-            idx = order[start : start + sizes.mini_batch_size]
-            mini = {k: v[idx] for k, v in tensors.items()}
-            mask_all = response_mask_of(mini).float()
-            denom = _global_count(agg_loss_denominator(mask_all, mode), group)
-            tokens = _global_count(mask_all.sum(), group)
-            engine.zero_grad()
-            for sl in _micro_slices(sizes.mini_batch_size, sizes.micro_batch_size):
-                micro = {k: v[sl] for k, v in mini.items()}
-                out = engine.forward(
-                    micro["input_ids"], micro["attention_mask"], micro["position_ids"]
-                )
-                length = micro["responses"].shape[1]
-                vpreds = out[:, -length - 1 : -1].float()
-                dev = vpreds.device
-                mask = response_mask_of(micro).to(dev).float()
-                vf_loss, vf_clipfrac = compute_value_loss(
-                    vpreds,
-                    micro["returns"].to(dev).float(),
-                    micro["values"].to(dev).float(),
-                    mask,
-                    config.cliprange_value,
-                    mode,
-                    denom,
-                )
-                torch.autograd.backward(vf_loss * dp_size)
-                n_tok = mask.sum()
-                meter.add("critic/vf_loss", vf_loss)
-                meter.add("critic/vf_clipfrac", vf_clipfrac * n_tok)
-                meter.add("critic/vpred_mean", (vpreds.detach() * mask).sum())
-            grad_norm = engine.optimizer_step(config.grad_clip)
-            per_token = {k: max(tokens, 1.0) for k in ("critic/vf_clipfrac", "critic/vpred_mean")}
-            meter.close_step(per_token, {"critic/grad_norm": grad_norm})
+    meter = _Meter(engine.dp_group)
+    for mb in _mini_batches(engine, tensors, config, sizes, seed, where):
+        denom, tokens = mb.denominator, mb.tokens
+        for micro in mb.micro_batches:
+            out = engine.forward(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
+            length = micro["responses"].shape[1]
+            vpreds = out[:, -length - 1 : -1].float()
+            dev = vpreds.device
+            mask = response_mask_of(micro).to(dev).float()
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds,
+                micro["returns"].to(dev).float(),
+                micro["values"].to(dev).float(),
+                mask,
+                config.cliprange_value,
+                mode,
+                denom,
+            )
+            torch.autograd.backward(vf_loss * dp_size)
+            n_tok = mask.sum()
+            meter.add("critic/vf_loss", vf_loss)
+            meter.add("critic/vf_clipfrac", vf_clipfrac * n_tok)
+            meter.add("critic/vpred_mean", (vpreds.detach() * mask).sum())
+        grad_norm = engine.optimizer_step(config.grad_clip)
+        per_token = {k: max(tokens, 1.0) for k in ("critic/vf_clipfrac", "critic/vpred_mean")}
+        meter.close_step(per_token, {"critic/grad_norm": grad_norm})
     return meter.result()
