@@ -147,3 +147,4 @@ def bench(session: nox.Session) -> None:
                 os.path.join(out, f"{name}.json"),
                 *session.posargs,
             )
+    session.run("python", os.path.join("integration", "benchmarks", "report.py"), "--results", out)

@@ -7,12 +7,18 @@ Measured in one run, reported as ratios (baseline time / sc-protocol time):
 * the baseline: ``torch.save`` of the same tensors and columns into a ``BytesIO``, then
   ``torch.load`` from it;
 * ``chunk(8)`` (views) and ``DataProto.concat`` of the 8 chunks, against ``torch.cat`` of the
-  same tensors.
+  same tensors;
+* row and column operations on the first ``--ops-mib`` (128) MiB of rows: ``select`` of two
+  columns and ``union`` of two such halves (metadata only: absolute times), indexing with a
+  permutation of half of the rows against ``index_select`` of each tensor (and numpy
+  indexing of the object column), and ``repeat(2)`` against ``repeat_interleave`` of each
+  tensor (and ``np.repeat``).
 
 Peak extra memory is the larger of the RSS peak (sampled every millisecond in a separate
 pass) and the tracemalloc peak, minus the memory held before the operation.
 
     uv run python integration/benchmarks/bench_protocol.py --size-mib 1024
+    uv run python integration/benchmarks/bench_protocol.py --quick --out /tmp/protocol.json
 """
 
 from __future__ import annotations
@@ -149,6 +155,55 @@ def peak_extra_memory(fn: Callable[[], Any]) -> int:
     return max(peak[0] - base, traced_peak)
 
 
+def bench_ops(dp: DataProto, ops_mib: int, repeats: int) -> dict[str, float]:
+    """select / union (metadata), and index / repeat (copies) against plain torch and numpy."""
+    assert dp.batch is not None
+    keys = list(dp.batch.keys())
+    left, right = keys[: len(keys) // 2], keys[len(keys) // 2 :]
+    select_s = median_time(lambda: dp.select(left, []), 200)
+    union_s = median_time(lambda: dp.select(left, []).union(dp.select(right)), 200)
+
+    rows = min(len(dp), max(8, ops_mib * 2**20 // ROW_BYTES))
+    sub = dp.slice(0, rows)
+    assert sub.batch is not None
+    tensors = {k: sub.batch[k] for k in keys}
+    uid = sub.non_tensor_batch["uid"]
+    perm = np.random.default_rng(0).permutation(rows)[: rows // 2]
+    perm_t = torch.from_numpy(perm)
+
+    def torch_index() -> Any:
+        return {k: t.index_select(0, perm_t) for k, t in tensors.items()}, uid[perm]
+
+    def torch_repeat() -> Any:
+        return {k: t.repeat_interleave(2, dim=0) for k, t in tensors.items()}, np.repeat(uid, 2)
+
+    times = best_times(
+        {
+            "index": lambda: sub[perm],
+            "torch_index_select": torch_index,
+            "repeat2": lambda: sub.repeat(2, interleave=True),
+            "torch_repeat_interleave2": torch_repeat,
+        },
+        max(3, repeats),
+    )
+    indexed = sub[perm]
+    assert indexed.batch is not None
+    assert all(torch.equal(indexed.batch[k], tensors[k][perm_t]) for k in keys)
+    return {
+        "ops_rows": float(rows),
+        "ops_bytes": float(sum(t.numel() * t.element_size() for t in tensors.values())),
+        "select2_s": select_s,
+        "select2_union_s": union_s,
+        **{f"{name}_s": seconds for name, seconds in times.items()},
+        "index_over_torch": times["index"] / times["torch_index_select"],
+        "repeat2_over_torch": times["repeat2"] / times["torch_repeat_interleave2"],
+    }
+
+
+def _memory_gib() -> float:
+    return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -158,12 +213,20 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per round trip")
     parser.add_argument(
+        "--ops-mib", type=int, default=128, help="rows used by index/repeat (default 128 MiB)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 32 MiB, one repeat (figures mean nothing)"
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("integration/benchmarks/results/protocol.json"),
         help="where to write the JSON results",
     )
     args = parser.parse_args()
+    if args.quick:
+        args.size_mib, args.repeats, args.ops_mib = min(args.size_mib, 32), 1, 8
     torch.set_num_threads(max(1, os.cpu_count() or 1))
 
     dp = make_batch(args.size_mib)
@@ -200,6 +263,8 @@ def main() -> None:
     assert dp.batch is not None
     assert all(torch.equal(joined.batch[k], dp.batch[k]) for k in keys)
 
+    ops = bench_ops(dp, args.ops_mib, args.repeats)
+
     base = times["torch_save_roundtrip"]
     ratios = {
         "pickle5_buffer_callback_speedup": base / times["pickle5_buffer_callback"],
@@ -209,6 +274,8 @@ def main() -> None:
         / nbytes,
         "torch_save_peak_memory_over_batch": memory["torch_save_roundtrip"] / nbytes,
         "concat_over_torch_cat": concat_s / torch_cat_s,
+        "index_over_torch_index_select": ops["index_over_torch"],
+        "repeat2_over_torch_repeat_interleave": ops["repeat2_over_torch"],
     }
     print()
     print(f"{'operation':<34}{'seconds':>12}{'vs torch.save':>16}")
@@ -224,6 +291,17 @@ def main() -> None:
         f"concat of 8 chunks: {concat_s:.4f} s, torch.cat of the same tensors: {torch_cat_s:.4f} s "
         f"({ratios['concat_over_torch_cat']:.2f}x)"
     )
+    print(
+        f"select(2 of {len(keys)} columns): {ops['select2_s'] * 1e6:.1f} us; two selects + "
+        f"union: {ops['select2_union_s'] * 1e6:.1f} us (medians of 200)"
+    )
+    mib_ops = ops["ops_bytes"] / 2**20
+    print(
+        f"on {mib_ops:.0f} MiB: dp[perm of half the rows] {ops['index_s']:.4f} s, "
+        f"index_select {ops['torch_index_select_s']:.4f} s ({ops['index_over_torch']:.2f}x); "
+        f"repeat(2) {ops['repeat2_s']:.4f} s, repeat_interleave "
+        f"{ops['torch_repeat_interleave2_s']:.4f} s ({ops['repeat2_over_torch']:.2f}x)"
+    )
 
     result = {
         "benchmark": "sc-protocol",
@@ -233,10 +311,15 @@ def main() -> None:
             "platform": platform.platform(),
             "python": platform.python_version(),
             "torch": torch.__version__,
+            "gpus": torch.cuda.device_count(),
+            "memory_gib": _memory_gib(),
+            "loadavg_at_end": list(os.getloadavg()),
         },
         "rows": len(dp),
         "batch_bytes": nbytes,
+        "quick": args.quick,
         "seconds": {**times, "chunk8": chunk_s, "concat8": concat_s, "torch_cat8": torch_cat_s},
+        "ops": ops,
         "peak_extra_memory_bytes": memory,
         "ratios": ratios,
     }

@@ -1,23 +1,34 @@
 """sc-ray benchmarks: ratios against plain Ray measured in the same run.
 
     uv run python integration/benchmarks/bench_ray.py --out integration/benchmarks/results/ray.json
+    uv run python integration/benchmarks/bench_ray.py --quick --out /tmp/ray.json   # smoke run
 
-Measures, on a local cluster started here:
+Measures, on one local cluster started here (8 logical CPUs), every baseline on bare Ray
+actors of the same cluster:
 
-* ``noop``: a no-op ``ONE_TO_ALL`` call on 8 workers vs ``ray.get([a.noop.remote() ...])``
-  on 8 bare actors (median latency; target ratio <= 1.3);
-* ``dp_proto``: ``DP_COMPUTE_PROTO`` of a DataProto to 4 workers returning the same size, vs
-  plain Ray with numpy shards (target >= 0.7x its throughput) and vs the same trip with
-  ``torch.save`` / ``torch.load`` serialization (target >= 5x);
-* ``chain``: two chained non-blocking calls; bytes the driver fetched (target < 1 MiB);
-* ``startup``: 8 workers importing torch vs 8 bare actors importing torch (target <= 1.3).
+* ``noop_sweep``: a no-op ``ONE_TO_ALL`` call on 1, 2, 4 and 8 workers (``--workers``) vs
+  ``ray.get([a.noop.remote() ...])`` on as many bare actors (median latency; target ratio
+  <= 1.3 on 8 workers, reported as ``noop``);
+* ``dp_proto_sweep``: ``DP_COMPUTE_PROTO`` of a DataProto of 16, 64, 256 and 512 MiB
+  (``--sizes-mib``) to 4 workers returning the same size, vs plain Ray with numpy shards
+  (target >= 0.7x its throughput at 512 MiB) and vs the same trip with ``torch.save`` /
+  ``torch.load`` serialization (target >= 5x); the largest size is reported as ``dp_proto``;
+* ``chain``: two chained non-blocking calls over ``--chain-mib`` (256), from the 4 workers
+  above to 3 others (a reshard); bytes the driver fetched and put, from the call spans
+  (target: fetched < 1 MiB);
+* ``startup``: 8 workers importing torch vs 8 bare actors importing torch, ``--startup-rounds``
+  (2) of each in ABBA order, mean times (target <= 1.3).
 
-``--mib`` sets the DataProto size (default 512), ``--chain-mib`` the chain's (default 256).
+The candidates take turns within each repeat, so that drift in the load of a shared machine
+hits them alike. ``--quick`` is a smoke run with tiny sizes and few repeats (about a minute);
+its figures mean nothing. ``integration/benchmarks/report.py`` prints the combined table and
+draws the plot from the JSON files.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import io
 import json
 import os
@@ -25,6 +36,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +50,12 @@ from sc_core import SpanRecorder, Worker
 from sc_dispatch import Dispatch, register
 from sc_protocol import DataProto
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from sc_ray import _ray_api as rapi
+
+CLUSTER_CPUS = 8
+# Every actor, bare or sc-ray, asks for the same small CPU share, so that 8 workers and 8
+# bare actors fit on the 8-CPU cluster together and neither side is scheduled differently.
+ACTOR_CPUS = 0.1
+WIDTH = 32768  # float32 columns: 128 KiB per row
 
 
 class NoopWorker(Worker):
@@ -47,7 +64,7 @@ class NoopWorker(Worker):
         return None
 
 
-@ray.remote(num_cpus=0.1)
+@ray.remote(num_cpus=ACTOR_CPUS)
 class BareNoop:
     def noop(self) -> None:
         return None
@@ -67,7 +84,7 @@ class ProtoWorker(Worker):
         return data
 
 
-@ray.remote(num_cpus=0.1)
+@ray.remote(num_cpus=ACTOR_CPUS)
 class BareArray:
     def echo(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -91,7 +108,7 @@ class TorchWorker(Worker):
         return self.rank
 
 
-@ray.remote(num_cpus=0.1)
+@ray.remote(num_cpus=ACTOR_CPUS)
 class BareTorch:
     def __init__(self) -> None:
         import torch as _torch
@@ -102,41 +119,81 @@ class BareTorch:
         return 0
 
 
-def _median_time(fn: Any, repeat: int) -> float:
-    times = []
+def _group(cls: type, n: int) -> RayWorkerGroup:
+    pool = RayResourcePool([n], use_gpu=False, num_cpus_per_process=ACTOR_CPUS)
+    return RayWorkerGroup(pool, RayClassWithInitArgs(cls))
+
+
+def _median_times(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Median wall time of each function; the functions take turns."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
-def bench_noop(repeat: int) -> dict[str, float]:
-    bare = [BareNoop.remote() for _ in range(8)]
+def bench_noop(workers: list[int], repeat: int) -> list[dict[str, float]]:
+    bare = [BareNoop.remote() for _ in range(max(workers))]
     ray.get([a.noop.remote() for a in bare])
-    with RayWorkerGroup(
-        RayResourcePool([8], use_gpu=False), RayClassWithInitArgs(NoopWorker)
-    ) as wg:
-        for _ in range(20):
-            wg.noop()
-            ray.get([a.noop.remote() for a in bare])
-        raw = _median_time(lambda: ray.get([a.noop.remote() for a in bare]), repeat)
-        ours = _median_time(wg.noop, repeat)
-    for a in bare:
-        ray.kill(a)
-    return {"raw_ray_s": raw, "sc_ray_s": ours, "ratio": ours / raw, "target_max": 1.3}
+    rows = []
+    try:
+        for n in workers:
+            actors = bare[:n]
+
+            def raw(actors: list[Any] = actors) -> None:
+                ray.get([a.noop.remote() for a in actors])
+
+            with _group(NoopWorker, n) as wg:
+                _median_times({"raw": raw, "ours": wg.noop}, 20)  # warm-up
+                t = _median_times({"raw": raw, "ours": wg.noop}, repeat)
+            row = {
+                "workers": float(n),
+                "raw_ray_s": t["raw"],
+                "sc_ray_s": t["ours"],
+                "ratio": t["ours"] / t["raw"],
+                "target_max": 1.3,
+            }
+            print(f"noop x{n}: {row}", flush=True)
+            rows.append(row)
+    finally:
+        for a in bare:
+            ray.kill(a)
+    return rows
 
 
-def bench_dp_proto(mib: int, repeat: int) -> dict[str, float]:
-    width = 32768  # float32 columns: 128 KiB per row
-    rows = max(4, mib * 1024 * 1024 // (width * 4))
-    rows -= rows % 4
-    tensor = torch.rand(rows, width)
+def _rows_for(mib: float, multiple: int) -> int:
+    rows = max(multiple, int(mib * 2**20) // (WIDTH * 4))
+    return rows - rows % multiple
+
+
+def bench_dp_proto(
+    wg: RayWorkerGroup, sizes_mib: list[float], repeat: int, max_repeat: int
+) -> list[dict[str, float]]:
+    bare = [BareArray.remote() for _ in range(4)]
+    ray.get([a.echo.remote(np.zeros(1)) for a in bare])
+    results = []
+    try:
+        wg.echo(DataProto.from_dict({"x": torch.zeros(4, 2)}))
+        for mib in sizes_mib:
+            results.append(_dp_proto_one(wg, bare, mib, repeat, max_repeat))
+            print(f"dp_proto {mib:g} MiB: {results[-1]}", flush=True)
+    finally:
+        for a in bare:
+            ray.kill(a)
+    return results
+
+
+def _dp_proto_one(
+    wg: RayWorkerGroup, bare: list[Any], mib: float, repeat: int, max_repeat: int
+) -> dict[str, float]:
+    rows = _rows_for(mib, 4)
+    tensor = torch.rand(rows, WIDTH)
     nbytes = tensor.numel() * 4
     data = DataProto.from_dict({"x": tensor})
     array = tensor.numpy()
-    bare = [BareArray.remote() for _ in range(4)]
-    ray.get([a.echo.remote(np.zeros(1)) for a in bare])
 
     def raw_numpy() -> None:
         shards = np.array_split(array, 4)
@@ -156,125 +213,246 @@ def bench_dp_proto(mib: int, repeat: int) -> dict[str, float]:
         if out.shape != tensor.shape:
             raise RuntimeError("torch.save trip lost rows")
 
-    with RayWorkerGroup(
-        RayResourcePool([4], use_gpu=False), RayClassWithInitArgs(ProtoWorker)
-    ) as wg:
-        wg.echo(DataProto.from_dict({"x": torch.zeros(4, 2)}))
+    def ours() -> None:
+        out = wg.echo(data)
+        if len(out) != rows:
+            raise RuntimeError("sc-ray trip lost rows")
 
-        def ours() -> None:
-            out = wg.echo(data)
-            if len(out) != rows:
-                raise RuntimeError("sc-ray trip lost rows")
-
-        ours()
-        raw_numpy()
-        torch_save()
-        t_raw = _median_time(raw_numpy, repeat)
-        t_ours = _median_time(ours, repeat)
-        t_save = _median_time(torch_save, max(1, repeat - 1))
-    for a in bare:
-        ray.kill(a)
+    fns = {"raw": raw_numpy, "ours": ours, "save": torch_save}
+    for fn in fns.values():  # warm-up: first touch of the object store at this size
+        fn()
+    # Small sizes are quick and noisier: more repeats (3 at 512 MiB, up to max_repeat).
+    n = max(repeat, min(max_repeat, int(repeat * 512 // max(mib, 1))))
+    t = _median_times(fns, n)
     gib = nbytes / 2**30
     return {
         "mib": nbytes / 2**20,
-        "raw_numpy_gib_s": gib / t_raw,
-        "sc_ray_gib_s": gib / t_ours,
-        "torch_save_gib_s": gib / t_save,
-        "ratio_vs_raw_numpy": t_raw / t_ours,
-        "ratio_vs_torch_save": t_save / t_ours,
+        "repeats": float(n),
+        "raw_numpy_s": t["raw"],
+        "sc_ray_s": t["ours"],
+        "torch_save_s": t["save"],
+        "raw_numpy_gib_s": gib / t["raw"],
+        "sc_ray_gib_s": gib / t["ours"],
+        "torch_save_gib_s": gib / t["save"],
+        "ratio_vs_raw_numpy": t["raw"] / t["ours"],
+        "ratio_vs_torch_save": t["save"] / t["ours"],
         "target_min_vs_raw_numpy": 0.7,
         "target_min_vs_torch_save": 5.0,
     }
 
 
-def bench_chain(mib: int) -> dict[str, float]:
-    width = 32768
-    rows = max(6, mib * 1024 * 1024 // (width * 4))
-    data = DataProto.from_dict({"x": torch.rand(rows, width)})
-    with (
-        RayWorkerGroup(
-            RayResourcePool([2], use_gpu=False), RayClassWithInitArgs(ProtoWorker)
-        ) as producer,
-        RayWorkerGroup(
-            RayResourcePool([3], use_gpu=False), RayClassWithInitArgs(ProtoWorker)
-        ) as consumer,
-    ):
+def bench_chain(producer: RayWorkerGroup, mib: float) -> dict[str, Any]:
+    """The 4-rank group of the round trips produces, a 3-rank group consumes (a reshard)."""
+    rows = _rows_for(mib, 12)
+    data = DataProto.from_dict({"x": torch.rand(rows, WIDTH)})
+    with _group(ProtoWorker, 3) as consumer:
         with SpanRecorder() as rec:
             first = producer.produce(data)
             second = consumer.consume(first)
             rows_out = len(second)  # row counts only: a few bytes of metadata
-        fetched = sum(s.bytes_fetched for s in rec.spans)
-        put = sum(s.bytes_put for s in rec.spans)
+        spans: list[dict[str, Any]] = [
+            {
+                "call": f"{s.method} ({'non-blocking' if not s.blocking else 'blocking'})",
+                "ranks": float(len(s.ranks)),
+                "bytes_put": float(s.bytes_put),
+                "bytes_fetched": float(s.bytes_fetched),
+            }
+            for s in rec.spans
+        ]
         if rows_out != rows:
             raise RuntimeError("chain lost rows")
         del first, second
-    return {
-        "mib": rows * width * 4 / 2**20,
-        "bytes_fetched_by_driver": float(fetched),
-        "bytes_put_by_driver": float(put),
+    result: dict[str, Any] = {
+        "mib": rows * WIDTH * 4 / 2**20,
+        "bytes_fetched_by_driver": float(sum(s.bytes_fetched for s in rec.spans)),
+        "bytes_put_by_driver": float(sum(s.bytes_put for s in rec.spans)),
         "target_max_fetched_bytes": float(2**20),
+        "spans": spans,
     }
+    print(f"chain: {result}", flush=True)
+    return result
 
 
-def bench_startup() -> dict[str, float]:
+def _start_bare(n: int) -> float:
     start = time.perf_counter()
-    bare = [BareTorch.remote() for _ in range(8)]
+    bare = [BareTorch.remote() for _ in range(n)]
     ray.get([a.ping.remote() for a in bare])
-    t_bare = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
     for a in bare:
         ray.kill(a)
-    time.sleep(2)
+    return elapsed
+
+
+def _start_group(n: int) -> float:
     start = time.perf_counter()
-    with RayWorkerGroup(
-        RayResourcePool([8], use_gpu=False), RayClassWithInitArgs(TorchWorker)
-    ) as wg:
+    with _group(TorchWorker, n) as wg:
         wg.ping()
-        t_ours = time.perf_counter() - start
-    return {
+        elapsed = time.perf_counter() - start
+    return elapsed
+
+
+def bench_startup(n: int, rounds: int) -> dict[str, Any]:
+    """Start-up times in ABBA order (bare, sc-ray, sc-ray, bare, ...): the first start on a
+    fresh cluster finds worker processes Ray started ahead, and the load drifts; alternating
+    the order and averaging cancels both to first order."""
+    bare: list[float] = []
+    ours: list[float] = []
+    for i in range(rounds):
+        steps = [(bare, _start_bare), (ours, _start_group)]
+        for samples, fn in steps if i % 2 == 0 else steps[::-1]:
+            samples.append(fn(n))
+            time.sleep(2)  # let the killed actors' processes exit
+    t_bare, t_ours = statistics.mean(bare), statistics.mean(ours)
+    result = {
+        "workers": float(n),
+        "rounds": float(rounds),
         "bare_actors_s": t_bare,
         "sc_ray_s": t_ours,
         "ratio": t_ours / t_bare,
         "target_max": 1.3,
+        "bare_actors_samples_s": bare,
+        "sc_ray_samples_s": ours,
     }
+    print(f"startup: {result}", flush=True)
+    return result
+
+
+def _ok(flag: bool) -> str:
+    return "met" if flag else "NOT MET"
+
+
+def print_table(results: dict[str, Any]) -> None:
+    """Human-readable summary; ratios are against the baseline of the same run."""
+    lines = [f"{'measurement':<52}{'sc-ray':>14}{'baseline':>14}{'ratio':>9}  goal"]
+    for row in results.get("noop_sweep", []):
+        lines.append(
+            f"{'no-op ONE_TO_ALL, ' + str(int(row['workers'])) + ' workers (ms)':<52}"
+            f"{row['sc_ray_s'] * 1e3:>14.3f}{row['raw_ray_s'] * 1e3:>14.3f}"
+            f"{row['ratio']:>8.2f}x  <= 1.3x time"
+            + (f" ({_ok(row['ratio'] <= 1.3)})" if row["workers"] == 8 else "")
+        )
+    for row in results.get("dp_proto_sweep", []):
+        label = f"DP_COMPUTE_PROTO {row['mib']:.0f} MiB x4 (GiB/s)"
+        big = row["mib"] >= 512
+        lines.append(
+            f"{label + ' vs numpy':<52}{row['sc_ray_gib_s']:>14.3f}{row['raw_numpy_gib_s']:>14.3f}"
+            f"{row['ratio_vs_raw_numpy']:>8.2f}x  >= 0.7x throughput"
+            + (f" ({_ok(row['ratio_vs_raw_numpy'] >= 0.7)})" if big else "")
+        )
+        lines.append(
+            f"{label + ' vs torch.save':<52}{row['sc_ray_gib_s']:>14.3f}"
+            f"{row['torch_save_gib_s']:>14.3f}{row['ratio_vs_torch_save']:>8.2f}x  >= 5x"
+            + (f" ({_ok(row['ratio_vs_torch_save'] >= 5)})" if big else "")
+        )
+    if "chain" in results:
+        c = results["chain"]
+        lines.append(
+            f"{'chain of 2 non-blocking calls, ' + format(c['mib'], '.0f') + ' MiB (bytes)':<52}"
+            f"{c['bytes_fetched_by_driver']:>14.0f}{'':>14}{'':>9}  fetched < 1 MiB "
+            f"({_ok(c['bytes_fetched_by_driver'] < 2**20)}; put {c['bytes_put_by_driver']:.0f})"
+        )
+    if "startup" in results:
+        s = results["startup"]
+        lines.append(
+            f"{'start-up, ' + str(int(s['workers'])) + ' workers importing torch (s)':<52}"
+            f"{s['sc_ray_s']:>14.2f}{s['bare_actors_s']:>14.2f}{s['ratio']:>8.2f}x  <= 1.3x "
+            + (f"({_ok(s['ratio'] <= 1.3)})" if s["workers"] == 8 else "")
+        )
+    print("\n" + "\n".join(lines), flush=True)
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _memory_gib() -> float:
+    return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("integration/benchmarks/results/ray.json"))
-    parser.add_argument("--mib", type=int, default=512)
-    parser.add_argument("--chain-mib", type=int, default=256)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--noop-repeat", type=int, default=200)
+    parser.add_argument("--workers", type=_int_list, default=None, help="no-op sweep: 1,2,4,8")
+    parser.add_argument(
+        "--sizes-mib", type=_float_list, default=None, help="DP_COMPUTE_PROTO sweep: 16,64,256,512"
+    )
+    parser.add_argument("--mib", type=float, default=None, help="one size (old flag: --sizes-mib)")
+    parser.add_argument("--chain-mib", type=float, default=None, help="chain size (256)")
+    parser.add_argument("--startup-workers", type=int, default=None, help="start-up: 8 workers")
+    parser.add_argument(
+        "--startup-rounds", type=int, default=None, help="start-ups of each kind, ABBA (2)"
+    )
+    parser.add_argument("--repeat", type=int, default=None, help="DataProto repeats at 512 MiB")
+    parser.add_argument("--noop-repeat", type=int, default=None, help="no-op calls timed (200)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, few repeats")
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["noop", "dp_proto", "chain", "startup"]
     )
     args = parser.parse_args(argv)
-    store = max(2 * 2**30, 5 * args.mib * 2**20)
-    rapi.init_local(num_cpus=16, object_store_memory=store)
+    q = args.quick
+    workers = sorted(set(args.workers or ([1, 2] if q else [1, 2, 4, 8])))
+    sizes = sorted(
+        set(args.sizes_mib or ([args.mib] if args.mib else ([1, 4] if q else [16, 64, 256, 512])))
+    )
+    chain_mib = args.chain_mib or (4 if q else 256)
+    startup_workers = args.startup_workers or (2 if q else 8)
+    startup_rounds = args.startup_rounds or (1 if q else 2)
+    repeat = args.repeat or (1 if q else 3)
+    noop_repeat = args.noop_repeat or (20 if q else 200)
+    if min(workers) < 1 or max(workers) > CLUSTER_CPUS or min(sizes) <= 0:
+        parser.error(f"workers must be in 1..{CLUSTER_CPUS} and sizes positive")
+
+    store = max(2 * 2**30, int(5 * max([*sizes, chain_mib]) * 2**20))
     results: dict[str, Any] = {
+        "benchmark": "sc-ray",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "quick": q,
         "machine": {
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "ray": ray.__version__,
             "torch": torch.__version__,
-        }
+            "gpus": torch.cuda.device_count(),
+            "memory_gib": _memory_gib(),
+            "loadavg_at_start": list(os.getloadavg()),
+        },
+        "cluster": {"num_cpus": CLUSTER_CPUS, "object_store_bytes": store},
     }
+    ray.init(
+        address="local",
+        num_cpus=CLUSTER_CPUS,
+        include_dashboard=False,
+        object_store_memory=store,
+        log_to_driver=False,
+    )
+    t0 = time.perf_counter()
     try:
         if "startup" not in args.skip:
-            results["startup"] = bench_startup()
-            print("startup", results["startup"], flush=True)
+            results["startup"] = bench_startup(startup_workers, startup_rounds)
         if "noop" not in args.skip:
-            results["noop"] = bench_noop(args.noop_repeat)
-            print("noop", results["noop"], flush=True)
-        if "dp_proto" not in args.skip:
-            results["dp_proto"] = bench_dp_proto(args.mib, args.repeat)
-            print("dp_proto", results["dp_proto"], flush=True)
-        if "chain" not in args.skip:
-            results["chain"] = bench_chain(args.chain_mib)
-            print("chain", results["chain"], flush=True)
+            results["noop_sweep"] = bench_noop(workers, noop_repeat)
+            results["noop"] = results["noop_sweep"][-1]
+        if "dp_proto" not in args.skip or "chain" not in args.skip:
+            with _group(ProtoWorker, 4) as proto_wg:
+                if "dp_proto" not in args.skip:
+                    sweep = bench_dp_proto(proto_wg, sizes, repeat, 3 if q else 15)
+                    results["dp_proto_sweep"] = sweep
+                    results["dp_proto"] = sweep[-1]
+                if "chain" not in args.skip:
+                    results["chain"] = bench_chain(proto_wg, chain_mib)
+        print(f"measured in {time.perf_counter() - t0:.0f} s", flush=True)
     finally:
-        rapi.shutdown()
+        ray.shutdown()
+    results["wall_s"] = time.perf_counter() - t0
+    results["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
