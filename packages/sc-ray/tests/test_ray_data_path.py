@@ -4,6 +4,7 @@ Local cluster: 8 CPUs."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,6 +75,18 @@ class Consumer(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def total(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"s": _col(data, "y").sum(dim=1)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def mapping_of(self, data: DataProto) -> list[str]:
+        # Which memory mapping of this process holds the received tensor's bytes.
+        address = _col(data, "x").data_ptr()
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                start, end = (int(a, 16) for a in fields[0].split("-"))
+                if start <= address < end:
+                    return [fields[5].strip() if len(fields) == 6 else "[anonymous]"]
+        return ["[not mapped]"]
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +189,17 @@ def test_future_of_a_failed_call_raises_worker_error(
         future.get()
     assert info.value.method == "broken"
     assert info.value.error_type == "KeyError"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_worker_reads_tensors_in_place_from_the_object_store(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    # Shards large enough for Ray's shared-memory object store (small objects are inlined).
+    _, consumer = groups
+    data = DataProto.from_dict({"x": torch.ones(2 * 64 * 1024, 8)})
+    mappings = consumer.mapping_of(data)
+    assert len(mappings) == 2
+    # The tensor aliases the store's shared file mapping: no copy into private memory.
+    for name in mappings:
+        assert name.startswith("/dev/shm") or "plasma" in name, mappings
