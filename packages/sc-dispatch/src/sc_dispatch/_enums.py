@@ -101,6 +101,7 @@ class DynamicEnum(metaclass=_DynamicEnumMeta):
         if member is None:
             raise UnknownDispatchModeError(f"{cls.__name__}.remove: no member {name!r}")
         delattr(cls, name)
+        # The registry holds the members of exactly ``cls``, typed as the base class.
         return member  # type: ignore[return-value]
 
     @classmethod
@@ -111,7 +112,7 @@ class DynamicEnum(metaclass=_DynamicEnumMeta):
             raise UnknownDispatchModeError(
                 f"{cls.__name__} has no member {name!r}; known: {sorted(cls._registry)}"
             )
-        return member  # type: ignore[return-value]
+        return member  # type: ignore[return-value]  # a member of ``cls``, as above
 
 
 class Dispatch(DynamicEnum):

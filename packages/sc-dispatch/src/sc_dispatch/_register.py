@@ -51,7 +51,10 @@ def materialize(
 
 # The overloads tell the type checker what a call through a worker group returns (see
 # ``_typed``); they only apply when ``execute_mode`` is left at its default. At run time
-# every variant returns the decorated function with its settings attached.
+# every variant returns the decorated function with its settings attached. The marker
+# types (``CollectsList``...) are NewTypes of ``Dispatch``, so mypy reports the overloads as
+# overlapping ([overload-overlap]); they are ordered narrowest first on purpose.
+# ``unused-ignore`` keeps the comment valid for checkers that do not report the overlap.
 
 
 @overload

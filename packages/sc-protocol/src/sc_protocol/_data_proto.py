@@ -1062,7 +1062,7 @@ class DataProto:
         # The loader batches row indices; each mini-batch is one select_idxs (not one
         # DataProtoItem per row, stacked again).
         loader: DataLoader[Any] = DataLoader(
-            dataset=range(n),  # type: ignore[arg-type]
+            dataset=range(n),  # type: ignore[arg-type]  # a Sequence works; stubs want Dataset
             batch_size=mini_batch_size,
             collate_fn=_SelectRows(self),
             generator=generator,

@@ -10,21 +10,22 @@ mode joins the per-rank futures with :class:`RayFuture`'s shard adapter into one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import Any
 
 from sc_core import WorkerDiedError, WorkerError
 from sc_dispatch import register_future_type, register_shardable
 
 from . import _ray_api as rapi
+from ._nbytes import is_data_proto
 
 __all__ = ["RayFuture", "resolve_refs", "row_meta"]
 
 
 def row_meta(value: object) -> int | None:
     """The metadata a worker returns with a non-blocking result: a DataProto's row count."""
-    if type(value).__name__ == "DataProto" and type(value).__module__.startswith("sc_protocol"):
-        return len(value)  # type: ignore[arg-type]
+    if is_data_proto(value) and isinstance(value, Sized):
+        return len(value)
     return None
 
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["estimate_nbytes", "is_bulk"]
+__all__ = ["estimate_nbytes", "is_bulk", "is_data_proto"]
 
 _BULK_MODULES = ("sc_protocol", "torch", "numpy", "tensordict")
 #: Plain bytes objects at least this large are put into the object store once per call.
 INLINE_LIMIT = 100 * 1024
+
+
+def is_data_proto(obj: object) -> bool:
+    """Whether ``obj`` is an sc-protocol DataProto, told without importing sc-protocol."""
+    kind = type(obj)
+    return kind.__name__ == "DataProto" and kind.__module__.startswith("sc_protocol")
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -28,8 +34,7 @@ def estimate_nbytes(obj: object, _depth: int = 0) -> int:
         return 0
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return len(obj)
-    kind = type(obj)
-    if kind.__name__ == "DataProto" and kind.__module__.startswith("sc_protocol"):
+    if is_data_proto(obj):
         total = 0
         batch = getattr(obj, "batch", None)
         if batch is not None:
@@ -42,7 +47,7 @@ def estimate_nbytes(obj: object, _depth: int = 0) -> int:
         if isinstance(extra, Mapping):
             total += sum(estimate_nbytes(v, _depth + 1) for v in extra.values())
         return total
-    if kind.__module__.startswith(("torch", "numpy")):
+    if type(obj).__module__.startswith(("torch", "numpy")):
         return _tensor_bytes(obj)
     if isinstance(obj, (list, tuple)):
         return sum(estimate_nbytes(v, _depth + 1) for v in obj[:1000])

@@ -89,7 +89,6 @@ class ActorRolloutRefWorker(WorkerBase):
         self.actor_engine: Engine | None = None
         self.ref_engine: Engine | None = None
         self._generator: torch.Generator | None = None
-        self._update_steps = 0
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -278,14 +277,12 @@ class ActorRolloutRefWorker(WorkerBase):
         sizes = self.actor_batch_sizes
         if sizes is None:  # pragma: no cover - set in __init__ for every actor role
             raise NotInitializedError(f"{where}: no batch sizes")
-        seed = cfg.data_loader_seed * 1_000_003 + self._update_steps
-        with engine.on_device(with_optimizer=True):
-            lr = engine.get_lr()
-            metrics = update_policy(engine, t, cfg, sizes, temperature, seed, where)
-            engine.lr_scheduler_step()
-        metrics["actor/lr"] = lr
-        self._update_steps += 1
-        return DataProto(meta_info={"metrics": metrics})
+        return self._run_update(
+            engine,
+            "actor",
+            cfg.data_loader_seed,
+            lambda seed: update_policy(engine, t, cfg, sizes, temperature, seed, where),
+        )
 
     # -------------------------------------------------------------- checkpoint
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -299,11 +296,7 @@ class ActorRolloutRefWorker(WorkerBase):
         """Save the actor's model shards, optimizer, lr schedule and RNG states atomically."""
         engine = self._actor("save_checkpoint")
         gen = self._generator
-        extra = {
-            "update_steps": self._update_steps,
-            "generator": None if gen is None else gen.get_state(),
-            "global_step": global_step,
-        }
+        extra = {"generator": None if gen is None else gen.get_state()}
         self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -313,7 +306,6 @@ class ActorRolloutRefWorker(WorkerBase):
         """Restore what :meth:`save_checkpoint` wrote (same world size and layout)."""
         engine = self._actor("load_checkpoint")
         extra = self._load(engine, local_path, hdfs_path, del_local_after_load)
-        self._update_steps = int(extra.get("update_steps", 0))
         state = extra.get("generator")
         if state is not None and self._generator is not None:
             self._generator.set_state(state)

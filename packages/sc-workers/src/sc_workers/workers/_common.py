@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from sc_core import Worker
+from sc_protocol import DataProto
 
 from .._errors import CheckpointError, ConfigError, DistributedError
 from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
@@ -29,6 +31,28 @@ class WorkerBase(Worker):
         self.layout = ParallelLayout.create(self.world_size, self.rank, tp_size)
         self.device = resolve_device(device, self.env)
         self._saved_checkpoints: list[str] = []
+        self._update_steps = 0
+
+    def _run_update(
+        self,
+        engine: Engine,
+        prefix: str,
+        data_loader_seed: int,
+        step: Callable[[int], dict[str, float]],
+    ) -> DataProto:
+        """One optimizer update: ``step(seed)`` on the device, then the lr schedule.
+
+        The seed differs per update (and survives checkpoints), so shuffled mini-batches
+        differ between updates yet replay exactly after a resume.
+        """
+        seed = data_loader_seed * 1_000_003 + self._update_steps
+        with engine.on_device(with_optimizer=True):
+            lr = engine.get_lr()
+            metrics = step(seed)
+            engine.lr_scheduler_step()
+        metrics[f"{prefix}/lr"] = lr
+        self._update_steps += 1
+        return DataProto(meta_info={"metrics": metrics})
 
     def _where(self, method: str) -> str:
         return f"{type(self).__name__}.{method} (rank {self.rank})"
@@ -61,6 +85,7 @@ class WorkerBase(Worker):
             )
         if max_ckpt_to_keep is not None and max_ckpt_to_keep < 1:
             raise ConfigError(f"{where}: max_ckpt_to_keep must be >= 1, got {max_ckpt_to_keep}")
+        extra = {**extra, "update_steps": self._update_steps, "global_step": global_step}
         with engine.on_device(with_optimizer=True):
             path = save_engine_checkpoint(engine, local_path, global_step, extra)
         if path in self._saved_checkpoints:
@@ -83,6 +108,7 @@ class WorkerBase(Worker):
             raise CheckpointError(f"{where}: {local_path} is not a directory")
         with engine.on_device(with_optimizer=True):
             extra = load_engine_checkpoint(engine, local_path)
+        self._update_steps = int(extra.get("update_steps", 0))
         if del_local_after_load:
             if torch.distributed.is_initialized() and self.world_size > 1:
                 torch.distributed.barrier()

@@ -42,7 +42,6 @@ class CriticWorker(WorkerBase):
             "critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect
         )
         self.critic_engine: Engine | None = None
-        self._update_steps = 0
 
     def _engine(self, method: str) -> Engine:
         if self.critic_engine is None:
@@ -93,14 +92,13 @@ class CriticWorker(WorkerBase):
         where = self._where("update_critic")
         engine = self._engine("update_critic")
         t = gather_tensors(data, [*_MODEL_INPUTS, "values", "returns"], ("response_mask",), where)
-        seed = self.config.data_loader_seed * 1_000_003 + self._update_steps
-        with engine.on_device(with_optimizer=True):
-            lr = engine.get_lr()
-            metrics = update_critic(engine, t, self.config, self.batch_sizes, seed, where)
-            engine.lr_scheduler_step()
-        metrics["critic/lr"] = lr
-        self._update_steps += 1
-        return DataProto(meta_info={"metrics": metrics})
+        cfg, sizes = self.config, self.batch_sizes
+        return self._run_update(
+            engine,
+            "critic",
+            cfg.data_loader_seed,
+            lambda seed: update_critic(engine, t, cfg, sizes, seed, where),
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(
@@ -112,8 +110,7 @@ class CriticWorker(WorkerBase):
     ) -> None:
         """Save the critic's shards, optimizer, lr schedule and RNG states atomically."""
         engine = self._engine("save_checkpoint")
-        extra = {"update_steps": self._update_steps, "global_step": global_step}
-        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra)
+        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, {})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(
@@ -121,5 +118,4 @@ class CriticWorker(WorkerBase):
     ) -> None:
         """Restore what :meth:`save_checkpoint` wrote (same world size and layout)."""
         engine = self._engine("load_checkpoint")
-        extra = self._load(engine, local_path, hdfs_path, del_local_after_load)
-        self._update_steps = int(extra.get("update_steps", 0))
+        self._load(engine, local_path, hdfs_path, del_local_after_load)
