@@ -111,8 +111,9 @@ def test_registries_are_per_subclass(color: type[Color]) -> None:
     assert "DARK" not in color
     assert isinstance(dark, Shade)
     assert Shade.from_name("DARK") is dark
-    with pytest.raises(UnknownDispatchModeError, match="Shade has no member 'RED'"):
-        Shade.from_name("RED")
+    assert Shade.from_name("RED") is None
+    with pytest.raises(KeyError, match="Shade has no member 'RED'"):
+        Shade["RED"]
     assert color.from_name("RED") is red
 
 
@@ -124,19 +125,71 @@ def test_duplicate_names_are_rejected(color: type[Color]) -> None:
         Dispatch.register("DP_COMPUTE")
 
 
-@pytest.mark.parametrize("name", ["", "two words", "1ST", 5, None])
-def test_names_must_be_identifiers(color: type[Color], name: object) -> None:
-    with pytest.raises(InvalidDispatchModeError, match=r"must be an identifier, got"):
+@pytest.mark.parametrize("name", ["", "two words", "1ST"])
+def test_names_must_be_identifiers(color: type[Color], name: str) -> None:
+    with pytest.raises(InvalidDispatchModeError, match=r"must be an identifier, got") as info:
+        color.register(name)
+    assert isinstance(info.value, ValueError)
+    assert not isinstance(info.value, TypeError)
+    assert len(color) == 0
+
+
+@pytest.mark.parametrize("name", [5, None, b"RED"])
+def test_names_must_be_strings(color: type[Color], name: object) -> None:
+    with pytest.raises(TypeError, match=r"member name must be a str"):
         color.register(name)  # type: ignore[arg-type]
     assert len(color) == 0
 
 
-@pytest.mark.parametrize("name", ["register", "remove", "from_name", "_registry", "mro"])
-def test_names_may_not_shadow_class_attributes(color: type[Color], name: str) -> None:
-    with pytest.raises(InvalidDispatchModeError, match=rf"member name '{name}' would shadow"):
-        color.register(name)
-    assert len(color) == 0
-    assert callable(color.register)
+class Palette(DynamicEnum):
+    """A DynamicEnum with an upper-case class attribute that a member must not hide."""
+
+    DEFAULT = "a class attribute, not a member"
+
+
+@pytest.mark.parametrize("name", ["default", "DEFAULT", "Default"])
+def test_names_may_not_shadow_class_attributes(name: str) -> None:
+    with pytest.raises(InvalidDispatchModeError, match=r"member name 'DEFAULT' would shadow"):
+        Palette.register(name)
+    assert len(Palette) == 0
+    assert Palette.DEFAULT == "a class attribute, not a member"
+
+
+def test_verl_semantics_upper_case_names_and_lookups(color: type[Color]) -> None:
+    red = color.register("red")
+    assert red.name == "RED"
+    assert color.RED is red  # type: ignore[attr-defined]
+    assert color.from_name("red") is red
+    assert color.from_name("ReD") is red
+    assert color.from_name("blue") is None
+    assert color["RED"] is red
+    with pytest.raises(KeyError, match=r"Color has no member 'red'"):
+        color["red"]  # indexing is exact, as in verl
+    with pytest.raises(ValueError, match=r"member 'RED' already exists"):
+        color.register("Red")
+    green = color.register("GREEN")
+    assert green.value == red.value + 1
+    assert color.names() == ["RED", "GREEN"]
+    assert color.values() == [red, green]
+    assert Dispatch.names()[:2] == ["RANK_ZERO", "ONE_TO_ALL"]
+    assert color.remove("green") is green
+    with pytest.raises(KeyError, match=r"Color.remove: no member 'green'"):
+        color.remove("green")
+
+
+def test_a_new_subclass_counts_its_values_from_zero() -> None:
+    class Fresh(DynamicEnum):
+        pass
+
+    assert [Fresh.register(n).value for n in ("a", "b", "c")] == [0, 1, 2]
+    assert Fresh.names() == ["A", "B", "C"]
+    assert Dispatch.RANK_ZERO.value == 0
+
+
+def test_user_subclass_pickles_to_the_same_member(color: type[Color]) -> None:
+    red = color.register("RED")
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(red, protocol=protocol)) is red
 
 
 def test_pickling_returns_the_same_singleton() -> None:
@@ -157,5 +210,6 @@ def test_new_members_at_run_time_pickle_and_hash() -> None:
         assert member.value == max(m.value for m in Dispatch)
     finally:
         Dispatch.remove(name)
-    with pytest.raises(UnknownDispatchModeError):
+    with pytest.raises(UnknownDispatchModeError) as info:
         pickle.loads(pickle.dumps(member))
+    assert isinstance(info.value, KeyError)

@@ -28,38 +28,59 @@ def _noop_collect(worker_group: Any, output: Any) -> Any:
     return output
 
 
-@pytest.mark.parametrize(
-    ("exc", "bases"),
-    [
-        (DispatchError, (ValueError,)),
-        (UnknownDispatchModeError, (DispatchError, ValueError)),
-        (DispatchModeExistsError, (DispatchError, ValueError)),
-        (InvalidDispatchModeError, (DispatchError, ValueError)),
-        (DispatchArgumentError, (DispatchError, ValueError)),
-        (NotShardableError, (DispatchArgumentError, DispatchError, ValueError, TypeError)),
-        (MeshLayoutError, (DispatchError, ValueError)),
-    ],
+#: The builtin exceptions a class may mean; each sc-dispatch error means exactly one.
+MEANINGS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    LookupError,
+    NotImplementedError,
+    RuntimeError,
+    TimeoutError,
+    AttributeError,
 )
-def test_each_error_subclasses_the_builtin_it_means(
-    exc: type[Exception], bases: tuple[type[Exception], ...]
+
+
+def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
+    """The builtin exception classes ``exc`` derives from, most specific first, without the
+    ones implied by another (``KeyError`` implies ``LookupError``)."""
+    found = [m for m in MEANINGS if issubclass(exc, m)]
+    return [m for m in found if not any(o is not m and issubclass(o, m) for o in found)]
+
+
+ALL_ERRORS = [
+    (scd.UnknownDispatchModeError, KeyError),
+    (scd.DispatchModeTypeError, TypeError),
+    (DispatchModeExistsError, ValueError),
+    (InvalidDispatchModeError, ValueError),
+    (DispatchArgumentError, ValueError),
+    (NotShardableError, TypeError),
+    (MeshLayoutError, ValueError),
+    (scd.DirectRolloutCallError, NotImplementedError),
+]
+
+
+@pytest.mark.parametrize(("exc", "meaning"), ALL_ERRORS)
+def test_each_error_subclasses_exactly_the_builtin_it_means(
+    exc: type[Exception], meaning: type[Exception]
 ) -> None:
-    for base in bases:
-        assert issubclass(exc, base)
+    assert issubclass(exc, DispatchError)
+    assert _meanings(exc) == [meaning]
 
 
-def test_only_not_shardable_is_a_type_error() -> None:
-    typed = [
-        e
-        for e in (
-            UnknownDispatchModeError,
-            DispatchModeExistsError,
-            InvalidDispatchModeError,
-            DispatchArgumentError,
-            MeshLayoutError,
-        )
-        if issubclass(e, TypeError)
-    ]
-    assert typed == []
+def test_the_base_class_means_no_builtin() -> None:
+    assert _meanings(DispatchError) == []
+    assert DispatchError.__bases__ == (Exception,)
+
+
+def test_every_public_error_is_in_the_table() -> None:
+    public = {
+        getattr(scd, name)
+        for name in scd.__all__
+        if isinstance(getattr(scd, name), type) and issubclass(getattr(scd, name), BaseException)
+    }
+    assert public == {DispatchError, *(e for e, _ in ALL_ERRORS)}
 
 
 def test_exception_tree_is_documented_in_one_docstring() -> None:
@@ -72,34 +93,41 @@ def test_exception_tree_is_documented_in_one_docstring() -> None:
         DispatchArgumentError,
         NotShardableError,
         MeshLayoutError,
+        scd.DispatchModeTypeError,
+        scd.DirectRolloutCallError,
     ):
         assert exc.__name__ in doc
 
 
-def test_unknown_mode_names_the_value() -> None:
-    with pytest.raises(UnknownDispatchModeError, match=r"str 'NOT_A_MODE'"):
+def test_a_string_as_mode_is_a_type_error_naming_the_value() -> None:
+    with pytest.raises(TypeError, match=r"str 'NOT_A_MODE'") as info:
         scd.get_predefined_dispatch_fn("NOT_A_MODE")  # type: ignore[arg-type]
+    assert isinstance(info.value, scd.DispatchModeTypeError)
+    with pytest.raises(TypeError, match=r"str 'DP_COMPUTE'"):
+        scd.resolve_dispatch_mode("DP_COMPUTE")  # type: ignore[arg-type]
 
 
 def test_member_without_functions_is_unknown_and_named() -> None:
     name = unique_name("BARE")
     member = Dispatch.register(name)
     try:
-        with pytest.raises(UnknownDispatchModeError, match=rf"dispatch mode {name} has no"):
+        with pytest.raises(KeyError, match=rf"dispatch mode {name} has no") as info:
             scd.resolve_dispatch_mode(member)
+        assert isinstance(info.value, UnknownDispatchModeError)
     finally:
         Dispatch.remove(name)
 
 
 def test_unknown_member_by_name() -> None:
-    with pytest.raises(UnknownDispatchModeError, match=r"Dispatch has no member 'NOPE'"):
-        Dispatch.from_name("NOPE")
-    with pytest.raises(UnknownDispatchModeError, match=r"'NOPE'"):
+    assert Dispatch.from_name("NOPE") is None
+    with pytest.raises(KeyError, match=r"Dispatch has no member 'NOPE'"):
         Dispatch["NOPE"]
+    with pytest.raises(KeyError, match=r"Dispatch.remove: no member 'NOPE'"):
+        Dispatch.remove("NOPE")
 
 
-def test_unknown_execute_mode_names_the_value() -> None:
-    with pytest.raises(UnknownDispatchModeError, match=r"'ALL'"):
+def test_a_string_as_execute_mode_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"expected an Execute member, got str 'ALL'"):
         scd.get_predefined_execute_fn("ALL")  # type: ignore[arg-type]
 
 
@@ -116,12 +144,12 @@ def test_registering_a_name_twice() -> None:
 
 
 def test_updating_a_mode_that_does_not_exist() -> None:
-    with pytest.raises(UnknownDispatchModeError, match=r"'GHOST'"):
+    with pytest.raises(TypeError, match=r"'GHOST'"):
         scd.update_dispatch_mode("GHOST", _noop_dispatch, _noop_collect)  # type: ignore[arg-type]
     name = unique_name("UNFILLED")
     member = Dispatch.register(name)
     try:
-        with pytest.raises(UnknownDispatchModeError, match=rf"dispatch mode {name}"):
+        with pytest.raises(KeyError, match=rf"dispatch mode {name}"):
             scd.update_dispatch_mode(member, _noop_dispatch, _noop_collect)
     finally:
         Dispatch.remove(name)
@@ -143,9 +171,9 @@ def test_custom_mode_mapping_without_both_functions(mapping: dict[str, Any], mis
 
 
 def test_custom_mode_mapping_with_non_callable_function() -> None:
-    with pytest.raises(InvalidDispatchModeError, match=r"collect_fn must be callable, got 42"):
+    with pytest.raises(TypeError, match=r"collect_fn must be callable, got 42"):
         scd.resolve_dispatch_mode({"dispatch_fn": _noop_dispatch, "collect_fn": 42})
-    with pytest.raises(InvalidDispatchModeError, match=r"dispatch_fn must be callable, got 'x'"):
+    with pytest.raises(TypeError, match=r"dispatch_fn must be callable, got 'x'"):
         scd.register_dispatch_mode(unique_name(), "x", _noop_collect)  # type: ignore[arg-type]
 
 
@@ -180,7 +208,7 @@ def test_shardable_arguments_of_different_lengths() -> None:
         match=r"DP_COMPUTE_PROTO: .*same length, got positional argument 0: 4, "
         r"keyword argument 'b': 3",
     ):
-        scd.dispatch_dp_compute_data_proto(wg, [1, 2, 3, 4], b=Batch([1, 2, 3]))
+        scd.dispatch_dp_compute_data_proto(wg, Batch([1, 2, 3, 4]), b=Batch([1, 2, 3]))
 
 
 def test_non_shardable_argument_to_a_splitting_mode() -> None:
@@ -190,14 +218,43 @@ def test_non_shardable_argument_to_a_splitting_mode() -> None:
         match=r"DP_COMPUTE_PROTO: keyword argument 'cfg' of "
         r"type dict cannot be split across 2 workers \(\{'lr': 0.1\}\)",
     ):
-        scd.dispatch_dp_compute_data_proto(wg, [1, 2], cfg={"lr": 0.1})
-    with pytest.raises(TypeError):  # NotShardableError is also a TypeError
+        scd.dispatch_dp_compute_data_proto(wg, Batch([1, 2]), cfg={"lr": 0.1})
+    with pytest.raises(TypeError):  # NotShardableError is a TypeError
         scd.dispatch_dp_compute_data_proto(wg, "ab")
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3, 4], (1, 2, 3, 4), {"a": 1, "b": 2}])
+@pytest.mark.parametrize(
+    "mode",
+    [Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, Dispatch.DP_COMPUTE_METRIC],
+)
+def test_plain_containers_are_not_batches_for_splitting_modes(value: Any, mode: Any) -> None:
+    """Lists and tuples are per-rank arguments (DP_COMPUTE); a splitting mode refuses them
+    with a TypeError before anything is sent, as verl does."""
+    spec = scd.resolve_dispatch_mode(mode)
+    args = (len, value) if mode is Dispatch.DP_COMPUTE_PROTO_WITH_FUNC else (value,)
+    with pytest.raises(NotShardableError, match=r"(DP_COMPUTE|not plain sequences|dict)") as info:
+        spec.dispatch_fn(FakeWorkerGroup(2), *args)
+    assert isinstance(info.value, TypeError)
+    if not isinstance(value, dict):
+        assert "use Dispatch.DP_COMPUTE" in str(info.value)
+
+
+def test_rows_is_the_stdlib_batch() -> None:
+    args, _ = scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), scd.Rows([1, 2, 3, 4]))
+    assert args == [[scd.Rows([1, 2]), scd.Rows([3, 4])]]
+    assert all(type(part) is scd.Rows for part in args[0])
+    joined = scd.collect_dp_compute_data_proto(FakeWorkerGroup(2), args[0])
+    assert type(joined) is scd.Rows
+    assert joined == [1, 2, 3, 4]
 
 
 def test_long_values_are_abbreviated_in_messages() -> None:
     with pytest.raises(NotShardableError) as info:
         scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), "x" * 500)
+    with pytest.raises(NotShardableError) as info:
+        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), list(range(500)))
+    assert "..." in str(info.value)
     assert "..." in str(info.value)
     assert len(str(info.value)) < 400
 
@@ -206,7 +263,7 @@ def test_mesh_dp_ranks_not_zero_to_dp_size() -> None:
     wg = FakeWorkerGroup(4, {"actor": ([0, 0, 2, 2], [True, False, True, False])})
     fns = scd.make_nd_compute_dataproto_dispatch_fn("actor")
     with pytest.raises(MeshLayoutError, match=r"mesh 'actor'.*0\.\.2, got \[0, 0, 2, 2\]"):
-        fns["dispatch_fn"](wg, [1, 2])
+        fns["dispatch_fn"](wg, Batch([1, 2]))
     wg_neg = FakeWorkerGroup(2, {"m": ([-1, 0], [True, True])})
     with pytest.raises(MeshLayoutError, match=r"got \[-1, 0\]"):
         scd.mesh_layout(wg_neg, "m")
@@ -225,21 +282,35 @@ def test_with_func_non_callable_first_argument() -> None:
         match=r"DP_COMPUTE_PROTO_WITH_FUNC: the first positional "
         r"argument must be callable, got list \[1, 2\]",
     ):
-        scd.dispatch_dp_compute_data_proto_with_func(wg, [1, 2], [3, 4])
+        scd.dispatch_dp_compute_data_proto_with_func(wg, [1, 2], Batch([3, 4]))
     with pytest.raises(NotShardableError, match=r"got no positional argument"):
-        scd.dispatch_dp_compute_data_proto_with_func(wg, data=[3, 4])
+        scd.dispatch_dp_compute_data_proto_with_func(wg, data=Batch([3, 4]))
 
 
-def test_batch_shorter_than_shards_without_padding() -> None:
-    wg = FakeWorkerGroup(4)
+@pytest.mark.parametrize(("rows", "shards"), [(3, 4), (5, 2), (7, 4), (2, 4)])
+def test_uneven_batch_without_padding_names_length_and_shards(rows: int, shards: int) -> None:
+    wg = FakeWorkerGroup(shards)
+    batch = Batch(list(range(rows)), auto_pad=False)
     with pytest.raises(
         DispatchArgumentError,
-        match=r"DP_COMPUTE_PROTO: batch of 3 rows is "
-        r"shorter than the 4 shards",
+        match=rf"DP_COMPUTE_PROTO: a batch of {rows} rows does not divide evenly into "
+        rf"{shards} shards",
+    ) as info:
+        scd.dispatch_dp_compute_data_proto(wg, batch)
+    assert isinstance(info.value, ValueError)
+    assert "auto-padding" in str(info.value)
+    # With padding on, the same batch is padded to the next multiple, as before.
+    _, kwargs = scd.dispatch_dp_compute_data_proto(wg, Batch(list(range(rows))))
+    assert kwargs[scd.PADDING_SIZE_KEY] == shards - rows % shards
+
+
+def test_uneven_batch_on_a_mesh_without_padding() -> None:
+    wg = FakeWorkerGroup(4, {"m": ([0, 0, 1, 1], [True, False, True, False])})
+    fns = scd.make_nd_compute_dataproto_dispatch_fn("m")
+    with pytest.raises(
+        DispatchArgumentError, match=r"mesh 'm': a batch of 3 rows does not divide evenly into 2"
     ):
-        scd.dispatch_dp_compute_data_proto(wg, [1, 2, 3])
-    with pytest.raises(DispatchArgumentError, match=r"batch of 2 rows"):
-        scd.dispatch_dp_compute_data_proto(wg, Batch([1, 2], auto_pad=False))
+        fns["dispatch_fn"](wg, Batch([1, 2, 3], auto_pad=False))
 
 
 def test_empty_batch_is_rejected_even_though_it_divides_evenly() -> None:
@@ -249,7 +320,7 @@ def test_empty_batch_is_rejected_even_though_it_divides_evenly() -> None:
         match=r"DP_COMPUTE_PROTO: .*empty batch \(0 rows\) "
         r"into 2 shards",
     ):
-        scd.dispatch_dp_compute_data_proto(wg, [])
+        scd.dispatch_dp_compute_data_proto(wg, Batch([], auto_pad=False))
     with pytest.raises(DispatchArgumentError, match=r"empty batch"):
         scd.dispatch_dp_compute_data_proto(wg, Batch([]))
 
@@ -262,14 +333,16 @@ def test_worker_group_without_world_size() -> None:
     ):
         scd.dispatch_one_to_all(object(), 1)  # type: ignore[arg-type]
     with pytest.raises(DispatchArgumentError, match=r"DP_COMPUTE_PROTO: .*\(got 0\)"):
-        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(0), [1])
+        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(0), Batch([1]))
 
 
 def test_direct_rollout_method_from_the_driver() -> None:
-    with pytest.raises(InvalidDispatchModeError, match=r"DIRECT_ROLLOUT_METHOD"):
-        scd.get_predefined_dispatch_fn(Dispatch.DIRECT_ROLLOUT_METHOD)["dispatch_fn"](
-            FakeWorkerGroup(1)
-        )
+    fns = scd.get_predefined_dispatch_fn(Dispatch.DIRECT_ROLLOUT_METHOD)
+    with pytest.raises(NotImplementedError, match=r"DIRECT_ROLLOUT_METHOD") as info:
+        fns["dispatch_fn"](FakeWorkerGroup(1))
+    assert isinstance(info.value, scd.DirectRolloutCallError)
+    with pytest.raises(NotImplementedError, match=r"DIRECT_ROLLOUT_METHOD"):
+        fns["collect_fn"](FakeWorkerGroup(1), [None])
 
 
 def test_collect_errors_name_the_mode() -> None:

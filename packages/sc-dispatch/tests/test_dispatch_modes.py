@@ -36,7 +36,11 @@ PREDEFINED = {
         True,
     ),
     "DP_COMPUTE_METRIC": (scd.dispatch_dp_compute_data_proto, scd.collect_dp_compute, False),
-    "DIRECT_ROLLOUT_METHOD": (scd.dispatch_direct_rollout_method, scd.collect_all_to_all, True),
+    "DIRECT_ROLLOUT_METHOD": (
+        scd.dispatch_direct_rollout_method,
+        scd.collect_direct_rollout_method,
+        True,
+    ),
 }
 
 
@@ -44,6 +48,7 @@ PREDEFINED = {
 def test_every_predefined_mode_is_registered(name: str) -> None:
     dispatch_fn, collect_fn, unpad = PREDEFINED[name]
     member = Dispatch.from_name(name)
+    assert member is not None
     assert scd.get_predefined_dispatch_fn(member) == {
         "dispatch_fn": dispatch_fn,
         "collect_fn": collect_fn,
@@ -134,16 +139,19 @@ def test_dp_compute_entries_are_not_split_further() -> None:
     assert args == [([1, 2, 3],), ([4],)]
 
 
-def test_dp_compute_proto_splits_lists_evenly_and_joins_in_rank_order() -> None:
+def test_dp_compute_proto_splits_rows_and_joins_in_rank_order() -> None:
     wg = FakeWorkerGroup(3)
     args, kwargs, pad = per_rank(
-        wg, Dispatch.DP_COMPUTE_PROTO, list(range(7)), mask=tuple("abcdefg")
+        wg, Dispatch.DP_COMPUTE_PROTO, scd.Rows(range(9)), mask=scd.Rows("abcdefghi")
     )
-    assert pad == 0  # plain lists never ask for padding: uneven shards instead
-    assert [a[0] for a in args] == [[0, 1, 2], [3, 4], [5, 6]]
-    assert [k["mask"] for k in kwargs] == [("a", "b", "c"), ("d", "e"), ("f", "g")]
-    out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, lambda r, d: [x * 10 for x in d], list(range(7)))
-    assert out == [x * 10 for x in range(7)]
+    assert pad == 0
+    assert [a[0] for a in args] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert [k["mask"] for k in kwargs] == [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"]]
+    out = run_call(
+        wg, Dispatch.DP_COMPUTE_PROTO, lambda r, d: scd.Rows(x * 10 for x in d), scd.Rows(range(9))
+    )
+    assert out == [x * 10 for x in range(9)]
+    assert type(out) is scd.Rows
 
 
 def test_dp_compute_proto_pads_and_unpads_a_batch() -> None:
@@ -159,7 +167,9 @@ def test_dp_compute_proto_pads_and_unpads_a_batch() -> None:
 
 def test_padding_pads_every_argument_of_the_call() -> None:
     wg = FakeWorkerGroup(2)
-    _, kwargs, pad = per_rank(wg, Dispatch.DP_COMPUTE_PROTO, Batch([1, 2, 3]), ids=["a", "b", "c"])
+    _, kwargs, pad = per_rank(
+        wg, Dispatch.DP_COMPUTE_PROTO, Batch([1, 2, 3]), ids=scd.Rows(["a", "b", "c"])
+    )
     assert pad == 1
     assert [k["ids"] for k in kwargs] == [["a", "b"], ["c", "a"]]
 
@@ -184,7 +194,7 @@ def test_auto_padding_never_mutates_the_callers_object() -> None:
     assert BATCH_ADAPTER.pad_calls[calls_before:] == [(5, 3)]
     assert batch.rows is rows_before
     assert len(batch) == 5
-    plain = [1, 2, 3]
+    plain = scd.Rows([1, 2, 3])
     _, kwargs, _ = per_rank(wg, Dispatch.DP_COMPUTE_PROTO, Batch([7, 8, 9]), extra=plain)
     assert plain == [1, 2, 3]
     assert sum(len(k["extra"]) for k in kwargs) == 4
@@ -197,12 +207,16 @@ def test_dp_compute_proto_with_func() -> None:
         return 2 * x
 
     args, kwargs, pad = per_rank(
-        wg, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, double, [1, 2, 3, 4], tag=("a", "b", "c", "d")
+        wg,
+        Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
+        double,
+        scd.Rows([1, 2, 3, 4]),
+        tag=scd.Rows("abcd"),
     )
     assert pad == 0
     assert all(a[0] is double for a in args)
     assert [a[1] for a in args] == [[1, 2], [3, 4]]
-    assert [k["tag"] for k in kwargs] == [("a", "b"), ("c", "d")]
+    assert [k["tag"] for k in kwargs] == [["a", "b"], ["c", "d"]]
     out = run_call(
         wg,
         Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
@@ -301,7 +315,7 @@ def test_update_dispatch_mode_replaces_functions_and_keeps_flag() -> None:
         )
         scd.update_dispatch_mode(member, _split_evens, _join, unpad_output=True)
         assert scd.resolve_dispatch_mode(member).unpad_output is True
-        with pytest.raises(scd.InvalidDispatchModeError, match=rf"{name}: collect_fn .* None"):
+        with pytest.raises(scd.DispatchModeTypeError, match=rf"{name}: collect_fn .* None"):
             scd.update_dispatch_mode(member, _split_evens, None)  # type: ignore[arg-type]
         assert scd.resolve_dispatch_mode(member).collect_fn is _join
     finally:
@@ -322,7 +336,7 @@ def test_update_predefined_mode_and_restore() -> None:
 
 def test_failed_registration_leaves_no_member() -> None:
     name = unique_name()
-    with pytest.raises(scd.InvalidDispatchModeError):
+    with pytest.raises(scd.DispatchModeTypeError):
         scd.register_dispatch_mode(name, _split_evens, "nope")  # type: ignore[arg-type]
     assert name not in Dispatch
 

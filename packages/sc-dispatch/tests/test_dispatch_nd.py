@@ -20,10 +20,11 @@ def tagged(rank: int, data: Batch) -> Batch:
 
 def test_mode_is_a_verl_style_mapping() -> None:
     fns = make_nd_compute_dataproto_dispatch_fn("actor")
-    assert set(fns) == {"dispatch_fn", "collect_fn", "name"}
+    assert set(fns) == {"dispatch_fn", "collect_fn", "name", "joins_shards"}
     spec = scd.resolve_dispatch_mode(fns)
     assert spec.name == "nd_dispatch_fn[actor]"
     assert spec.unpad_output is True
+    assert spec.joins_shards is True
 
     class W:
         @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
@@ -59,7 +60,8 @@ def test_collects_in_dp_order_from_the_collect_ranks() -> None:
 def test_keyword_only_calls() -> None:
     wg = FakeWorkerGroup(4, {"m": SCRAMBLED})
     fns = make_nd_compute_dataproto_dispatch_fn("m")
-    args, kwargs, _ = per_rank(wg, fns, data=Batch([1, 2, 3, 4]), ids=["a", "b", "c", "d"])
+    ids = scd.Rows(["a", "b", "c", "d"])
+    args, kwargs, _ = per_rank(wg, fns, data=Batch([1, 2, 3, 4]), ids=ids)
     assert args == [(), (), (), ()]
     assert [k["data"].rows for k in kwargs] == [(3, 4), (1, 2), (1, 2), (3, 4)]
     assert kwargs[1]["ids"] is kwargs[2]["ids"]
@@ -68,7 +70,7 @@ def test_keyword_only_calls() -> None:
         fns,
         lambda r, *, data, ids: Batch(list(zip(data.rows, ids, strict=True))),
         data=Batch([1, 2, 3, 4]),
-        ids=["a", "b", "c", "d"],
+        ids=ids,
     )
     assert out == Batch([(1, "a"), (2, "b"), (3, "c"), (4, "d")])
 

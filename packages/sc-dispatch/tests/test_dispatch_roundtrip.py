@@ -23,40 +23,42 @@ def identity(rank: int, data: Any) -> Any:
 def test_dp_compute_proto_round_trip(rows: list[int], world: int, auto_pad: bool) -> None:
     wg = FakeWorkerGroup(world)
     batch = Batch(rows, auto_pad=auto_pad)
-    if not rows or (len(rows) < world and not auto_pad):
+    if not rows or (len(rows) % world and not auto_pad):
         with pytest.raises(scd.DispatchArgumentError):
             run_call(wg, Dispatch.DP_COMPUTE_PROTO, identity, batch)
         return
     args, _, pad = per_rank(wg, Dispatch.DP_COMPUTE_PROTO, batch)
     sizes = [len(a[0]) for a in args]
-    if auto_pad:
-        assert pad == (-len(rows)) % world
-        assert len(set(sizes)) == 1
-    else:
-        assert pad == 0
-        assert sizes == scd.chunk_sizes(len(rows), world)
+    assert pad == (-len(rows)) % world
+    assert len(set(sizes)) == 1  # exact: every rank gets the same number of rows
     assert run_call(wg, Dispatch.DP_COMPUTE_PROTO, identity, batch) == batch
     assert batch.rows == tuple(rows)
 
 
 @PROPERTY
 @given(rows=rows_st.filter(bool), world=st.integers(1, 9), as_tuple=st.booleans())
-def test_plain_sequences_round_trip(rows: list[int], world: int, as_tuple: bool) -> None:
-    data: list[int] | tuple[int, ...] = tuple(rows) if as_tuple else rows
+def test_rows_round_trip_and_plain_sequences_are_refused(
+    rows: list[int], world: int, as_tuple: bool
+) -> None:
     wg = FakeWorkerGroup(world)
-    if len(rows) < world:
-        with pytest.raises(scd.DispatchArgumentError, match="shorter than"):
+    plain: list[int] | tuple[int, ...] = tuple(rows) if as_tuple else rows
+    with pytest.raises(scd.NotShardableError, match="DP_COMPUTE"):
+        run_call(wg, Dispatch.DP_COMPUTE_PROTO, identity, plain)
+    data = scd.Rows(rows)
+    if len(rows) % world:
+        with pytest.raises(scd.DispatchArgumentError, match="does not divide evenly"):
             run_call(wg, Dispatch.DP_COMPUTE_PROTO, identity, data)
         return
     out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, identity, data)
     assert out == data
-    assert type(out) is type(data)
+    assert type(out) is scd.Rows
 
 
 @PROPERTY
 @given(rows=rows_st.filter(bool), world=st.integers(1, 9))
 def test_with_func_round_trip(rows: list[int], world: int) -> None:
     wg = FakeWorkerGroup(world)
+    rows = rows * world  # divides evenly
     out = run_call(
         wg,
         Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
@@ -71,6 +73,7 @@ def test_with_func_round_trip(rows: list[int], world: int) -> None:
 @given(rows=rows_st.filter(bool), world=st.integers(1, 9))
 def test_metric_returns_one_value_per_worker(rows: list[int], world: int) -> None:
     wg = FakeWorkerGroup(world)
+    # Batch pads by default: uneven rows are padded to a multiple of the world size.
     out = run_call(wg, Dispatch.DP_COMPUTE_METRIC, lambda r, d: (r, len(d)), Batch(rows))
     assert [r for r, _ in out] == list(range(world))
     assert {n for _, n in out} == {-(-len(rows) // world)}
@@ -111,8 +114,8 @@ def test_nd_round_trip(
     batch = Batch(rows, auto_pad=auto_pad)
     call_args: tuple[Any, ...] = () if as_kw else (batch,)
     call_kwargs: dict[str, Any] = {"data": batch} if as_kw else {}
-    if len(rows) < dp_size and not auto_pad:
-        with pytest.raises(scd.DispatchArgumentError, match="shorter than"):
+    if len(rows) % dp_size and not auto_pad:
+        with pytest.raises(scd.DispatchArgumentError, match="does not divide evenly"):
             fns["dispatch_fn"](wg, *call_args, **call_kwargs)
         return
     args, kwargs, pad = per_rank(wg, fns, *call_args, **call_kwargs)

@@ -119,19 +119,27 @@ def test_sequence_padding_cycles_and_keeps_type() -> None:
 
 
 def test_split_args_kwargs_directly() -> None:
-    args, kwargs, pad = scd.split_args_kwargs("MODE", 2, (Batch([1, 2, 3]),), {"x": [4, 5, 6]})
+    args, kwargs, pad = scd.split_args_kwargs(
+        "MODE", 2, (Batch([1, 2, 3]),), {"x": scd.Rows([4, 5, 6])}
+    )
     assert pad == 1
     assert [b.rows for b in args[0]] == [(1, 2), (3, 1)]
     assert kwargs == {"x": [[4, 5], [6, 4]]}
     assert scd.split_args_kwargs("MODE", 3, (), {}) == ([], {}, 0)
+    with pytest.raises(scd.NotShardableError, match=r"keyword argument 'x' is a list"):
+        scd.split_args_kwargs("MODE", 2, (Batch([1, 2]),), {"x": [4, 5]})
+    args, kwargs, _ = scd.split_args_kwargs(
+        "MODE", 2, (Batch([1, 2]),), {"x": [4, 5]}, allow_sequences=True
+    )
+    assert kwargs == {"x": [[4], [5]]}
 
 
 def test_split_args_kwargs_allow_padding_false() -> None:
-    args, _, pad = scd.split_args_kwargs("MODE", 2, (Batch([1, 2, 3]),), {}, allow_padding=False)
+    args, _, pad = scd.split_args_kwargs("MODE", 2, (Batch([1, 2, 3, 4]),), {}, allow_padding=False)
     assert pad == 0
-    assert [b.rows for b in args[0]] == [(1, 2), (3,)]
-    with pytest.raises(scd.DispatchArgumentError, match=r"MODE: batch of 1 rows"):
-        scd.split_args_kwargs("MODE", 2, (Batch([1]),), {}, allow_padding=False)
+    assert [b.rows for b in args[0]] == [(1, 2), (3, 4)]
+    with pytest.raises(scd.DispatchArgumentError, match=r"MODE: a batch of 3 rows does not"):
+        scd.split_args_kwargs("MODE", 2, (Batch([1, 2, 3]),), {}, allow_padding=False)
 
 
 def test_one_auto_padding_argument_pads_the_whole_call() -> None:
@@ -139,8 +147,8 @@ def test_one_auto_padding_argument_pads_the_whole_call() -> None:
     args, _, pad = scd.split_args_kwargs("MODE", 2, (no_pad, Batch([4, 5, 6])), {})
     assert pad == 1
     assert [b.rows for b in args[0]] == [(1, 2), (3, 1)]
-    _, _, pad = scd.split_args_kwargs("MODE", 2, (no_pad, [4, 5, 6]), {})
-    assert pad == 0
+    with pytest.raises(scd.DispatchArgumentError, match=r"3 rows does not divide evenly into 2"):
+        scd.split_args_kwargs("MODE", 2, (no_pad, scd.Rows([4, 5, 6])), {})
 
 
 def test_unpad_output() -> None:
@@ -199,4 +207,6 @@ def test_unknown_length_is_padded_with_the_known_arguments() -> None:
         match=r"same length, got positional argument "
         r"0: None, keyword argument 'b': 3, keyword argument 'c': 2",
     ):
-        scd.split_args_kwargs("MODE", 2, (Pending(),), {"b": Batch([1, 2, 3]), "c": [1, 2]})
+        scd.split_args_kwargs(
+            "MODE", 2, (Pending(),), {"b": Batch([1, 2, 3]), "c": scd.Rows([1, 2])}
+        )

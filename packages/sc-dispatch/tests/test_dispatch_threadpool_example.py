@@ -78,8 +78,8 @@ class Doubler:
         self.is_collect = {"tp2": rank % 2 == 0}
 
     @scd.register(dispatch_mode=scd.Dispatch.DP_COMPUTE_PROTO)
-    def double(self, rows: list[int]) -> list[int]:
-        return [2 * x for x in rows]
+    def double(self, rows: scd.Rows) -> scd.Rows:
+        return scd.Rows(2 * x for x in rows)
 
     @scd.register(dispatch_mode=scd.Dispatch.ONE_TO_ALL)
     def whoami(self, prefix: str) -> str:
@@ -90,8 +90,8 @@ class Doubler:
         return self.rank
 
     @scd.register(dispatch_mode=scd.make_nd_compute_dataproto_dispatch_fn("tp2"))
-    def tp_double(self, rows: list[int]) -> list[int]:
-        return [2 * x for x in rows]
+    def tp_double(self, rows: scd.Rows) -> scd.Rows:
+        return scd.Rows(2 * x for x in rows)
 
     @scd.register()  # ALL_TO_ALL: a list of world-size entries is split, the rest broadcast
     def add(self, x: int, y: int) -> int:
@@ -114,7 +114,7 @@ def test_binds_every_registered_method(group: Any) -> None:
 
 
 def test_dp_compute_proto_call(group: Any) -> None:
-    assert group.double(list(range(10))) == [2 * x for x in range(10)]
+    assert group.double(scd.Rows(range(12))) == [2 * x for x in range(12)]
 
 
 def test_one_to_all_and_rank_zero_calls(group: Any) -> None:
@@ -127,7 +127,7 @@ def test_all_to_all_call(group: Any) -> None:
 
 
 def test_nd_call(group: Any) -> None:
-    assert group.tp_double([1, 2, 3, 4, 5]) == [2, 4, 6, 8, 10]
+    assert group.tp_double(scd.Rows([1, 2, 3, 4])) == [2, 4, 6, 8]
     assert group._dispatch_info == {"tp2": [0, 0, 1, 1]}
 
 

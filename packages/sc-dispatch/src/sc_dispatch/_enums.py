@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, ClassVar, NewType, TypeVar
 
-from ._errors import DispatchModeExistsError, InvalidDispatchModeError, UnknownDispatchModeError
+from ._errors import (
+    DispatchModeExistsError,
+    DispatchModeTypeError,
+    InvalidDispatchModeError,
+    UnknownDispatchModeError,
+)
 
 __all__ = [
     "CollectsList",
@@ -35,7 +40,7 @@ class _DynamicEnumMeta(type):
     def __getitem__(cls, name: str) -> Any:
         try:
             return cls._registry[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise UnknownDispatchModeError(
                 f"{cls.__name__} has no member {name!r}; known: {sorted(cls._registry)}"
             ) from None
@@ -43,13 +48,31 @@ class _DynamicEnumMeta(type):
     def __len__(cls) -> int:
         return len(cls._registry)
 
+    def names(cls) -> list[str]:
+        """The member names, in registration order."""
+        return list(cls._registry)
+
+    def values(cls) -> list[Any]:
+        """The members, in registration order (verl's name: they are the enum's values)."""
+        return list(cls._registry.values())
+
+
+def _member(cls: type[_E], name: str) -> _E:
+    """Unpickling: the member ``name`` of ``cls`` in this process (the same object)."""
+    member: _E = cls[name]
+    return member
+
 
 class DynamicEnum(metaclass=_DynamicEnumMeta):
-    """An enum whose members are registered at run time.
+    """An enum whose members are registered at run time (verl's ``DynamicEnum``).
 
-    Each subclass keeps its own registry. Members are singletons, compare by identity,
-    hash by name, and are reachable as class attributes (``Dispatch.ONE_TO_ALL``), by
-    ``Cls["NAME"]`` and by ``Cls.from_name("NAME")``.
+    Each subclass keeps its own registry, with values counting from 0. Member names are
+    upper-cased when registered. Members are singletons (also after pickling), compare by
+    identity, and are reachable as class attributes (``Dispatch.ONE_TO_ALL``), by
+    ``Cls["NAME"]`` (exact name; :class:`~sc_dispatch.UnknownDispatchModeError`, a
+    ``KeyError``, when missing) and by ``Cls.from_name("name")`` (any case; ``None`` when
+    missing). ``Cls.names()`` and ``Cls.values()`` list them; ``in`` and iteration work on
+    the class.
     """
 
     _registry: ClassVar[dict[str, DynamicEnum]] = {}
@@ -67,51 +90,56 @@ class DynamicEnum(metaclass=_DynamicEnumMeta):
     def __repr__(self) -> str:
         return f"<{type(self).__name__}.{self.name}: {self.value}>"
 
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
         # Pickles as a lookup, so a member stays a singleton across processes.
-        return (type(self).from_name, (self.name,))
+        return (_member, (type(self), self.name))
 
     @classmethod
     def register(cls: type[_E], name: str) -> _E:
-        """Add a member called ``name`` and return it; a taken name is an error."""
-        if not isinstance(name, str) or not name.isidentifier():
+        """Add a member called ``name.upper()`` and return it; a taken name is a
+        :class:`~sc_dispatch.DispatchModeExistsError` (a ``ValueError``)."""
+        if not isinstance(name, str):
+            raise DispatchModeTypeError(
+                f"{cls.__name__}.register: member name must be a str, "
+                f"got {type(name).__qualname__} {name!r}"
+            )
+        key = name.upper()
+        if not key.isidentifier():
             raise InvalidDispatchModeError(
                 f"{cls.__name__}.register: member name must be an identifier, got {name!r}"
             )
-        if name in cls._registry:
-            raise DispatchModeExistsError(
-                f"{cls.__name__}.register: member {name!r} already exists"
-            )
-        if hasattr(cls, name):
+        if key in cls._registry:
+            raise DispatchModeExistsError(f"{cls.__name__}.register: member {key!r} already exists")
+        if hasattr(cls, key):
             # A member is a class attribute: it must not hide a method or private state.
             raise InvalidDispatchModeError(
-                f"{cls.__name__}.register: member name {name!r} would shadow the class "
+                f"{cls.__name__}.register: member name {key!r} would shadow the class "
                 "attribute of that name; choose another name"
             )
-        member = cls(name, cls._next_value)
+        member = cls(key, cls._next_value)
         cls._next_value += 1
-        cls._registry[name] = member
-        setattr(cls, name, member)
+        cls._registry[key] = member
+        setattr(cls, key, member)
         return member
 
     @classmethod
     def remove(cls: type[_E], name: str) -> _E:
-        """Remove the member called ``name`` and return it."""
-        member = cls._registry.pop(name, None)
+        """Remove the member called ``name`` (any case) and return it; a missing one is a
+        :class:`~sc_dispatch.UnknownDispatchModeError` (a ``KeyError``)."""
+        key = name.upper() if isinstance(name, str) else name
+        member = cls._registry.pop(key, None)
         if member is None:
-            raise UnknownDispatchModeError(f"{cls.__name__}.remove: no member {name!r}")
-        delattr(cls, name)
+            raise UnknownDispatchModeError(
+                f"{cls.__name__}.remove: no member {name!r}; known: {sorted(cls._registry)}"
+            )
+        delattr(cls, key)
         # The registry holds the members of exactly ``cls``, typed as the base class.
         return member  # type: ignore[return-value]
 
     @classmethod
-    def from_name(cls: type[_E], name: str) -> _E:
-        """The member called ``name``."""
-        member = cls._registry.get(name)
-        if member is None:
-            raise UnknownDispatchModeError(
-                f"{cls.__name__} has no member {name!r}; known: {sorted(cls._registry)}"
-            )
+    def from_name(cls: type[_E], name: str) -> _E | None:
+        """The member called ``name`` (any case), or ``None`` if there is none (as in verl)."""
+        member = cls._registry.get(name.upper()) if isinstance(name, str) else None
         return member  # type: ignore[return-value]  # a member of ``cls``, as above
 
 

@@ -25,33 +25,55 @@ MeshModeName = NewType("MeshModeName", str)
 
 class MeshDispatchFnDict(DispatchFnDict):
     """The custom mode :func:`make_nd_compute_dataproto_dispatch_fn` returns: the dispatch
-    and collect functions and the mode's ``name`` (``nd_dispatch_fn[<mesh>]``)."""
+    and collect functions, the mode's ``name`` (``nd_dispatch_fn[<mesh>]``) and
+    ``joins_shards`` (``True``: the collect function joins row shards)."""
 
     name: MeshModeName
+    joins_shards: bool
 
 
 def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list[int], list[bool]]:
     """Each rank's dp rank and collect flag on ``mesh_name``, validated and cached.
 
     The worker group is asked once per mesh (``_query_dispatch_info`` and
-    ``_query_collect_info``); the answers are kept in its ``_dispatch_info`` and
-    ``_collect_info`` caches.
+    ``_query_collect_info``, one answer per rank, ``None`` for a rank that never registered
+    the mesh); valid answers are kept in its ``_dispatch_info`` and ``_collect_info``
+    caches. A mesh some rank never registered is a :class:`~sc_dispatch.MeshLayoutError`
+    naming the mesh and the ranks.
     """
     mode = f"nd dispatch on mesh {mesh_name!r}"
     dispatch_info = worker_group._dispatch_info
     collect_info = worker_group._collect_info
-    if mesh_name not in dispatch_info:
-        dispatch_info[mesh_name] = list(worker_group._query_dispatch_info(mesh_name))
-    if mesh_name not in collect_info:
-        collect_info[mesh_name] = list(worker_group._query_collect_info(mesh_name))
-    dp_ranks = dispatch_info[mesh_name]
-    collect = collect_info[mesh_name]
+    raw_dp: list[int | None] = list(
+        dispatch_info[mesh_name]
+        if mesh_name in dispatch_info
+        else worker_group._query_dispatch_info(mesh_name)
+    )
+    raw_collect: list[bool | None] = list(
+        collect_info[mesh_name]
+        if mesh_name in collect_info
+        else worker_group._query_collect_info(mesh_name)
+    )
     world = worker_group.world_size
-    if len(dp_ranks) != world or len(collect) != world:
+    if len(raw_dp) != world or len(raw_collect) != world:
         raise MeshLayoutError(
             f"{mode}: expected one dp rank and one collect flag per rank (world size {world}), "
-            f"got {len(dp_ranks)} dp ranks and {len(collect)} collect flags"
+            f"got {len(raw_dp)} dp ranks and {len(raw_collect)} collect flags"
         )
+    missing = [
+        r
+        for r, (d, c) in enumerate(zip(raw_dp, raw_collect, strict=True))
+        if d is None or c is None
+    ]
+    if missing:
+        which = "no rank" if len(missing) == world else f"ranks {missing} did not"
+        raise MeshLayoutError(
+            f"{mode}: {which} registered the mesh {mesh_name!r} (a worker registers it with "
+            "_register_dispatch_collect_info before the first call that dispatches on it); "
+            "check the mesh name"
+        )
+    dp_ranks = [int(d) for d in raw_dp if d is not None]
+    collect = [bool(c) for c in raw_collect if c is not None]
     if not dp_ranks:
         raise MeshLayoutError(f"{mode}: the mesh has no ranks")
     dp_size = max(dp_ranks) + 1
@@ -68,6 +90,8 @@ def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list
             f"{mode}: every dp group needs exactly one collect rank; {detail} "
             f"(dp ranks {dp_ranks}, collect flags {collect})"
         )
+    dispatch_info[mesh_name] = dp_ranks
+    collect_info[mesh_name] = collect
     return dp_ranks, collect
 
 
@@ -117,4 +141,5 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
         "dispatch_fn": nd_dispatch_fn,
         "collect_fn": nd_collect_fn,
         "name": MeshModeName(nd_dispatch_fn.__name__),
+        "joins_shards": True,
     }

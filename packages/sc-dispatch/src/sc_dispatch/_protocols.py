@@ -22,7 +22,8 @@ class DispatchWorkerGroup(Protocol):
 
     ``_dispatch_info`` and ``_collect_info`` are per-mesh caches that the N-d dispatch
     fills on first use from ``_query_dispatch_info`` / ``_query_collect_info``, which ask
-    every worker for its data-parallel rank and collect flag on that mesh.
+    every worker for its data-parallel rank and collect flag on that mesh (``None`` from a
+    worker that never registered the mesh).
     """
 
     _dispatch_info: dict[str, list[int]]
@@ -31,9 +32,9 @@ class DispatchWorkerGroup(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def _query_dispatch_info(self, mesh_name: str) -> list[int]: ...
+    def _query_dispatch_info(self, mesh_name: str) -> list[int] | list[int | None]: ...
 
-    def _query_collect_info(self, mesh_name: str) -> list[bool]: ...
+    def _query_collect_info(self, mesh_name: str) -> list[bool] | list[bool | None]: ...
 
 
 class ShardAdapter(Protocol[T]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Callable, Mapping
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar, cast, overload
 
 from ._enums import CollectsList, CollectsResult, Dispatch, Execute, PerRankCollectsList
-from ._errors import InvalidDispatchModeError
+from ._errors import DispatchModeTypeError, InvalidDispatchModeError
 from ._nd import MeshDispatchFnDict
 from ._registry import resolve_dispatch_mode
 from ._shard import is_future
@@ -47,6 +48,22 @@ def materialize(
     new_args = tuple(a.get() if is_future(a) else a for a in args)
     new_kwargs = {k: (v.get() if is_future(v) else v) for k, v in kwargs.items()}
     return new_args, new_kwargs
+
+
+def _has_future(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return any(is_future(v) for v in (*args, *kwargs.values()))
+
+
+async def _materialize_async(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`materialize` for ``async def`` methods: ``get()`` blocks, so it runs on a
+    thread and the event loop stays free. A future produced by another ``async`` method of
+    the same worker (an asyncio actor runs all its methods on one loop) can then finish
+    while this method waits for it, instead of the two waiting for each other forever."""
+    if not _has_future(args, kwargs):
+        return args, kwargs
+    return await asyncio.to_thread(materialize, args, kwargs)
 
 
 # The overloads tell the type checker what a call through a worker group returns (see
@@ -129,14 +146,14 @@ def register(
     if isinstance(dispatch_mode, Mapping):
         resolve_dispatch_mode(dispatch_mode)  # validates both functions now, not at call time
     elif not isinstance(dispatch_mode, Dispatch):
-        raise InvalidDispatchModeError(
+        raise DispatchModeTypeError(
             f"register: dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' "
             f"and 'collect_fn', got {type(dispatch_mode).__qualname__} {dispatch_mode!r}"
         )
     if execute_mode is None:
         execute_mode = Execute.RANK_ZERO if dispatch_mode is Dispatch.RANK_ZERO else Execute.ALL
     if not isinstance(execute_mode, Execute):
-        raise InvalidDispatchModeError(
+        raise DispatchModeTypeError(
             f"register: execute_mode must be an Execute member, got {execute_mode!r}"
         )
     if dispatch_mode is Dispatch.RANK_ZERO and execute_mode is not Execute.RANK_ZERO:
@@ -146,12 +163,12 @@ def register(
         )
     for name, flag in (("blocking", blocking), ("materialize_futures", materialize_futures)):
         if not isinstance(flag, bool):
-            raise InvalidDispatchModeError(f"register: {name} must be a bool, got {flag!r}")
+            raise DispatchModeTypeError(f"register: {name} must be a bool, got {flag!r}")
     attrs = RegisterAttrs(dispatch_mode, execute_mode, blocking, materialize_futures)
 
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         if not callable(func):
-            raise InvalidDispatchModeError(f"register: expected a function, got {func!r}")
+            raise DispatchModeTypeError(f"register: expected a function, got {func!r}")
         wrapped: Callable[..., Any]
         if not materialize_futures:
             wrapped = func
@@ -159,7 +176,7 @@ def register(
 
             @functools.wraps(func)
             async def async_inner(*args: Any, **kwargs: Any) -> Any:
-                args, kwargs = materialize(args, kwargs)
+                args, kwargs = await _materialize_async(args, kwargs)
                 return await func(*args, **kwargs)
 
             wrapped = async_inner

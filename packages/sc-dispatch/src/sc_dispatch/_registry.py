@@ -19,8 +19,10 @@ from typing import Any, Literal, TypedDict
 
 from ._enums import Dispatch, Execute
 from ._errors import (
+    DirectRolloutCallError,
     DispatchArgumentError,
     DispatchModeExistsError,
+    DispatchModeTypeError,
     InvalidDispatchModeError,
     NotShardableError,
     UnknownDispatchModeError,
@@ -38,6 +40,7 @@ __all__ = [
     "collect_all_to_all",
     "collect_dp_compute",
     "collect_dp_compute_data_proto",
+    "collect_direct_rollout_method",
     "collect_rank_zero",
     "dispatch_all_to_all",
     "dispatch_direct_rollout_method",
@@ -82,18 +85,31 @@ class DispatchModeSpec:
     that padding rows added by the dispatch are dropped from it. It is ``False`` for
     modes that collect one value per worker (``DP_COMPUTE_METRIC``): every worker's value
     is kept.
+
+    ``joins_shards`` says that ``collect_fn`` joins the per-rank shards of a row-split batch
+    (``DP_COMPUTE_PROTO``, ``DP_COMPUTE_PROTO_WITH_FUNC``, N-d mesh modes). For a
+    non-blocking call a backend then hands ``collect_fn`` futures that know their row counts,
+    so that the joined future can be split again without fetching anything; every other mode
+    receives the backend's plain handles (Ray object references on Ray), as in verl.
     """
 
     name: str
     dispatch_fn: DispatchFn
     collect_fn: CollectFn
     unpad_output: bool = True
+    joins_shards: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dispatch_fn", "collect_fn"):
             if not callable(getattr(self, field)):
-                raise InvalidDispatchModeError(
+                raise DispatchModeTypeError(
                     f"dispatch mode {self.name}: {field} must be callable, "
+                    f"got {getattr(self, field)!r}"
+                )
+        for field in ("unpad_output", "joins_shards"):
+            if not isinstance(getattr(self, field), bool):
+                raise DispatchModeTypeError(
+                    f"dispatch mode {self.name}: {field} must be a bool, "
                     f"got {getattr(self, field)!r}"
                 )
 
@@ -240,8 +256,17 @@ def dispatch_direct_rollout_method(
     worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
 ) -> tuple[Sequence[Any], dict[str, Any]]:
     """``DIRECT_ROLLOUT_METHOD``: called inside the worker by its rollout engine, never from
-    the driver; a driver-side call is an error."""
-    raise InvalidDispatchModeError(
+    the driver; a driver-side call is a :class:`~sc_dispatch.DirectRolloutCallError` (a
+    ``NotImplementedError``, as in verl)."""
+    raise DirectRolloutCallError(
+        "DIRECT_ROLLOUT_METHOD: this method is called by the rollout engine inside the worker, "
+        "not through the worker group"
+    )
+
+
+def collect_direct_rollout_method(worker_group: DispatchWorkerGroup, output: Any) -> Any:
+    """``DIRECT_ROLLOUT_METHOD``: never reached from a worker group (see the dispatch)."""
+    raise DirectRolloutCallError(
         "DIRECT_ROLLOUT_METHOD: this method is called by the rollout engine inside the worker, "
         "not through the worker group"
     )
@@ -254,9 +279,13 @@ _registry: dict[Dispatch, DispatchModeSpec] = {}
 
 
 def _spec(
-    name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn, unpad_output: bool = True
+    name: str,
+    dispatch_fn: DispatchFn,
+    collect_fn: CollectFn,
+    unpad_output: bool = True,
+    joins_shards: bool = False,
 ) -> DispatchModeSpec:
-    return DispatchModeSpec(name, dispatch_fn, collect_fn, unpad_output)
+    return DispatchModeSpec(name, dispatch_fn, collect_fn, unpad_output, joins_shards)
 
 
 def _install_predefined() -> None:
@@ -265,18 +294,22 @@ def _install_predefined() -> None:
     _registry[Dispatch.ALL_TO_ALL] = _spec("ALL_TO_ALL", dispatch_all_to_all, collect_all_to_all)
     _registry[Dispatch.DP_COMPUTE] = _spec("DP_COMPUTE", dispatch_dp_compute, collect_dp_compute)
     _registry[Dispatch.DP_COMPUTE_PROTO] = _spec(
-        "DP_COMPUTE_PROTO", dispatch_dp_compute_data_proto, collect_dp_compute_data_proto
+        "DP_COMPUTE_PROTO",
+        dispatch_dp_compute_data_proto,
+        collect_dp_compute_data_proto,
+        joins_shards=True,
     )
     _registry[Dispatch.DP_COMPUTE_PROTO_WITH_FUNC] = _spec(
         "DP_COMPUTE_PROTO_WITH_FUNC",
         dispatch_dp_compute_data_proto_with_func,
         collect_dp_compute_data_proto,
+        joins_shards=True,
     )
     _registry[Dispatch.DP_COMPUTE_METRIC] = _spec(
         "DP_COMPUTE_METRIC", dispatch_dp_compute_data_proto, collect_dp_compute, unpad_output=False
     )
     _registry[Dispatch.DIRECT_ROLLOUT_METHOD] = _spec(
-        "DIRECT_ROLLOUT_METHOD", dispatch_direct_rollout_method, collect_all_to_all
+        "DIRECT_ROLLOUT_METHOD", dispatch_direct_rollout_method, collect_direct_rollout_method
     )
 
 
@@ -291,7 +324,7 @@ def get_predefined_dispatch_fn(dispatch_mode: Dispatch) -> DispatchFnDict:
 
 def _lookup(dispatch_mode: Dispatch) -> DispatchModeSpec:
     if not isinstance(dispatch_mode, Dispatch):
-        raise UnknownDispatchModeError(
+        raise DispatchModeTypeError(
             f"expected a Dispatch member, got {type(dispatch_mode).__qualname__} {dispatch_mode!r}"
         )
     spec = _registry.get(dispatch_mode)
@@ -314,7 +347,13 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
                 f"custom dispatch mode {dict(dispatch_mode)!r} lacks {missing}; "
                 "give both 'dispatch_fn' and 'collect_fn'"
             )
-        unknown = set(dispatch_mode) - {"dispatch_fn", "collect_fn", "unpad_output", "name"}
+        unknown = set(dispatch_mode) - {
+            "dispatch_fn",
+            "collect_fn",
+            "unpad_output",
+            "joins_shards",
+            "name",
+        }
         if unknown:
             raise InvalidDispatchModeError(
                 f"custom dispatch mode has unknown keys {sorted(unknown)}; "
@@ -327,9 +366,10 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             name,
             dispatch_mode["dispatch_fn"],
             dispatch_mode["collect_fn"],
-            bool(dispatch_mode.get("unpad_output", True)),
+            dispatch_mode.get("unpad_output", True),
+            dispatch_mode.get("joins_shards", False),
         )
-    raise InvalidDispatchModeError(
+    raise DispatchModeTypeError(
         f"dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' and "
         f"'collect_fn', got {type(dispatch_mode).__qualname__} {dispatch_mode!r}"
     )
@@ -341,15 +381,25 @@ def register_dispatch_mode(
     collect_fn: CollectFn,
     *,
     unpad_output: bool = True,
+    joins_shards: bool = False,
 ) -> Dispatch:
-    """Add a new ``Dispatch`` member with its functions and return it.
+    """Add a new ``Dispatch`` member called ``dispatch_mode_name.upper()`` with its
+    functions and return it.
 
-    A name that is already a ``Dispatch`` member is an error (use
-    :func:`update_dispatch_mode` to change an existing mode).
+    A name that is already a ``Dispatch`` member is a
+    :class:`~sc_dispatch.DispatchModeExistsError` (use :func:`update_dispatch_mode` to change
+    an existing mode).
     """
-    spec = DispatchModeSpec(dispatch_mode_name, dispatch_fn, collect_fn, unpad_output)
+    if not isinstance(dispatch_mode_name, str):
+        raise DispatchModeTypeError(
+            f"register_dispatch_mode: the mode name must be a str, got "
+            f"{type(dispatch_mode_name).__qualname__} {dispatch_mode_name!r}"
+        )
+    spec = DispatchModeSpec(
+        dispatch_mode_name.upper(), dispatch_fn, collect_fn, unpad_output, joins_shards
+    )
     with _lock:
-        if dispatch_mode_name in Dispatch:
+        if dispatch_mode_name.upper() in Dispatch:
             raise DispatchModeExistsError(
                 f"register_dispatch_mode: dispatch mode {dispatch_mode_name!r} already exists; "
                 "use update_dispatch_mode to replace its functions"
@@ -365,16 +415,28 @@ def update_dispatch_mode(
     collect_fn: CollectFn,
     *,
     unpad_output: bool | None = None,
+    joins_shards: bool | None = None,
 ) -> None:
-    """Replace the functions of an existing dispatch mode."""
+    """Replace the functions of an existing dispatch mode (a ``Dispatch`` member, else a
+    :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output`` and ``joins_shards``
+    keep their values unless given."""
     with _lock:
         old = _lookup(dispatch_mode)
-        keep = old.unpad_output if unpad_output is None else unpad_output
-        _registry[dispatch_mode] = DispatchModeSpec(old.name, dispatch_fn, collect_fn, keep)
+        _registry[dispatch_mode] = DispatchModeSpec(
+            old.name,
+            dispatch_fn,
+            collect_fn,
+            old.unpad_output if unpad_output is None else unpad_output,
+            old.joins_shards if joins_shards is None else joins_shards,
+        )
 
 
 def get_predefined_execute_fn(execute_mode: Execute) -> ExecuteFnDict:
     """verl's lookup: the name of the worker-group method that runs a call."""
+    if not isinstance(execute_mode, Execute):
+        raise DispatchModeTypeError(
+            f"expected an Execute member, got {type(execute_mode).__qualname__} {execute_mode!r}"
+        )
     if execute_mode is Execute.ALL:
         return {"execute_fn_name": "execute_all"}
     if execute_mode is Execute.RANK_ZERO:

@@ -10,10 +10,14 @@ from ._errors import DispatchArgumentError, NotShardableError
 from ._protocols import ShardAdapter
 
 __all__ = [
+    "Resolver",
+    "Rows",
     "chunk_sizes",
+    "get_future_resolver",
     "get_shard_adapter",
     "is_future",
     "is_shardable",
+    "register_future_resolver",
     "register_future_type",
     "register_shardable",
     "split_args_kwargs",
@@ -51,7 +55,7 @@ class _SequenceAdapter:
         parts: list[Sequence[Any]] = []
         start = 0
         for size in chunk_sizes(len(obj), chunks):
-            parts.append(obj[start : start + size])
+            parts.append(self._kind(list(obj[start : start + size])))
             start += size
         return parts
 
@@ -70,10 +74,23 @@ class _SequenceAdapter:
         return self._kind([*obj, *extra])
 
     def unpad(self, obj: Sequence[Any], pad_size: int) -> Sequence[Any]:
-        return obj[: len(obj) - pad_size] if pad_size else obj
+        return self._kind(list(obj[: len(obj) - pad_size])) if pad_size else obj
 
     def auto_padding(self, obj: Sequence[Any]) -> bool:
         return False
+
+
+class Rows(list):  # type: ignore[type-arg]  # a list of anything, like ``list`` itself
+    """A batch of rows for sc-dispatch users without DataProto: a ``list`` that splitting modes
+    (``DP_COMPUTE_PROTO``, N-d mesh modes) split into contiguous shards and join back.
+
+    Plain lists and tuples are per-rank arguments (``DP_COMPUTE``); wrap the rows,
+    ``Rows(items)``, to say they are one batch to split. Shards and joined outputs are
+    ``Rows`` again.
+    """
+
+    def __repr__(self) -> str:
+        return f"Rows({list.__repr__(self)})"
 
 
 def register_shardable(cls: type[T], adapter: ShardAdapter[T]) -> None:
@@ -116,6 +133,38 @@ def is_future(obj: object) -> bool:
     return bool(_future_types) and isinstance(obj, _future_types)
 
 
+#: Fetches the values behind a list of a backend's handles, in order.
+Resolver = Callable[[list[Any]], Sequence[Any]]
+_resolvers: dict[type, Resolver] = {}
+
+
+def register_future_resolver(ref_type: type, resolve: Resolver) -> None:
+    """Teach sc's futures to fetch handles of ``ref_type`` (and its subclasses):
+    ``resolve(list_of_handles)`` returns their values, in order, in one bulk call. A backend
+    registers its handle type when it is imported -- sc-ray registers ``ray.ObjectRef`` --
+    so that ``sc_protocol.DataProtoFuture(futures=[ref, ...])`` needs no ``resolve=``
+    argument, as in verl. Registering a type again replaces its resolver."""
+    if not isinstance(ref_type, type):
+        raise NotShardableError(
+            f"register_future_resolver: expected a class, got {type(ref_type).__qualname__}"
+        )
+    if not callable(resolve):
+        raise NotShardableError(
+            f"register_future_resolver: resolve must be callable, got {resolve!r}"
+        )
+    with _lock:
+        _resolvers[ref_type] = resolve
+
+
+def get_future_resolver(ref: object) -> Resolver | None:
+    """The resolver registered for ``type(ref)`` or its nearest base class, or ``None``."""
+    for klass in type(ref).__mro__:
+        found = _resolvers.get(klass)
+        if found is not None:
+            return found
+    return None
+
+
 def _describe(obj: object) -> str:
     text = repr(obj)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -128,16 +177,21 @@ def split_args_kwargs(
     kwargs: dict[str, Any],
     *,
     allow_padding: bool = True,
+    allow_sequences: bool = False,
 ) -> tuple[list[list[Any]], dict[str, list[Any]], int]:
     """Split every argument into ``chunks`` shards.
 
     Returns per-argument shard lists and the number of padding rows added at the end of the
-    batch (0 when none). All arguments must be shardable and of the same length (an adapter
-    reports ``None`` for a future whose row count is not known yet). When the
-    length does not divide evenly and any argument has auto-padding enabled, every argument
-    is padded (on a new object) to the next multiple of ``chunks``; otherwise the shards
-    differ in length by at most one. A batch shorter than ``chunks`` without padding is an
-    error.
+    batch (0 when none). All arguments must be shardable batches (DataProto, TensorDict,
+    futures, or any type with a registered adapter) of the same length (an adapter reports
+    ``None`` for a future whose row count is not known yet). Plain lists and tuples are
+    per-rank arguments that belong to ``DP_COMPUTE``: they are a
+    :class:`~sc_dispatch.NotShardableError` here unless ``allow_sequences``.
+
+    Splitting is exact: a length that does not divide by ``chunks`` is a
+    :class:`~sc_dispatch.DispatchArgumentError` naming both, unless an argument has
+    auto-padding enabled; then every argument is padded (on a new object) to the next
+    multiple of ``chunks``.
     """
     named: list[tuple[str, Any]] = [(f"positional argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
@@ -146,12 +200,19 @@ def split_args_kwargs(
     adapters: list[ShardAdapter[Any]] = []
     lengths: list[int | None] = []
     for label, value in named:
+        if not allow_sequences and type(value) in (list, tuple):
+            raise NotShardableError(
+                f"{mode}: {label} is a {type(value).__qualname__} ({_describe(value)}); this "
+                "mode splits batches (DataProto, TensorDict, futures), not plain sequences: "
+                "use Dispatch.DP_COMPUTE for per-rank lists, or wrap the rows in a DataProto "
+                "(or sc_dispatch.Rows)"
+            )
         adapter = get_shard_adapter(value)
         if adapter is None:
             raise NotShardableError(
                 f"{mode}: {label} of type {type(value).__qualname__} cannot be split across "
-                f"{chunks} workers ({_describe(value)}); pass a list, tuple, DataProto or "
-                "TensorDict, or register an adapter with sc_dispatch.register_shardable"
+                f"{chunks} workers ({_describe(value)}); pass a DataProto or TensorDict, "
+                "or register an adapter with sc_dispatch.register_shardable"
             )
         adapters.append(adapter)
         lengths.append(adapter.length(value))
@@ -177,13 +238,15 @@ def split_args_kwargs(
         wants_padding = allow_padding and any(
             a.auto_padding(v) for a, (_, v) in zip(adapters, named, strict=True)
         )
-        if wants_padding:
-            pad_size = chunks - length % chunks
-        elif length < chunks:
+        if not wants_padding:
             raise DispatchArgumentError(
-                f"{mode}: batch of {length} rows is shorter than the {chunks} shards it must be "
-                "split into; enable auto-padding or send at least one row per shard"
+                f"{mode}: a batch of {length} rows does not divide evenly into {chunks} shards "
+                f"({length} % {chunks} = {length % chunks}); uneven shards would change each "
+                "rank's batch size and loss weighting. Send a multiple of the shard count, or "
+                "enable auto-padding (DataProtoConfig.auto_padding = True, SC_AUTO_PADDING=1, "
+                "or DataProto.from_dict(..., auto_padding=True))"
             )
+        pad_size = chunks - length % chunks
     split: list[list[Any]] = []
     for adapter, (_, value) in zip(adapters, named, strict=True):
         padded = adapter.pad(value, pad_size) if pad_size else value
@@ -210,3 +273,4 @@ def unpad_output(output: Any, pad_size: int) -> Any:
 
 register_shardable(list, _SequenceAdapter(list))
 register_shardable(tuple, _SequenceAdapter(tuple))
+register_shardable(Rows, _SequenceAdapter(Rows))
