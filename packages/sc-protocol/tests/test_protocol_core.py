@@ -13,6 +13,9 @@ from sc_protocol import (
     DataProto,
     DataProtoConfig,
     DataProtoItem,
+    InvalidSizeError,
+    KeyConflictError,
+    ProtocolTypeError,
     collate_fn,
     union_numpy_dict,
     union_tensor_dict,
@@ -235,7 +238,7 @@ def test_concat_without_tensors() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rows", "chunks", "sizes"), [(6, 3, [2, 2, 2]), (7, 3, [3, 2, 2]), (5, 5, [1] * 5)]
+    ("rows", "chunks", "sizes"), [(6, 3, [2, 2, 2]), (8, 4, [2] * 4), (5, 5, [1] * 5)]
 )
 def test_chunk_sizes_and_views(rows: int, chunks: int, sizes: list[int]) -> None:
     dp = make_dp(rows)
@@ -245,6 +248,17 @@ def test_chunk_sizes_and_views(rows: int, chunks: int, sizes: list[int]) -> None
     assert parts[0].batch is not None
     assert dp.batch is not None
     assert parts[0].batch["ids"].data_ptr() == dp.batch["ids"].data_ptr()
+
+
+@pytest.mark.parametrize(("rows", "chunks"), [(7, 3), (5, 2), (3, 4), (1, 2)])
+def test_chunk_is_exact_without_padding(rows: int, chunks: int) -> None:
+    with pytest.raises(InvalidSizeError, match=rf"{rows} rows do not divide evenly into {chunks}"):
+        make_dp(rows).chunk(chunks)
+
+
+def test_chunk_with_padding_allows_uneven_parts() -> None:
+    dp = make_dp(7, meta={DataProtoConfig.auto_padding_key: True})
+    assert [len(p) for p in dp.chunk(3)] == [3, 2, 2]
 
 
 def test_chunk_with_padding_enabled_returns_exactly_n_parts() -> None:
@@ -358,3 +372,66 @@ def test_nested_tensordict_columns() -> None:
     sel = dp.select(batch_keys=[("n", "b")])
     assert sel.batch is not None
     assert sel.batch["n", "b"].tolist() == [0, 2, 4, 6]
+
+
+# --- verl's meta_info rules in concat ------------------------------------------------------
+
+
+def test_concat_meta_info_conflict_names_the_key_and_both_values() -> None:
+    a = make_dp(2, meta={"temperature": 1.0, "step": 3})
+    b = make_dp(2, meta={"temperature": 0.7, "step": 3})
+    with pytest.raises(
+        KeyConflictError, match=r"'temperature' differs.*1\.0 \(part 0\) vs 0\.7"
+    ) as info:
+        DataProto.concat([a, b])
+    assert isinstance(info.value, ValueError)
+    same = DataProto.concat([a, make_dp(2, meta={"temperature": 1.0, "extra": "x"})])
+    assert same.meta_info == {"temperature": 1.0, "step": 3, "extra": "x"}
+
+
+def test_concat_gathers_metrics_into_one_dict_of_lists() -> None:
+    parts = [
+        make_dp(1, meta={"metrics": {"loss": 1.0, "kl": 0.1}}),
+        make_dp(1, meta={"metrics": [{"loss": 2.0, "kl": 0.2}, {"loss": 3.0}]}),
+        make_dp(1, meta={"metrics": {"loss": 4.0}}),
+    ]
+    out = DataProto.concat(parts)
+    assert out.meta_info["metrics"] == {"loss": [1.0, 2.0, 3.0, 4.0], "kl": [0.1, 0.2]}
+    with pytest.raises(ProtocolTypeError, match=r"metrics.*must be a dict or a list of dicts"):
+        DataProto.concat([make_dp(1, meta={"metrics": 5})])
+
+
+# --- to_tensordict / from_tensordict -------------------------------------------------------
+
+
+def test_to_tensordict_round_trips_columns_and_meta_info() -> None:
+    dp = DataProto.from_dict(
+        tensors={"ids": torch.arange(6).reshape(3, 2), "mask": torch.ones(3, 2)},
+        non_tensors={
+            "text": ["a", "bb", "ccc"],
+            "extra": [{"k": 1}, [1, 2], None],
+            "score": np.array([0.5, 1.5, 2.5]),
+            "label": np.array(["x", "y", "z"]),
+        },
+        meta_info={"temperature": 0.7, "cfg": {"lr": 1e-3}},
+    )
+    td = dp.to_tensordict()
+    assert td.batch_size == torch.Size([3])
+    assert dp.batch is not None
+    assert td["ids"].data_ptr() == dp.batch["ids"].data_ptr()  # shared, not copied
+    back = DataProto.from_tensordict(td)
+    assert_dp_equal(back, dp)
+    assert back.non_tensor_batch["score"].dtype == np.float64
+    assert back.non_tensor_batch["label"].dtype.kind == "U"
+    assert back.meta_info == {"temperature": 0.7, "cfg": {"lr": 1e-3}}
+
+
+def test_to_tensordict_without_tensors_and_name_clashes() -> None:
+    dp = DataProto.from_dict(non_tensors={"text": ["a", "b"]}, meta_info={"m": 1})
+    back = DataProto.from_tensordict(dp.to_tensordict())
+    assert back.batch is None
+    assert list(back.non_tensor_batch["text"]) == ["a", "b"]
+    assert back.meta_info == {"m": 1}
+    clash = DataProto.from_dict(tensors={"x": torch.zeros(2)}, meta_info={"x": 1})
+    with pytest.raises(KeyConflictError, match=r"meta_info key 'x' is also a column name"):
+        clash.to_tensordict()

@@ -92,11 +92,12 @@ def test_adapters_registered_on_import() -> None:
     assert is_future(DataProtoFuture())
 
 
-def test_dataproto_split_even_and_uneven() -> None:
-    dp = make_dp(7)
-    split, _, pad = split_args_kwargs("DP_COMPUTE_PROTO", 3, [dp], {})
+def test_dataproto_split_is_exact() -> None:
+    split, _, pad = split_args_kwargs("DP_COMPUTE_PROTO", 3, [make_dp(6)], {})
     assert pad == 0
-    assert [row_ids(p) for p in split[0]] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [row_ids(p) for p in split[0]] == [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(DispatchArgumentError, match=r"7 rows does not divide evenly into 3"):
+        split_args_kwargs("DP_COMPUTE_PROTO", 3, [make_dp(7)], {})
 
 
 def test_dp_compute_proto_roundtrip() -> None:
@@ -121,7 +122,7 @@ def test_auto_padding_via_dataproto_does_not_mutate_caller() -> None:
 
 def test_global_auto_padding_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     wg = FakeWorkerGroup(4)
-    with pytest.raises(DispatchArgumentError, match=r"3 rows is shorter than the 4 shards"):
+    with pytest.raises(DispatchArgumentError, match=r"3 rows does not divide evenly into 4"):
         dispatch_dp_compute_data_proto(wg, make_dp(3))
     monkeypatch.setenv("SC_AUTO_PADDING", "1")
     args, kwargs = dispatch_dp_compute_data_proto(wg, make_dp(3))

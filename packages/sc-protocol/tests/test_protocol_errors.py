@@ -46,16 +46,40 @@ ALL_ERRORS = [
 ]
 
 
+MEANINGS = (ValueError, TypeError, KeyError, IndexError, LookupError, NotImplementedError)
+
+EXPECTED_MEANING: dict[type[Exception], type[Exception]] = {
+    BatchSizeMismatchError: ValueError,
+    FutureError: ValueError,
+    IndexOutOfRange: IndexError,
+    InvalidSizeError: ValueError,
+    KeyConflictError: ValueError,
+    KeyMismatchError: ValueError,
+    MissingKeyError: KeyError,
+    ProtocolTypeError: TypeError,
+    SerializationError: ValueError,
+    UnknownRowCountError: ValueError,
+}
+
+
+def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
+    found = [m for m in MEANINGS if issubclass(exc, m)]
+    return [m for m in found if not any(o is not m and issubclass(o, m) for o in found)]
+
+
 def test_tree_is_documented_and_rooted() -> None:
     doc = errors_module.__doc__ or ""
     for exc in [ProtocolError, *ALL_ERRORS]:
         assert exc.__name__ in doc
         assert issubclass(exc, ProtocolError)
-    assert issubclass(ProtocolError, ValueError)
-    assert issubclass(MissingKeyError, KeyError)
-    assert issubclass(IndexOutOfRange, IndexError)
-    assert issubclass(ProtocolTypeError, TypeError)
+    assert ProtocolError.__bases__ == (Exception,)
     assert issubclass(UnknownRowCountError, FutureError)
+    assert IndexOutOfRange.__name__ == "IndexOutOfRangeError"
+
+
+@pytest.mark.parametrize("exc", ALL_ERRORS)
+def test_each_error_means_exactly_one_builtin(exc: type[Exception]) -> None:
+    assert _meanings(exc) == [EXPECTED_MEANING[exc]]
 
 
 def test_missing_key_message_is_not_quoted() -> None:
@@ -333,15 +357,17 @@ def test_chunk_errors() -> None:
     dp = make_dp(3)
     with pytest.raises(InvalidSizeError, match=r"chunks must be >= 1, got 0 \(3 rows\)"):
         dp.chunk(0)
-    with pytest.raises(
-        InvalidSizeError,
-        match=r"cannot split 3 rows into 4 chunks; use at most 3 chunks or enable padding",
-    ):
+    with pytest.raises(InvalidSizeError, match=r"3 rows do not divide evenly into 4 chunks"):
         dp.chunk(4)
+    with pytest.raises(InvalidSizeError, match=r"3 rows do not divide evenly into 2 chunks"):
+        dp.chunk(2)
     with pytest.raises(ProtocolTypeError, match=r"chunks must be an int, got 2.0"):
         dp.chunk(2.0)  # type: ignore[arg-type]
     DataProtoConfig.auto_padding = True
     assert len(dp.chunk(4)) == 4
+    assert len(dp.chunk(24)) == 24
+    with pytest.raises(InvalidSizeError, match=r"25 chunks for 3 rows is more than 8 chunks per"):
+        dp.chunk(25)
 
 
 @pytest.mark.parametrize("size", [0, -1, True])

@@ -17,6 +17,7 @@ from sc_protocol import (
     ShardSlice,
     UnknownRowCountError,
     plan_shard_slices,
+    register_future_resolver,
 )
 
 
@@ -223,7 +224,7 @@ def test_future_errors() -> None:
     with pytest.raises(FutureError, match=r"shard 0 resolved to a int, not a DataProto"):
         DataProtoFuture.from_shards(["a"], None, lambda refs: [1]).get()
     with pytest.raises(
-        FutureError, match=r"shard 0 is a str and no resolver was given; pass resolve="
+        FutureError, match=r"shard 0 is a str, which no resolver handles; .* pass resolve="
     ):
         DataProtoFuture.from_shards(["a"], [1]).get()
     with pytest.raises(FutureError, match=r"collect_fn returned a list, not a DataProto"):
@@ -263,3 +264,33 @@ def test_future_errors() -> None:
 def test_empty_future_resolves_to_empty_batch() -> None:
     assert len(DataProtoFuture().get()) == 0
     assert len(DataProtoFuture.from_shards([]).get()) == 0
+
+
+class _Handle:
+    """A backend's shard handle type: no get(), resolved only through a registered resolver."""
+
+    def __init__(self, value: DataProto) -> None:
+        self.value = value
+
+
+def test_registered_resolver_fetches_handles_in_bulk_without_resolve_argument() -> None:
+    calls: list[int] = []
+
+    def resolve(handles: list[Any]) -> list[Any]:
+        calls.append(len(handles))
+        return [h.value for h in handles]
+
+    handles = [_Handle(make_dp(2)), _Handle(make_dp(2))]
+    with pytest.raises(FutureError, match=r"_Handle, which no resolver handles"):
+        DataProtoFuture(futures=handles).get()
+    register_future_resolver(_Handle, resolve)
+    # verl's spellings: the constructor with collect_fn and futures, concat, chunk, get.
+    fut = DataProtoFuture(collect_fn=DataProto.concat, futures=handles)
+    assert len(fut.get()) == 4
+    assert calls == [2]  # one bulk call for both shards
+    parts = DataProtoFuture.concat(handles).chunk(2)
+    assert [len(p.get()) for p in parts] == [2, 2]
+    with pytest.raises(TypeError, match=r"expected a class"):
+        register_future_resolver("x", resolve)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"resolve must be callable"):
+        register_future_resolver(_Handle, 3)  # type: ignore[arg-type]

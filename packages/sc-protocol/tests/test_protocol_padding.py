@@ -21,12 +21,24 @@ def test_env_switch(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -
     assert make_dp(2).is_padding_enabled() is expected
 
 
-def test_assignment_overrides_env_until_reset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SC_AUTO_PADDING", "1")
+def _on() -> bool:
+    """The global switch, read through a call (so the type checker does not narrow it)."""
+    return DataProtoConfig.auto_padding
+
+
+def test_env_turns_padding_on_even_after_assigning_false(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's rule: the environment variable OR the assigned value."""
     DataProtoConfig.auto_padding = False
-    assert DataProtoConfig.auto_padding is False
+    assert _on() is False
+    monkeypatch.setenv("SC_AUTO_PADDING", "1")
+    assert make_dp(3).is_padding_enabled()
+    assert _on() is True
+    monkeypatch.setenv("SC_AUTO_PADDING", "0")
+    assert _on() is False
+    DataProtoConfig.auto_padding = True
+    assert _on() is True
     DataProtoConfig.auto_padding = None
-    assert DataProtoConfig.auto_padding is True
+    assert _on() is False
 
 
 def test_per_object_flag() -> None:
@@ -59,9 +71,10 @@ def test_pad_to_divisor_no_op() -> None:
 
 @pytest.mark.parametrize(
     ("candidate", "expected"),
-    [("", [0, 1, 2, 0, 1]), ("first", [0, 1, 2, 0, 0]), ("last", [0, 1, 2, 2, 2])],
+    [("", [0, 1, 2, 2, 2]), ("first", [0, 1, 2, 0, 0]), ("last", [0, 1, 2, 2, 2])],
 )
 def test_padding_in_place(candidate: str, expected: list[int]) -> None:
+    """verl: the default candidate is the last row; "first" repeats the first row."""
     dp = make_dp(3)
     dp.padding(2, candidate)
     assert row_ids(dp) == expected

@@ -8,17 +8,29 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from _protocol_helpers import PROPERTY, assert_dp_equal, data_protos
 from hypothesis import given
 from hypothesis import strategies as st
-from sc_protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
+from sc_protocol import (
+    DataProto,
+    DataProtoConfig,
+    DataProtoFuture,
+    InvalidSizeError,
+    pad_dataproto_to_divisor,
+    unpad_dataproto,
+)
 
 
 @PROPERTY
 @given(data_protos(min_rows=1), st.integers(1, 9))
 def test_chunk_concat_roundtrip(dp: DataProto, chunks: int) -> None:
     chunks = min(chunks, len(dp))
+    if len(dp) % chunks:
+        with pytest.raises(InvalidSizeError, match="do not divide evenly"):
+            dp.chunk(chunks)
+        dp.meta_info[DataProtoConfig.auto_padding_key] = True  # uneven parts on request
     parts = dp.chunk(chunks)
     assert len(parts) == chunks
     sizes = [len(p) for p in parts]
@@ -106,6 +118,7 @@ def test_future_chunks_equal_dataproto_chunks(dp: DataProto, cuts: list[int], ch
     bounds = sorted({0, n, *[c % (n + 1) for c in cuts]})
     shards = [dp.slice(a, b) for a, b in itertools.pairwise(bounds)]
     fut = DataProtoFuture.from_shards(shards, [len(s) for s in shards])
+    DataProtoConfig.auto_padding = True  # uneven chunks to compare with (conftest resets it)
     for part_f, part_d in zip(fut.chunk(chunks), dp.chunk(chunks), strict=True):
         assert part_f.num_rows == len(part_d)
         assert len(part_f.shard_refs) <= len(shards)

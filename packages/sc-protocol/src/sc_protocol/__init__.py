@@ -27,6 +27,7 @@ from ._errors import (
     BatchSizeMismatchError,
     FutureError,
     IndexOutOfRange,
+    IndexOutOfRangeError,
     InvalidSizeError,
     KeyConflictError,
     KeyMismatchError,
@@ -36,7 +37,13 @@ from ._errors import (
     SerializationError,
     UnknownRowCountError,
 )
-from ._future import DataProtoFuture, Resolver, ShardSlice, plan_shard_slices
+from ._future import (
+    DataProtoFuture,
+    Resolver,
+    ShardSlice,
+    plan_shard_slices,
+    register_future_resolver,
+)
 
 __version__ = "0.1.0"
 
@@ -53,6 +60,7 @@ __all__ = [
     "FutureError",
     "IndexLike",
     "IndexOutOfRange",
+    "IndexOutOfRangeError",
     "InvalidSizeError",
     "KeyConflictError",
     "KeyMismatchError",
@@ -69,6 +77,7 @@ __all__ = [
     "pad_dataproto_to_divisor",
     "plan_shard_slices",
     "register_adapters",
+    "register_future_resolver",
     "union_numpy_dict",
     "union_tensor_dict",
     "unpad_dataproto",

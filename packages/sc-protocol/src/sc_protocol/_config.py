@@ -32,17 +32,17 @@ class _DataProtoConfigMeta(type):
 
     @property
     def auto_padding(cls) -> bool:
-        """Global auto-padding switch; defaults to the environment variable ``SC_AUTO_PADDING``."""
-        if cls._auto_padding is not None:
-            return cls._auto_padding
-        return _env_flag("SC_AUTO_PADDING")
+        """Global auto-padding switch: on when it was assigned ``True`` *or* the environment
+        variable ``SC_AUTO_PADDING`` is set (verl's rule: the variable turns padding on for a
+        whole job, whatever the program assigned)."""
+        return bool(cls._auto_padding) or _env_flag("SC_AUTO_PADDING")
 
     @auto_padding.setter
     def auto_padding(cls, enabled: bool | None) -> None:
         if enabled is not None and not isinstance(enabled, bool):
             raise ProtocolTypeError(
-                f"DataProtoConfig.auto_padding must be a bool (or None to follow "
-                f"SC_AUTO_PADDING), got {type(enabled).__name__} {enabled!r}"
+                f"DataProtoConfig.auto_padding must be a bool (None resets it to False), "
+                f"got {type(enabled).__name__} {enabled!r}"
             )
         cls._auto_padding = enabled
 
@@ -71,8 +71,9 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
     """Process-wide DataProto settings (verl's ``DataProtoConfig``).
 
     * ``DataProtoConfig.auto_padding`` -- when true, every DataProto may be padded so that
-      it splits evenly across workers; ``SC_AUTO_PADDING=1`` sets it from the environment.
-      Assign ``None`` to follow the environment again.
+      it splits evenly across workers. It is true when the program assigned ``True`` or the
+      environment has ``SC_AUTO_PADDING=1`` (as verl's ``VERL_AUTO_PADDING``): assigning
+      ``False`` does not override the environment variable.
     * ``DataProtoConfig.auto_padding_key`` -- the ``meta_info`` key of the per-object flag
       (set by ``from_dict(..., auto_padding=True)``).
     * ``DataProtoConfig.copy_readonly_buffers`` -- see :mod:`sc_protocol` serialization.

@@ -20,7 +20,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from ._config import DataProtoConfig
 from ._errors import (
     BatchSizeMismatchError,
-    IndexOutOfRange,
+    IndexOutOfRangeError,
     InvalidSizeError,
     KeyConflictError,
     KeyMismatchError,
@@ -50,6 +50,11 @@ Key = str | tuple[str, ...]
 IndexLike = slice | Sequence[int] | Sequence[bool] | NDArray | torch.Tensor
 
 _SAVE_FORMAT = "sc_protocol.DataProto"
+#: With padding enabled, ``chunk`` may return empty parts, but not more than this many
+#: parts per row (``chunk(10**6)`` of a few rows would build a million objects).
+_MAX_CHUNKS_PER_ROW = 8
+#: The ``meta_info`` key whose values concat gathers from every part (verl's rule).
+METRICS_KEY = "metrics"
 _SAVE_VERSION = 1
 
 
@@ -192,7 +197,7 @@ def _index_arrays(index: Any, length: int, what: str) -> tuple[NDArray, torch.Te
             low, high = int(positions.min()), int(positions.max())
             if low < -length or high >= length:
                 bad = low if low < -length else high
-                raise IndexOutOfRange(
+                raise IndexOutOfRangeError(
                     f"{what}: index {bad} is out of range for a batch of {length} rows"
                 )
             positions[positions < 0] += length
@@ -268,6 +273,53 @@ def _union_meta(meta1: dict[str, Any], meta2: Mapping[str, Any], what: str) -> N
             )
     for key, value in meta2.items():
         meta1.setdefault(key, value)
+
+
+def _gather_metrics(values: Sequence[Any]) -> dict[str, list[Any]]:
+    """verl's rule for ``meta_info["metrics"]`` across parts: every part contributes a dict
+    or a list of dicts; the result maps each metric to the list of its values, in order."""
+    dicts: list[Mapping[str, Any]] = []
+    for value in values:
+        if value is None:
+            continue
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if not isinstance(item, Mapping):
+                raise ProtocolTypeError(
+                    f"DataProto.concat: meta_info[{METRICS_KEY!r}] must be a dict or a list of "
+                    f"dicts, got a {type(item).__name__} {item!r}"
+                )
+            dicts.append(item)
+    out: dict[str, list[Any]] = {}
+    for item in dicts:
+        for key, metric in item.items():
+            out.setdefault(key, []).append(metric)
+    return out
+
+
+def _concat_meta(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    owner: dict[str, int] = {}
+    for i, meta in enumerate(metas):
+        for key, value in meta.items():
+            if key == METRICS_KEY:
+                continue
+            if key not in merged:
+                merged[key], owner[key] = value, i
+            elif not _values_equal(merged[key], value):
+                raise KeyConflictError(
+                    f"DataProto.concat: meta_info key {key!r} differs between parts: "
+                    f"{_describe(merged[key])} (part {owner[key]}) vs {_describe(value)} "
+                    f"(part {i})"
+                )
+    if any(METRICS_KEY in meta for meta in metas):
+        merged[METRICS_KEY] = _gather_metrics([m[METRICS_KEY] for m in metas if METRICS_KEY in m])
+    return merged
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # --- DataProtoItem and collate -----------------------------------------------------------------
@@ -446,8 +498,10 @@ class DataProto:
         meta_info: Mapping[str, Any] | None = None,
         num_batch_dims: int = 1,
     ) -> D:
-        """Build from a TensorDict: tensors (and nested TensorDicts) stay in ``batch``;
-        non-tensor stacks become numpy object columns; non-tensor scalars go to ``meta_info``."""
+        """Build from a TensorDict (verl's layout, and what :meth:`to_tensordict` writes):
+        tensors (and nested TensorDicts) stay in ``batch``; non-tensor stacks become numpy
+        columns (numeric and string values get their numpy dtype back, anything else an
+        object column); non-tensor data entries go to ``meta_info``."""
         if not isinstance(tensor_dict, TensorDictBase):
             raise ProtocolTypeError(
                 f"from_tensordict: expected a TensorDict, got {type(tensor_dict).__name__}"
@@ -463,13 +517,42 @@ class DataProto:
         entries: list[tuple[str, Any]] = list(tensor_dict.items())
         for key, value in entries:
             if isinstance(value, NonTensorStack):
-                non_tensors[key] = _object_column(value.tolist())
+                non_tensors[key] = _stack_values(key, value.tolist())
             elif isinstance(value, NonTensorData):
                 meta[key] = value.data
             else:
                 keep.append(key)
         batch = tensor_dict.select(*keep) if keep else None
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+
+    def to_tensordict(self) -> TensorDict:
+        """One TensorDict holding the whole batch, in verl's layout: the tensor columns as
+        they are (shared, not copied), each non-tensor column as a ``NonTensorStack`` and
+        each ``meta_info`` entry as ``NonTensorData``. :meth:`from_tensordict` gives the
+        DataProto back. A name used by two kinds of entry is a
+        :class:`~sc_protocol.KeyConflictError`."""
+        n = len(self)
+        if self.batch is not None:
+            td: TensorDict = TensorDict(
+                dict(self.batch.items()), batch_size=self.batch.batch_size, device=self.batch.device
+            )
+        else:
+            td = TensorDict({}, batch_size=[n])
+        taken = {str(k) for k in td.keys()}  # noqa: SIM118 - a TensorDict, not a dict
+        for key, column in self.non_tensor_batch.items():
+            if key in taken:
+                raise KeyConflictError(
+                    f"DataProto.to_tensordict: {key!r} is both a tensor and a non-tensor column"
+                )
+            td.set(key, NonTensorStack(*[NonTensorData(v) for v in list(column)]))
+            taken.add(key)
+        for key, value in self.meta_info.items():
+            if key in taken:
+                raise KeyConflictError(
+                    f"DataProto.to_tensordict: meta_info key {key!r} is also a column name"
+                )
+            td.set_non_tensor(key, value)
+        return td
 
     # -- validation and basic protocol -------------------------------------------------
 
@@ -548,7 +631,7 @@ class DataProto:
             n = len(self)
             i = int(item)
             if i < -n or i >= n:
-                raise IndexOutOfRange(f"DataProto index {i} is out of range for {n} rows")
+                raise IndexOutOfRangeError(f"DataProto index {i} is out of range for {n} rows")
             i %= n
             return DataProtoItem(
                 batch=None if self.batch is None else self.batch[i],
@@ -777,7 +860,10 @@ class DataProto:
     def concat(data: Sequence[D]) -> D:
         """Join DataProtos row-wise. All must have the same keys.
 
-        ``meta_info`` is the first part's, plus any key only later parts carry.
+        ``meta_info`` is merged as verl does: a key that several parts carry must have equal
+        values (else a :class:`~sc_protocol.KeyConflictError` naming the key and both
+        values), and ``meta_info["metrics"]`` -- a dict, or a list of dicts, per part -- is
+        gathered into one dict of lists across the parts (``{"loss": [part0, part1]}``).
         """
         parts = list(data)
         if not parts:
@@ -811,12 +897,8 @@ class DataProto:
         for key in first.non_tensor_batch:
             columns = [p.non_tensor_batch[key] for p in parts]
             non_tensor[key] = columns[0] if len(columns) == 1 else np.concatenate(columns, axis=0)
-        meta = dict(first.meta_info)
-        for part in parts[1:]:
-            for key, value in part.meta_info.items():
-                meta.setdefault(key, value)
         obj = first._new(batch, non_tensor)
-        obj.meta_info = meta
+        obj.meta_info = _concat_meta([p.meta_info for p in parts])
         return obj
 
     # -- splitting -----------------------------------------------------------------------
@@ -828,20 +910,29 @@ class DataProto:
         )
 
     def chunk(self: D, chunks: int) -> list[D]:
-        """Split into exactly ``chunks`` parts of views, earlier parts one row longer if uneven.
+        """Split into exactly ``chunks`` parts of views.
 
-        More parts than rows is an error unless padding is enabled (then trailing parts are
-        empty).
+        Splitting is exact, as in verl: rows that do not divide evenly into ``chunks`` are an
+        :class:`~sc_protocol.InvalidSizeError` naming both, unless padding is enabled for
+        this batch (:meth:`is_padding_enabled`); then earlier parts are one row longer, and
+        parts beyond the rows are empty (at most ``8 x`` as many parts as rows).
         """
         if isinstance(chunks, bool) or not isinstance(chunks, int):
             raise ProtocolTypeError(f"DataProto.chunk: chunks must be an int, got {chunks!r}")
         n = len(self)
         if chunks < 1:
             raise InvalidSizeError(f"DataProto.chunk: chunks must be >= 1, got {chunks} ({n} rows)")
-        if chunks > n and not self.is_padding_enabled():
+        if n % chunks and not self.is_padding_enabled():
             raise InvalidSizeError(
-                f"DataProto.chunk: cannot split {n} rows into {chunks} chunks; use at most {n} "
-                "chunks or enable padding"
+                f"DataProto.chunk: {n} rows do not divide evenly into {chunks} chunks "
+                f"({n} % {chunks} = {n % chunks}); pad the batch first "
+                "(pad_dataproto_to_divisor) or enable auto-padding"
+            )
+        if chunks > max(n, 1) * _MAX_CHUNKS_PER_ROW:
+            raise InvalidSizeError(
+                f"DataProto.chunk: {chunks} chunks for {n} rows is more than "
+                f"{_MAX_CHUNKS_PER_ROW} chunks per row; ask for at most "
+                f"{max(n, 1) * _MAX_CHUNKS_PER_ROW}"
             )
         base, extra = divmod(n, chunks)
         sizes = [base + 1 if i < extra else base for i in range(chunks)]
@@ -988,9 +1079,9 @@ class DataProto:
     def padding(self, padding_size: int, padding_candidate: str = "") -> None:
         """Append ``padding_size`` rows in place.
 
-        ``padding_candidate`` chooses them: ``""`` repeats rows from the start (cycling, as
-        :func:`pad_dataproto_to_divisor` does), ``"first"`` repeats the first row, ``"last"``
-        the last row.
+        ``padding_candidate`` chooses them, as in verl: ``""`` (the default) and ``"last"``
+        repeat the last row, ``"first"`` repeats the first row. (The padding that dispatch
+        adds, like :func:`pad_dataproto_to_divisor`, repeats rows from the start instead.)
         """
         if isinstance(padding_size, bool) or not isinstance(padding_size, int) or padding_size < 0:
             raise InvalidSizeError(
@@ -1003,11 +1094,9 @@ class DataProto:
             raise InvalidSizeError(
                 f"DataProto.padding: cannot pad an empty batch with {padding_size} rows"
             )
-        if padding_candidate == "":
-            extra = np.arange(padding_size, dtype=np.int64) % n
-        elif padding_candidate == "first":
+        if padding_candidate == "first":
             extra = np.zeros(padding_size, dtype=np.int64)
-        elif padding_candidate == "last":
+        elif padding_candidate in ("", "last"):
             extra = np.full(padding_size, n - 1, dtype=np.int64)
         else:
             raise ProtocolTypeError(

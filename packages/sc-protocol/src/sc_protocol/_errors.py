@@ -1,29 +1,35 @@
 """The exceptions sc-protocol raises.
 
-Every error is raised explicitly (never through ``assert``) and subclasses the builtin
-exception it means, so callers may catch either::
+Every error is raised explicitly (never through ``assert``). Each class subclasses the
+package's base :class:`ProtocolError` and exactly one builtin exception, the one it means,
+so callers may catch either::
 
-    ProtocolError (ValueError)                  base class of everything below
-    ├── BatchSizeMismatchError                  columns, parts or operands whose row counts
+    ProtocolError (Exception)                   base class of everything below
+    ├── BatchSizeMismatchError (ValueError)     columns, parts or operands whose row counts
     │                                           (first dimensions) disagree
-    ├── KeyConflictError                        one key with two different values (union), or
-    │                                           a rename onto a key that is taken
-    ├── KeyMismatchError                        batches joined by concat with different keys
-    ├── MissingKeyError (also KeyError)         select / pop / rename of a key that is absent
-    ├── IndexOutOfRange (also IndexError)       a row index outside the batch
-    ├── InvalidSizeError                        a chunk count, split size, mini-batch size,
-    │                                           padding or repeat count that cannot be used,
-    │                                           or concat of an empty list
-    ├── ProtocolTypeError (also TypeError)      an argument of the wrong type: a column that is
+    ├── KeyConflictError (ValueError)           one key with two different values (union, or
+    │                                           ``meta_info`` in concat), or a rename onto a
+    │                                           key that is taken
+    ├── KeyMismatchError (ValueError)           batches joined by concat with different keys,
+    │                                           or one key with different dtypes or shapes
+    ├── MissingKeyError (KeyError)              select / pop / rename of a key that is absent
+    ├── IndexOutOfRangeError (IndexError)       a row index outside the batch, or one that
+    │                                           would wrap around (``2**64 - 1``)
+    ├── InvalidSizeError (ValueError)           a chunk count, split size, mini-batch size,
+    │                                           padding or repeat count that cannot be used
+    │                                           (a batch that does not divide evenly), or
+    │                                           concat of an empty list
+    ├── ProtocolTypeError (TypeError)           an argument of the wrong type: a column that is
     │                                           not a tensor / numpy array, a bad index type
-    ├── SerializationError                      a file that is not a saved DataProto, or one
-    │                                           that needs full unpickling when only
-    │                                           ``weights_only`` loading was allowed
-    └── FutureError                             a DataProtoFuture whose resolver returned the
+    ├── SerializationError (ValueError)         a file that is not a saved DataProto, one that
+    │                                           needs full unpickling when only safe loading
+    │                                           was allowed, or a value that cannot be pickled
+    └── FutureError (ValueError)                a DataProtoFuture whose resolver returned the
         │                                       wrong number, type or size of shards
         └── UnknownRowCountError                an operation that needs the row count of a
                                                 future whose shard sizes are not known
 
+``IndexOutOfRange`` is the former name of :class:`IndexOutOfRangeError`, kept as an alias.
 Messages name the key, the sizes and the offending value.
 """
 
@@ -33,6 +39,7 @@ __all__ = [
     "BatchSizeMismatchError",
     "FutureError",
     "IndexOutOfRange",
+    "IndexOutOfRangeError",
     "InvalidSizeError",
     "KeyConflictError",
     "KeyMismatchError",
@@ -44,19 +51,19 @@ __all__ = [
 ]
 
 
-class ProtocolError(ValueError):
+class ProtocolError(Exception):
     """Base class of every error raised by sc-protocol."""
 
 
-class BatchSizeMismatchError(ProtocolError):
+class BatchSizeMismatchError(ProtocolError, ValueError):
     """Columns, parts or operands whose numbers of rows disagree."""
 
 
-class KeyConflictError(ProtocolError):
+class KeyConflictError(ProtocolError, ValueError):
     """The same key with two different values, or a rename onto a taken key."""
 
 
-class KeyMismatchError(ProtocolError):
+class KeyMismatchError(ProtocolError, ValueError):
     """Batches with different sets of keys where the same keys are required."""
 
 
@@ -68,11 +75,15 @@ class MissingKeyError(ProtocolError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class IndexOutOfRange(ProtocolError, IndexError):
+class IndexOutOfRangeError(ProtocolError, IndexError):
     """A row index outside ``[-len, len)``."""
 
 
-class InvalidSizeError(ProtocolError):
+#: The former name of :class:`IndexOutOfRangeError`.
+IndexOutOfRange = IndexOutOfRangeError
+
+
+class InvalidSizeError(ProtocolError, ValueError):
     """A count or size argument that cannot be used with this batch."""
 
 
@@ -80,11 +91,11 @@ class ProtocolTypeError(ProtocolError, TypeError):
     """An argument of the wrong type."""
 
 
-class SerializationError(ProtocolError):
+class SerializationError(ProtocolError, ValueError):
     """A saved or pickled DataProto that cannot be restored."""
 
 
-class FutureError(ProtocolError):
+class FutureError(ProtocolError, ValueError):
     """A DataProtoFuture that cannot produce its value."""
 
 

@@ -17,13 +17,23 @@ import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from sc_dispatch import get_future_resolver, register_future_resolver
+
 from ._config import DataProtoConfig
 from ._data_proto import DataProto, _pad_rows, unpad_dataproto
 from ._errors import FutureError, InvalidSizeError, ProtocolTypeError, UnknownRowCountError
 
-__all__ = ["DataProtoFuture", "Resolver", "ShardSlice", "plan_shard_slices"]
+__all__ = [
+    "DataProtoFuture",
+    "Resolver",
+    "ShardSlice",
+    "plan_shard_slices",
+    "register_future_resolver",
+]
 
-#: Turns a list of shard handles into the list of their DataProtos (e.g. ``ray.get``).
+#: Turns a list of shard handles into the list of their DataProtos (e.g. ``ray.get``);
+#: resolvers for a backend's handle type are registered with
+#: :func:`sc_dispatch.register_future_resolver` (re-exported here).
 Resolver = Callable[[list[Any]], Sequence[Any]]
 CollectFn = Callable[[list[Any]], Any]
 _Op = tuple[str, Any, Any]
@@ -102,21 +112,35 @@ def _chunk_bounds(total: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def _resolve_local(refs: list[Any]) -> list[Any]:
-    """Default resolver: DataProtos as they are, ``concurrent.futures`` futures by ``result()``,
+    """Default resolver: DataProtos as they are, handles of a registered type through their
+    resolver (one call per type, in bulk), ``concurrent.futures`` futures by ``result()``,
     and any other future by ``get()``."""
-    out = []
+    out: list[Any] = [None] * len(refs)
+    grouped: dict[Resolver, list[int]] = {}
     for i, ref in enumerate(refs):
         if isinstance(ref, DataProto):
-            out.append(ref)
+            out[i] = ref
+        elif (resolver := get_future_resolver(ref)) is not None:
+            grouped.setdefault(resolver, []).append(i)
         elif isinstance(ref, concurrent.futures.Future):
-            out.append(ref.result())
+            out[i] = ref.result()
         elif callable(getattr(ref, "get", None)):
-            out.append(ref.get())
+            out[i] = ref.get()
         else:
             raise FutureError(
-                f"DataProtoFuture: shard {i} is a {type(ref).__name__} and no resolver was given; "
-                "pass resolve= (for Ray: resolve=ray.get)"
+                f"DataProtoFuture: shard {i} is a {type(ref).__name__}, which no resolver "
+                "handles; import the backend that made it (sc_ray registers Ray object "
+                "references), pass resolve=, or register_future_resolver(its type, ...)"
             )
+    for resolver, positions in grouped.items():
+        values = list(resolver([refs[i] for i in positions]))
+        if len(values) != len(positions):
+            raise FutureError(
+                f"DataProtoFuture: a resolver returned {len(values)} values for "
+                f"{len(positions)} shards"
+            )
+        for i, value in zip(positions, values, strict=True):
+            out[i] = value
     return out
 
 
