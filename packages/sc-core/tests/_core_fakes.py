@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import settings
 from sc_core import ClassWithInitArgs, LocalWorkerGroup, ResourcePool, Worker
-from sc_dispatch import Dispatch, Execute, chunk_sizes, register, register_shardable
+from sc_dispatch import Dispatch, Execute, Rows, chunk_sizes, register, register_shardable
 
 #: Settings for every property test: no deadline (the machine is shared), few examples.
 PROPERTY = settings(deadline=None, max_examples=15)
@@ -104,8 +104,8 @@ class EchoWorker(Worker):
         return Batch([(self.rank, row) for row in batch.rows])
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def shard_lists(self, rows: list[int]) -> list[int]:
-        return [row * 10 for row in rows]
+    def shard_lists(self, rows: Rows) -> Rows:
+        return Rows(row * 10 for row in rows)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def metric(self, batch: Batch) -> dict[str, Any]:

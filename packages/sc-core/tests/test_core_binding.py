@@ -9,8 +9,8 @@ import pytest
 from _core_fakes import Batch, EchoWorker, group, make_group, unique_name
 from sc_core import (
     ClassWithInitArgs,
+    ConfigTypeError,
     InvalidCallOptionsError,
-    InvalidConfigError,
     LocalWorkerGroup,
     MethodCollisionError,
     MethodProxy,
@@ -23,8 +23,8 @@ from sc_dispatch import (
     Dispatch,
     DispatchArgumentError,
     Execute,
-    InvalidDispatchModeError,
     NotShardableError,
+    Rows,
     UnknownDispatchModeError,
     register,
     register_dispatch_mode,
@@ -88,7 +88,9 @@ def test_dp_compute_takes_one_entry_per_rank_from_lists_and_tuples(wg: LocalWork
 def test_dp_compute_proto_splits_and_joins_in_rank_order(wg: LocalWorkerGroup) -> None:
     out = wg.shard_rows(Batch(range(8)))
     assert out == Batch([(r, row) for r in range(4) for row in (2 * r, 2 * r + 1)])
-    assert wg.shard_lists(list(range(8))) == [10 * i for i in range(8)]
+    assert wg.shard_lists(Rows(range(8))) == [10 * i for i in range(8)]
+    with pytest.raises(NotShardableError, match=r"shard_lists: DP_COMPUTE_PROTO: .* is a list"):
+        wg.shard_lists(list(range(8)))  # per-rank lists belong to DP_COMPUTE
 
 
 def test_dp_compute_proto_pads_and_drops_the_padding(wg: LocalWorkerGroup) -> None:
@@ -97,11 +99,15 @@ def test_dp_compute_proto_pads_and_drops_the_padding(wg: LocalWorkerGroup) -> No
     assert out == Batch([(0, 0), (0, 1), (1, 2), (1, 3), (2, 4), (2, 5)])
 
 
-def test_uneven_batch_without_auto_padding_is_split_unevenly(wg: LocalWorkerGroup) -> None:
-    out = wg.shard_rows(Batch(range(6), auto_pad=False))
-    assert [r for r, _ in out.rows] == [0, 0, 1, 1, 2, 3]
-    with pytest.raises(DispatchArgumentError, match="shorter than the 4 shards"):
-        wg.shard_rows(Batch(range(3), auto_pad=False))
+def test_uneven_batch_without_auto_padding_is_an_error(wg: LocalWorkerGroup) -> None:
+    for rows in (6, 3):
+        with pytest.raises(
+            DispatchArgumentError,
+            match=rf"shard_rows: DP_COMPUTE_PROTO: a batch of {rows} rows does not divide "
+            r"evenly into 4 shards",
+        ) as info:
+            wg.shard_rows(Batch(range(rows), auto_pad=False))
+        assert isinstance(info.value, ValueError)
 
 
 def test_dp_compute_metric_keeps_every_workers_result_even_padded(wg: LocalWorkerGroup) -> None:
@@ -128,7 +134,7 @@ def test_execute_func_rank_zero_runs_a_function_on_rank_zero(wg: LocalWorkerGrou
 
 
 def test_direct_rollout_method_cannot_be_called_from_the_driver(wg: LocalWorkerGroup) -> None:
-    with pytest.raises(InvalidDispatchModeError, match=r"rollout_only.*rollout engine"):
+    with pytest.raises(NotImplementedError, match=r"rollout_only.*rollout engine"):
         wg.rollout_only()
 
 
@@ -191,9 +197,9 @@ def test_options_override_blocking_and_validate(wg: LocalWorkerGroup) -> None:
     for bad in (0, -1, float("nan"), float("inf"), "3", True):
         with pytest.raises(InvalidCallOptionsError, match=r"one_to_all.options: timeout"):
             wg.one_to_all.options(timeout=bad)
-    with pytest.raises(InvalidCallOptionsError, match="blocking must be a bool"):
+    with pytest.raises(ConfigTypeError, match="blocking must be a bool"):
         wg.one_to_all.options(blocking="yes")
-    with pytest.raises(TypeError):  # InvalidCallOptionsError is also a TypeError and ValueError
+    with pytest.raises(TypeError):
         wg.one_to_all.options(blocking=1)
 
 
@@ -205,9 +211,12 @@ def test_typed_method_accessor(wg: LocalWorkerGroup) -> None:
 
 
 def test_execute_all_and_rank_zero_api(wg: LocalWorkerGroup) -> None:
-    assert wg.execute_all("all_to_all", [1, 2, 3, 4]) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    """verl: execute_all / execute_rank_zero are the async forms (handles); the _sync forms
+    return values."""
+    handles = wg.execute_all("all_to_all", [1, 2, 3, 4])
+    assert [h.result() for h in handles] == [(0, 1), (1, 2), (2, 3), (3, 4)]
     assert wg.execute_all_sync("all_to_all", "s") == [(r, "s") for r in range(4)]
-    assert wg.execute_rank_zero("all_to_all", "z") == (0, "z")
+    assert wg.execute_rank_zero("all_to_all", "z").result() == (0, "z")
     assert wg.execute_rank_zero_sync("all_to_all", [1, 2, 3, 4]) == (0, [1, 2, 3, 4])
     handles = wg.execute_all_async("all_to_all", "h")
     assert [h.result() for h in handles] == [(r, "h") for r in range(4)]
@@ -233,7 +242,8 @@ def test_verl_style_func_generator_hook() -> None:
                 def call(*args: Any, **kwargs: Any) -> Any:
                     seen.append((method_name, blocking))
                     a, k = dispatch_fn(wg, *args, **kwargs)
-                    return collect_fn(wg, execute_fn(method_name, *a, **k))
+                    handles = execute_fn(method_name, *a, **k)  # execute_all: handles
+                    return collect_fn(wg, [h.result() for h in handles])
 
                 return call
 
@@ -255,7 +265,7 @@ def test_world_size_and_worker_names(wg: LocalWorkerGroup) -> None:
 
 
 def test_binding_something_that_is_not_a_class_is_an_error(wg: LocalWorkerGroup) -> None:
-    with pytest.raises(InvalidConfigError, match="_bind_worker_method: expected a class"):
+    with pytest.raises(TypeError, match="_bind_worker_method: expected a class"):
         wg._bind_worker_method(object())  # type: ignore[arg-type]
 
 
@@ -291,3 +301,60 @@ class OddDispatch(Worker):
 def test_dispatch_errors_keep_their_type() -> None:
     with group((1,), OddDispatch) as g, pytest.raises(OddDispatchError, match="odd code 7"):
         g.odd()
+
+
+class _PropertyAndPlain(EchoWorker):
+    @property
+    def computed(self) -> int:  # a property: skipped, even though reading it on the class fails
+        raise RuntimeError("never read on the class")
+
+    def helper(self) -> int:  # not registered: skipped
+        return 1
+
+
+def test_seed_extension_point_binds_with_a_func_generator_and_no_backend_hooks() -> None:
+    """verl's seam: a WorkerGroup subclass that sets its workers and calls
+    ``_bind_worker_method(cls, func_generator)`` binds every registered method, skips
+    properties and unregistered methods and returns the names, without implementing the
+    backend hooks."""
+
+    class ListGroup(WorkerGroup):
+        def __init__(self, workers: list[Any]) -> None:
+            super().__init__(resource_pool=None)
+            self._workers = workers
+            self.bound = self._bind_worker_method(_PropertyAndPlain, self._generator)
+
+        def _generator(
+            self,
+            wg: WorkerGroup,
+            method_name: str,
+            *,
+            dispatch_fn: Any,
+            collect_fn: Any,
+            execute_fn: Any,
+            blocking: bool,
+        ) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                a, k = dispatch_fn(wg, *args, **kwargs)
+                per_rank = [
+                    (tuple(x[r] for x in a), {n: v[r] for n, v in k.items()})
+                    for r in range(wg.world_size)
+                ]
+                outs = [
+                    getattr(w, method_name)(*pa, **pk)
+                    for w, (pa, pk) in zip(self._workers, per_rank, strict=True)
+                ]
+                return collect_fn(wg, outs)
+
+            return call
+
+    with group((2,)) as local:
+        wg = ListGroup(local.workers)
+    assert "one_to_all" in wg.bound
+    assert "shard_rows" in wg.bound
+    assert "computed" not in wg.bound
+    assert "helper" not in wg.bound
+    assert wg.bound == sorted(wg.bound)
+    assert wg.one_to_all("x") == [(0, "x", None), (1, "x", None)]
+    with pytest.raises(NotImplementedError, match=r"ListGroup does not implement .*_execute_rank"):
+        wg.execute_all_async("one_to_all", "x")

@@ -10,9 +10,11 @@ from _core_fakes import Batch
 from sc_core import (
     ClassWithInitArgs,
     ColocationError,
+    ConfigTypeError,
     LocalWorkerGroup,
     MethodCollisionError,
     ResourcePool,
+    UnknownRoleError,
     Worker,
     WorkerError,
     create_colocated_worker_cls,
@@ -99,7 +101,7 @@ def test_colocated_roles_share_one_worker_environment(wg: LocalWorkerGroup) -> N
     for rank, worker in enumerate(wg.workers):
         actor, critic = worker.worker_dict["actor"], worker.worker_dict["critic"]
         assert actor.rank == critic.rank == worker.rank == rank
-        assert actor.env is worker.env
+        assert actor._sc_environ() is worker._sc_environ()
         assert actor.get_master_addr_port() == worker.get_master_addr_port()
 
 
@@ -133,9 +135,10 @@ def test_nd_dispatch_through_a_spawned_group_asks_the_role_instance(wg: LocalWor
 
 
 def test_spawn_errors(wg: LocalWorkerGroup) -> None:
-    with pytest.raises(ColocationError, match=r"unknown role 'ref'.*\['actor', 'critic'\]"):
+    with pytest.raises(KeyError, match=r"unknown role 'ref'.*\['actor', 'critic'\]") as info:
         wg.spawn({"ref"})
-    with pytest.raises(ColocationError, match="collection of role names"):
+    assert isinstance(info.value, UnknownRoleError)
+    with pytest.raises(TypeError, match="collection of role names"):
         wg.spawn("actor")
 
 
@@ -149,7 +152,7 @@ def test_spawn_on_a_plain_group_uses_the_name_prefix() -> None:
     g = LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(Plain))
     try:
         assert g.spawn(["ref"])["ref"].logp() == [0]
-        with pytest.raises(ColocationError, match="no bound method starts with 'critic_'"):
+        with pytest.raises(UnknownRoleError, match="no bound method starts with 'critic_'"):
             g.spawn(["critic"])
     finally:
         g.close()
@@ -188,15 +191,27 @@ class RankZero(Worker):
         return 0
 
 
+class NotAWorker:
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hello(self) -> int:
+        return 0
+
+
 def test_colocation_errors() -> None:
-    with pytest.raises(ColocationError, match="non-empty mapping"):
+    with pytest.raises(ColocationError, match="class_dict is empty"):
         create_colocated_worker_raw_cls({})
+    with pytest.raises(TypeError, match="class_dict must be a mapping"):
+        create_colocated_worker_raw_cls([("a", ClassWithInitArgs(Plain))])  # type: ignore[arg-type]
     with pytest.raises(ColocationError, match="identifiers"):
         create_colocated_worker_raw_cls({"a-b": ClassWithInitArgs(Plain)})
-    with pytest.raises(ColocationError, match="must map to a ClassWithInitArgs"):
+    with pytest.raises(ConfigTypeError, match="must map to a ClassWithInitArgs"):
         create_colocated_worker_raw_cls({"a": Plain})  # type: ignore[dict-item]
-    with pytest.raises(ColocationError, match="needs a class"):
+    with pytest.raises(TypeError, match=r"role 'a' runs .*<lambda>.*not a subclass of"):
         create_colocated_worker_raw_cls({"a": ClassWithInitArgs(lambda: Plain())})
+    for make in (create_colocated_worker_raw_cls, create_colocated_worker_cls_fused):
+        with pytest.raises(TypeError, match=r"role 'x' runs NotAWorker, which is not a") as info:
+            make({"x": ClassWithInitArgs(NotAWorker)})
+        assert isinstance(info.value, ConfigTypeError)
     with pytest.raises(ColocationError, match=r"'a_b_c' is exposed by role 'a'.*and by role 'a_b'"):
         create_colocated_worker_raw_cls(
             {"a_b": ClassWithInitArgs(A_B), "a": ClassWithInitArgs(B_C)}
@@ -289,13 +304,14 @@ def test_fuse_sets_one_attribute_per_role(fused: LocalWorkerGroup) -> None:
 
 
 def test_fused_errors(fused: LocalWorkerGroup) -> None:
-    with pytest.raises(ColocationError, match=r"unknown role 'ref'.*\['actor', 'critic'\]"):
+    with pytest.raises(KeyError, match=r"unknown role 'ref'.*\['actor', 'critic'\]"):
         fused.spawn_fused(["ref"])
-    with pytest.raises(ColocationError, match="collection of role names"):
+    with pytest.raises(TypeError, match="collection of role names"):
         fused.spawn_fused("actor")
-    with pytest.raises(WorkerError, match=r"_fuw_execute \(rank 0\): expected"):
-        fused.execute_all("_fuw_execute", "nobody_fwmn_hello")
-    with pytest.raises(ColocationError, match="is not a fused worker"):
+    with pytest.raises(WorkerError, match=r"_fuw_execute \(rank 0\): expected") as info:
+        fused.execute_all_sync("_fuw_execute", "nobody_fwmn_hello")
+    assert isinstance(info.value, KeyError)  # the worker raised UnknownRoleError
+    with pytest.raises(ConfigTypeError, match="is not a fused worker"):
         fused.spawn_fused(["actor"])["actor"].spawn_fused(["actor"])
     with pytest.raises(ColocationError, match="Worker attribute"):
         create_colocated_worker_cls_fused({"rank": ClassWithInitArgs(Peer, "x")})

@@ -18,6 +18,7 @@ from sc_core import (
     WorkerDiedError,
     WorkerError,
 )
+from sc_dispatch import Dispatch, register
 
 
 @pytest.fixture
@@ -87,31 +88,115 @@ def test_worker_error_without_traceback() -> None:
     assert str(WorkerDiedError(None, [2])) == "worker rank 2 died"
 
 
-@pytest.mark.parametrize(
-    ("name", "builtin"),
-    [
-        ("WorkerError", RuntimeError),
-        ("WorkerDiedError", RuntimeError),
-        ("CallTimeoutError", TimeoutError),
-        ("RendezvousError", RuntimeError),
-        ("RendezvousTimeoutError", TimeoutError),
-        ("WorkerGroupError", RuntimeError),
-        ("UnknownMethodError", AttributeError),
-        ("InvalidConfigError", ValueError),
-        ("InvalidConfigError", TypeError),
-        ("ResourcePoolError", ValueError),
-        ("InvalidCallOptionsError", ValueError),
-        ("MethodCollisionError", ValueError),
-        ("ColocationError", ValueError),
-        ("WorkerEnvironmentError", ValueError),
-        ("MissingEnvironmentError", KeyError),
-        ("VisibleDevicesError", ValueError),
-        ("MeshRegistrationError", ValueError),
-        ("UnknownMeshError", KeyError),
-    ],
+ERROR_MEANINGS = {
+    "WorkerError": RuntimeError,
+    "WorkerDiedError": RuntimeError,
+    "CallTimeoutError": TimeoutError,
+    "RendezvousError": RuntimeError,
+    "RendezvousTimeoutError": TimeoutError,
+    "WorkerGroupError": RuntimeError,
+    "BackendNotImplementedError": NotImplementedError,
+    "UnknownMethodError": AttributeError,
+    "InvalidConfigError": ValueError,
+    "ConfigTypeError": TypeError,
+    "ResourcePoolError": ValueError,
+    "InvalidCallOptionsError": ValueError,
+    "MethodCollisionError": TypeError,
+    "ColocationError": ValueError,
+    "UnknownRoleError": KeyError,
+    "WorkerEnvironmentError": ValueError,
+    "MissingEnvironmentError": KeyError,
+    "VisibleDevicesError": ValueError,
+    "MeshRegistrationError": ValueError,
+    "UnknownMeshError": KeyError,
+}
+MEANINGS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    LookupError,
+    IndexError,
+    NotImplementedError,
+    RuntimeError,
+    TimeoutError,
+    OSError,
+    AttributeError,
 )
-def test_every_error_is_an_sc_core_error_and_its_builtin(name: str, builtin: type) -> None:
+
+
+def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
+    found = [m for m in MEANINGS if issubclass(exc, m)]
+    return [m for m in found if not any(o is not m and issubclass(o, m) for o in found)]
+
+
+@pytest.mark.parametrize(("name", "builtin"), sorted(ERROR_MEANINGS.items()))
+def test_every_error_subclasses_exactly_the_builtin_it_means(name: str, builtin: type) -> None:
     cls = getattr(sc_core, name)
     assert issubclass(cls, ScCoreError)
-    assert issubclass(cls, builtin)
+    assert _meanings(cls) == [builtin]
     assert name in (sc_core._errors.__doc__ or "")
+
+
+def test_the_table_covers_every_public_error() -> None:
+    public = {
+        name
+        for name in sc_core.__all__
+        if isinstance(getattr(sc_core, name), type)
+        and issubclass(getattr(sc_core, name), BaseException)
+        and name != "ScCoreError"
+    }
+    assert public == set(ERROR_MEANINGS)
+    assert ScCoreError.__bases__ == (Exception,)
+
+
+class Raiser(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def boom(self, kind: str) -> None:
+        errors: dict[str, BaseException] = {
+            "value": ValueError(f"bad value on rank {self.rank}"),
+            "key": KeyError("missing"),
+            "custom": CustomFailure(3),
+            "os": FileNotFoundError("no such file"),
+            "runtime": RuntimeError("plain"),
+        }
+        raise errors[kind]
+
+
+class CustomFailure(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"custom failure {code}")
+        self.code = code
+
+
+@pytest.mark.parametrize(
+    ("kind", "builtin"),
+    [
+        ("value", ValueError),
+        ("key", KeyError),
+        ("custom", CustomFailure),
+        ("runtime", RuntimeError),
+    ],
+)
+def test_a_remote_exception_is_caught_by_its_own_class(kind: str, builtin: type) -> None:
+    with group((2,), Raiser) as wg, pytest.raises(builtin) as info:
+        wg.boom(kind)
+    err = info.value
+    assert isinstance(err, WorkerError)
+    assert (err.method, err.rank, err.other_failed_ranks) == ("boom", 0, (1,))
+    assert isinstance(err.cause, builtin)
+    assert "Remote traceback (rank 0)" in str(err)
+    if kind == "custom":
+        assert err.cause.code == 3  # type: ignore[union-attr]
+    # The mirrored class pickles and comes back as the same kind of error.
+    again = pickle.loads(pickle.dumps(err))
+    assert isinstance(again, WorkerError)
+    assert isinstance(again, builtin)
+    assert str(again) == str(err)
+
+
+def test_exception_classes_that_cannot_be_combined_give_a_plain_worker_error() -> None:
+    with group((1,), Raiser) as wg, pytest.raises(WorkerError) as info:
+        wg.boom("os")
+    assert type(info.value) is WorkerError
+    assert isinstance(info.value.cause, FileNotFoundError)
+    assert info.value.error_type == "FileNotFoundError"

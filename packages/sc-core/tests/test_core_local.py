@@ -12,12 +12,14 @@ import pytest
 from _core_fakes import EchoWorker, group, make_group
 from sc_core import (
     ClassWithInitArgs,
+    ConfigTypeError,
     InvalidConfigError,
     LocalWorkerGroup,
     ResourcePool,
     ResourcePoolError,
     Worker,
     WorkerGroupError,
+    worker_environ,
 )
 from sc_dispatch import Dispatch, register
 
@@ -25,7 +27,7 @@ from sc_dispatch import Dispatch, register
 class EnvWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def identity(self) -> tuple[str, str, str, str, str | None, str | None]:
-        env = self.env
+        env = worker_environ()
         return (
             env["RANK"],
             env["WORLD_SIZE"],
@@ -124,7 +126,7 @@ def test_inline_mode_runs_calls_on_the_calling_thread(monkeypatch: pytest.Monkey
         assert wg.thread_name() == [me, me]
     monkeypatch.setenv("SC_LOCAL_INLINE", "1")
     with group((1,), EnvWorker) as wg:
-        assert wg.inline is True
+        assert wg._inline is True
         assert wg.thread_name() == [threading.current_thread().name]
 
 
@@ -158,15 +160,15 @@ def test_ray_cls_with_init_keyword_and_constructor_errors() -> None:
     cia = ClassWithInitArgs(EchoWorker)
     with pytest.raises(InvalidConfigError, match="not both"):
         LocalWorkerGroup(pool, cia, ray_cls_with_init=cia)
-    with pytest.raises(InvalidConfigError, match="must be a ClassWithInitArgs"):
+    with pytest.raises(ConfigTypeError, match="must be a ClassWithInitArgs"):
         LocalWorkerGroup(pool, EchoWorker)  # type: ignore[arg-type]
     with pytest.raises(InvalidConfigError, match="needs a ResourcePool"):
         LocalWorkerGroup(None, cia)
-    with pytest.raises(InvalidConfigError, match="resource_pool must be a ResourcePool"):
+    with pytest.raises(ConfigTypeError, match="resource_pool must be a ResourcePool"):
         LocalWorkerGroup([2], cia)  # type: ignore[arg-type]
     with pytest.raises(ResourcePoolError, match="no processes"):
         LocalWorkerGroup(ResourcePool(), cia)
-    with pytest.raises(InvalidConfigError, match="concurrent must be a bool"):
+    with pytest.raises(ConfigTypeError, match="concurrent must be a bool"):
         LocalWorkerGroup(pool, cia, concurrent=1)  # type: ignore[arg-type]
     with pytest.raises(InvalidConfigError, match="name_prefix must be a non-empty str"):
         LocalWorkerGroup(pool, cia, name_prefix="")

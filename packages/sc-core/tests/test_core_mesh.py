@@ -75,16 +75,22 @@ def test_nd_dispatch_asks_the_workers_once_per_mesh(wg: LocalWorkerGroup) -> Non
         wg.forward(Batch(range(4)))
 
 
-def test_unregistered_mesh_reports_the_rank_and_the_known_meshes(wg: LocalWorkerGroup) -> None:
-    with pytest.raises(WorkerError) as info:
+def test_unregistered_mesh_is_reported_on_the_driver_naming_the_mesh(wg: LocalWorkerGroup) -> None:
+    """Not a WorkerError wrapping every rank's failure: one ValueError on the driver."""
+    with pytest.raises(MeshLayoutError) as info:
         wg.on_unregistered_mesh(Batch(range(4)))
     err = info.value
-    assert err.method == "_query_dispatch_info"
-    assert err.rank == 0
-    assert err.other_failed_ranks == (1, 2, 3)
-    assert err.error_type == "UnknownMeshError"
-    assert "'critic' was never registered" in str(err)
-    assert "['actor']" in str(err)
+    assert isinstance(err, ValueError)
+    assert not isinstance(err, WorkerError)
+    assert "on_unregistered_mesh" in str(err)
+    assert "no rank registered the mesh 'critic'" in str(err)
+    assert "critic" not in wg._dispatch_info  # nothing invalid is cached
+
+
+def test_query_collect_info_in_the_worker_still_raises_for_unknown_meshes() -> None:
+    worker = _bare_worker()
+    with pytest.raises(KeyError, match=r"mesh 'nope' was never registered"):
+        worker.query_collect_info("nope")
 
 
 def test_registering_a_mesh_twice_is_an_error(wg: LocalWorkerGroup) -> None:
@@ -125,18 +131,18 @@ def test_query_collect_info_and_unknown_mesh_in_the_worker() -> None:
 def test_get_and_set_dispatch_collect_copy_registrations() -> None:
     source = _bare_worker()
     source._register_dispatch_collect_info("engine", 1, True)
-    dispatch, collect = source.get_dispatch_collect()
-    assert (dispatch, collect) == ({"engine": 1}, {"engine": True})
-    dispatch["engine"] = 9  # a copy: the worker's table is unchanged
-    assert source.get_dispatch_collect()[0] == {"engine": 1}
+    tables = source.get_dispatch_collect()
+    assert tables == {"dispatch_dp_rank": {"engine": 1}, "collect_dp_rank": {"engine": True}}
+    tables["dispatch_dp_rank"]["engine"] = 9  # a copy: the worker's table is unchanged
+    assert source.get_dispatch_collect()["dispatch_dp_rank"] == {"engine": 1}
 
     target = _bare_worker()
     target.set_dispatch_collect("actor", {"engine": 1}, {"engine": True})  # single entry
     target.set_dispatch_collect("engine", {"engine": 1, "x": 0}, {"engine": True, "x": False})
-    assert target.get_dispatch_collect() == (
-        {"actor": 1, "engine": 1},
-        {"actor": True, "engine": True},
-    )
+    assert target.get_dispatch_collect() == {
+        "dispatch_dp_rank": {"actor": 1, "engine": 1},
+        "collect_dp_rank": {"actor": True, "engine": True},
+    }
     with pytest.raises(MeshRegistrationError, match="not exactly one entry"):
         target.set_dispatch_collect("other", {"a": 0, "b": 1}, {"a": True, "b": False})
     with pytest.raises(MeshRegistrationError, match="already registered"):
@@ -152,6 +158,28 @@ def test_a_worker_that_skipped_worker_init_can_still_register() -> None:
     with worker_context({"WORLD_SIZE": "1", "RANK": "0"}):
         w = NoSuperInit()
     w._register_dispatch_collect_info("m", 0, True)
-    assert w.get_dispatch_collect() == ({"m": 0}, {"m": True})
+    assert w.get_dispatch_collect() == {
+        "dispatch_dp_rank": {"m": 0},
+        "collect_dp_rank": {"m": True},
+    }
     with pytest.raises(MeshRegistrationError, match="rank unknown"):
         w._register_dispatch_collect_info("m", 0, True)
+
+
+def test_verl_get_set_dispatch_collect_round_trip_with_keyword_unpacking() -> None:
+    """verl's own test, through sc: adopt other workers' layouts under new mesh names."""
+    ref = _bare_worker()
+    ref._register_dispatch_collect_info(mesh_name="actor", dp_rank=0, is_collect=True)
+    actor = _bare_worker()
+    actor._register_dispatch_collect_info(mesh_name="actor", dp_rank=1, is_collect=False)
+    combined = _bare_worker()
+    combined.set_dispatch_collect(mesh_name="ref", **ref.get_dispatch_collect())
+    combined.set_dispatch_collect(mesh_name="actor", **actor.get_dispatch_collect())
+    assert combined._query_dispatch_info("ref") == 0
+    assert combined._query_collect_info("ref") is True
+    assert combined._query_dispatch_info("actor") == 1
+    assert combined._query_collect_info("actor") is False
+    again = _bare_worker()
+    again._register_dispatch_collect_info(mesh_name="actor", dp_rank=1, is_collect=False)
+    with pytest.raises(ValueError, match="'actor' is already registered"):
+        combined.set_dispatch_collect(mesh_name="actor", **again.get_dispatch_collect())

@@ -9,6 +9,7 @@ from _core_fakes import PROPERTY, Batch, group
 from hypothesis import given
 from hypothesis import strategies as st
 from sc_core import LazyFuture, LocalWorkerGroup
+from sc_dispatch import Rows
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_metric_keeps_one_result_per_worker(wg3: LocalWorkerGroup, n: int) -> No
 
 
 def test_non_blocking_futures_feed_the_next_call(wg3: LocalWorkerGroup) -> None:
-    first = wg3.shard_lists.options(blocking=False)(list(range(6)))
+    first = wg3.shard_lists.options(blocking=False)(Rows(range(6)))
     assert isinstance(first, LazyFuture)
     # The future is split lazily, one chunk per rank, and materialized in the worker.
     second = wg3.shard_lists(first)

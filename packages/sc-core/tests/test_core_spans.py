@@ -59,7 +59,7 @@ def test_a_failed_call_records_its_error() -> None:
         wg.fail_on([1])
     (span,) = rec.spans
     assert span.error is not None
-    assert span.error.startswith("WorkerError: fail_on failed on rank 1")
+    assert span.error.startswith("WorkerError[ValueError]: fail_on failed on rank 1")
     assert rec.summary()[f"{wg.name_prefix}.fail_on"]["errors"] == 1
 
 

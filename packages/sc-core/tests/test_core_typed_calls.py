@@ -19,6 +19,7 @@ from sc_core import (
     UnknownMethodError,
     WorkerGroup,
 )
+from sc_dispatch import Rows
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def test_call_is_the_bound_method(wg: LocalWorkerGroup[EchoWorker]) -> None:
     one: list[tuple[int, object, object]] = wg.call(EchoWorker.one_to_all, "v", key=3)
     assert one == wg.one_to_all("v", key=3) == [(0, "v", 3), (1, "v", 3)]
     assert wg.call(EchoWorker.rank_zero, "z") == (0, "z")
-    assert wg.call(EchoWorker.shard_lists, [1, 2, 3]) == [10, 20, 30]
+    assert wg.call(EchoWorker.shard_lists, Rows([1, 2])) == [10, 20]
     assert wg.call(EchoWorker.dp_compute, ["a", "b"]) == [(0, "a", None), (1, "b", None)]
     assert wg.call(EchoWorker.shard_rows, Batch([1, 2, 3, 4])) == wg.shard_rows(Batch([1, 2, 3, 4]))
 
@@ -46,7 +47,7 @@ def test_call_of_an_async_method_returns_the_awaited_values(
 def test_non_blocking_calls_return_futures(wg: LocalWorkerGroup[EchoWorker]) -> None:
     pending = wg.call(EchoWorker.later, 5)
     assert all(isinstance(f, LazyFuture) for f in pending)
-    lazy = wg.method(EchoWorker.shard_lists).options(blocking=False)([1, 2])
+    lazy = wg.method(EchoWorker.shard_lists).options(blocking=False)(Rows([1, 2]))
     assert isinstance(lazy, LazyFuture)
     assert lazy.get() == [10, 20]
 

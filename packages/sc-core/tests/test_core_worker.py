@@ -8,10 +8,13 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any, ClassVar
 
 import pytest
+from _core_fakes import group, make_group
 from sc_core import (
+    RESERVED_WORKER_ATTRS,
     DistGlobalInfo,
     DistRankInfo,
     InProcessRendezvous,
+    MethodCollisionError,
     MissingEnvironmentError,
     Rendezvous,
     RendezvousError,
@@ -25,6 +28,7 @@ from sc_core import (
     worker_context,
     worker_environ,
 )
+from sc_dispatch import Dispatch, register
 
 
 def make(env: MutableMapping[str, str], rendezvous: Rendezvous | None = None) -> Worker:
@@ -38,7 +42,7 @@ def test_a_worker_reads_its_own_environment_not_the_process_one() -> None:
     w = make(env)
     assert (w.rank, w.world_size) == (2, 4)
     assert w.get_master_addr_port() == ("h", "1")
-    assert w.env is env
+    assert w._sc_environ() is env
     assert env["LOCAL_WORLD_SIZE"] == "1"
     assert env["LOCAL_RANK"] == "0"
     assert dict(os.environ) == before
@@ -56,7 +60,7 @@ def test_without_a_context_the_process_environment_is_used(
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("SC_RENDEZVOUS", raising=False)
     w = Worker()
-    assert w.env is os.environ
+    assert w._sc_environ() is os.environ
     assert w.get_master_addr_port() == (None, None)
     assert worker_environ() is os.environ
     assert current_worker_context() is None
@@ -240,3 +244,58 @@ def test_worker_helper_and_dist_info() -> None:
     assert w.get_fused_worker_by_name("x") is None
     assert DistRankInfo(0, 1, 2, 3).dp_rank == 1
     assert DistGlobalInfo(1, 2, 3, 4).pp_size == 3
+
+
+class PlainNames(Worker):
+    """A worker whose registered methods have the names users write: none of them may
+    break the base class or the group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def env(self, key: str) -> str | None:
+        return worker_environ().get(key)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rank(self) -> int:  # type: ignore[override]  # replaces the property, on purpose
+        return int(self._rank) * 10
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def name(self) -> str:
+        return f"worker-{self._rank}"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def config(self, key: str, value: int) -> dict[str, int]:
+        return {key: value}
+
+
+class GroupName(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def world_size(self) -> str:  # type: ignore[override]
+        return "mine"
+
+
+def test_user_methods_may_use_the_names_users_write() -> None:
+    with group((2,), PlainNames) as wg:
+        assert wg.env("RANK") == ["0", "1"]
+        assert wg.method(PlainNames.rank)() == [0, 10]
+        assert wg.name() == ["worker-0", "worker-1"]
+        assert wg.config("lr", 1) == [{"lr": 1}, {"lr": 1}]
+    # The group's own API (world_size, execute_all, spawn, ...) is reserved on the group.
+    with pytest.raises(MethodCollisionError, match=r"'world_size'.*rename the worker method"):
+        make_group((1,), GroupName)
+
+
+@pytest.mark.parametrize(
+    "name", [*sorted(RESERVED_WORKER_ATTRS), "_sc_state", "_sc_environ", "_sc_mesh_tables"]
+)
+def test_defining_a_reserved_worker_name_fails_when_the_class_is_created(name: str) -> None:
+    def method(self: Any) -> None:  # pragma: no cover - the class is never created
+        return None
+
+    with pytest.raises(MethodCollisionError, match=rf"worker class Bad defines \['{name}'\]"):
+        type("Bad", (Worker,), {name: method})
+    with pytest.raises(TypeError):
+        type("Bad", (Worker,), {name: 1})

@@ -30,8 +30,10 @@ from ._context import (
     worker_environ,
 )
 from ._errors import (
+    BackendNotImplementedError,
     CallTimeoutError,
     ColocationError,
+    ConfigTypeError,
     InvalidCallOptionsError,
     InvalidConfigError,
     MeshRegistrationError,
@@ -43,6 +45,7 @@ from ._errors import (
     ScCoreError,
     UnknownMeshError,
     UnknownMethodError,
+    UnknownRoleError,
     VisibleDevicesError,
     WorkerDiedError,
     WorkerEnvironmentError,
@@ -62,6 +65,7 @@ from ._spans import (
     remove_span_observer,
 )
 from ._worker import (
+    RESERVED_WORKER_ATTRS,
     DistGlobalInfo,
     DistRankInfo,
     Worker,
@@ -73,12 +77,15 @@ from ._worker_group import MethodProxy, WorkerGroup
 __version__ = "0.1.0"
 
 __all__ = [
+    "RESERVED_WORKER_ATTRS",
+    "BackendNotImplementedError",
     "Call",
     "CallOptions",
     "CallSpan",
     "CallTimeoutError",
     "ClassWithInitArgs",
     "ColocationError",
+    "ConfigTypeError",
     "DistGlobalInfo",
     "DistRankInfo",
     "InProcessRendezvous",
@@ -103,6 +110,7 @@ __all__ = [
     "SpanRecorder",
     "UnknownMeshError",
     "UnknownMethodError",
+    "UnknownRoleError",
     "VisibleDevicesError",
     "Worker",
     "WorkerContext",

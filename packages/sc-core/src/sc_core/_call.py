@@ -54,10 +54,21 @@ class Call:
     driver waits; ``timeout`` the call's time limit in seconds (``None``: none) and
     ``deadline`` the same as a ``time.monotonic()`` instant; ``span`` the
     :class:`~sc_core.CallSpan` being recorded, to which a backend adds per-rank phases and
-    byte counts.
+    byte counts; ``joins_shards`` whether the mode's collect function joins row shards
+    (:attr:`sc_dispatch.DispatchModeSpec.joins_shards`): a non-blocking call then needs
+    futures that know their row counts, other modes take the backend's plain handles.
     """
 
-    __slots__ = ("blocking", "deadline", "execute_mode", "method_name", "ranks", "span", "timeout")
+    __slots__ = (
+        "blocking",
+        "deadline",
+        "execute_mode",
+        "joins_shards",
+        "method_name",
+        "ranks",
+        "span",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -68,8 +79,10 @@ class Call:
         execute_mode: Execute,
         blocking: bool,
         timeout: float | None,
+        joins_shards: bool = False,
     ) -> None:
         self.method_name = method_name
+        self.joins_shards = joins_shards
         self.ranks = ranks
         self.execute_mode = execute_mode
         self.blocking = blocking

@@ -19,7 +19,7 @@ from sc_dispatch import MAGIC_ATTR, get_register_attrs
 # time, and Ray ships it by value with the globals its methods use. A module pickles by
 # reference; a ContextVar does not pickle at all.
 from . import _context
-from ._errors import ColocationError
+from ._errors import ColocationError, ConfigTypeError, UnknownRoleError
 from ._resource import ClassWithInitArgs
 from ._worker import Worker
 from ._worker_group import COLOCATED_METHODS_ATTR, FUSED_METHOD_SEPARATOR
@@ -63,23 +63,33 @@ def _check_class_dict(
     where: str, class_dict: Mapping[str, ClassWithInitArgs[Any]]
 ) -> dict[str, tuple[type, ClassWithInitArgs[Any]]]:
     """Role name -> (user class, its ClassWithInitArgs), validated."""
-    if not isinstance(class_dict, Mapping) or not class_dict:
-        raise ColocationError(
-            f"{where}: class_dict must be a non-empty mapping of role name to "
-            f"ClassWithInitArgs, got {class_dict!r}"
+    if not isinstance(class_dict, Mapping):
+        raise ConfigTypeError(
+            f"{where}: class_dict must be a mapping of role name to ClassWithInitArgs, "
+            f"got {type(class_dict).__qualname__} {class_dict!r}"
         )
+    if not class_dict:
+        raise ColocationError(f"{where}: class_dict is empty; give at least one role")
     roles: dict[str, tuple[type, ClassWithInitArgs[Any]]] = {}
     for role, cia in class_dict.items():
-        if not isinstance(role, str) or not role.isidentifier():
+        if not isinstance(role, str):
+            raise ConfigTypeError(
+                f"{where}: role names must be str, got {type(role).__qualname__} {role!r}"
+            )
+        if not role.isidentifier():
             raise ColocationError(f"{where}: role names must be identifiers, got {role!r}")
         if not isinstance(cia, ClassWithInitArgs):
-            raise ColocationError(
+            raise ConfigTypeError(
                 f"{where}: role {role!r} must map to a ClassWithInitArgs, "
                 f"got {type(cia).__qualname__}"
             )
         user_cls = unwrap_worker_cls(cia.cls)
-        if not isinstance(user_cls, type):
-            raise ColocationError(f"{where}: role {role!r} needs a class, got {user_cls!r}")
+        if not isinstance(user_cls, type) or not issubclass(user_cls, Worker):
+            shown = getattr(user_cls, "__qualname__", repr(user_cls))
+            raise ConfigTypeError(
+                f"{where}: role {role!r} runs {shown}, which is not a subclass of "
+                "sc_core.Worker; colocated roles must be Worker classes"
+            )
         roles[role] = (user_cls, cia)
     return roles
 
@@ -135,6 +145,7 @@ def create_colocated_worker_raw_cls(
             _context._skip_rendezvous.reset(token)
 
     namespace["__init__"] = __init__
+    namespace["_sc_framework_class"] = True
     namespace[COLOCATED_METHODS_ATTR] = method_map
     namespace["__doc__"] = f"Colocated worker running roles {sorted(roles)}."
     cls = type("WorkerDict", (Worker,), namespace)
@@ -188,8 +199,8 @@ def create_colocated_worker_cls_fused(
     def _fuw_execute(self: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:
         role, sep, name = method_name.partition(FUSED_METHOD_SEPARATOR)
         if not sep or role not in self.fused_worker_dict:
-            raise ColocationError(
-                f"{type(self).__qualname__}._fuw_execute (rank {self.rank}): expected "
+            raise UnknownRoleError(
+                f"{type(self).__qualname__}._fuw_execute (rank {self._rank}): expected "
                 f"'<role>{FUSED_METHOD_SEPARATOR}<method>' with a role in "
                 f"{sorted(self.fused_worker_dict)}, got {method_name!r}"
             )
@@ -204,6 +215,7 @@ def create_colocated_worker_cls_fused(
             "_fuw_execute": _fuw_execute,
             "is_fused_worker": True,
             "raw_cls_dict": raw_cls_dict,
+            "_sc_framework_class": True,
             "__doc__": f"Fused worker running roles {sorted(roles)}.",
         },
     )

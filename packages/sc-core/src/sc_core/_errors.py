@@ -1,34 +1,45 @@
 """The exceptions sc-core raises, and that every backend (sc-ray included) raises too.
 
-Every error is raised explicitly (never through ``assert``) and subclasses the builtin
-exception it means, so callers may catch either::
+Every error is raised explicitly (never through ``assert``). Each class subclasses the
+package's base :class:`ScCoreError` and exactly one builtin exception, the one it means,
+so callers may catch either::
 
     ScCoreError (Exception)                    base class of everything below
     ├── WorkerError (RuntimeError)             a worker method raised: names the method, the
     │                                          first failing rank, the original exception
     │                                          type and the remote traceback; lists the other
-    │                                          failing ranks
+    │                                          failing ranks. The instance is also an instance
+    │                                          of the worker's exception class, so
+    │                                          ``except ValueError`` keeps working
     ├── WorkerDiedError (RuntimeError)         a worker process is gone: names the ranks and
     │                                          the method that found out
     ├── CallTimeoutError (TimeoutError)        a call passed its deadline: names the method,
     │                                          the ranks that had not answered, the timeout
     ├── RendezvousError (RuntimeError)         rank 0 could not publish MASTER_ADDR/PORT, or
-    │   │                                      published twice
-    │   └── RendezvousTimeoutError (TimeoutError)  a rank waited too long for rank 0
+    │                                          published twice
+    ├── RendezvousTimeoutError (TimeoutError)  a rank waited too long for rank 0
     ├── WorkerGroupError (RuntimeError)        a group used in a state it cannot serve
     │                                          (closed, no workers, unknown backend handle)
+    ├── BackendNotImplementedError             a worker group subclass that binds methods but
+    │   (NotImplementedError)                  lacks the backend hook a call needs
     ├── UnknownMethodError (AttributeError)    a worker-group attribute that is no bound method
-    ├── InvalidConfigError (ValueError)        a bad argument to an sc-core constructor or
-    │   │                                      option; also a TypeError for wrong types
+    ├── InvalidConfigError (ValueError)        a bad value given to an sc-core constructor or
+    │   │                                      option
     │   ├── ResourcePoolError                  an empty pool, zero/negative process counts
-    │   ├── InvalidCallOptionsError            ``.options(timeout=-1)``, ``blocking="yes"``
-    │   ├── MethodCollisionError               a registered method whose name is taken on
-    │   │                                      the worker group (or twice in a colocation)
-    │   └── ColocationError                    a bad class_dict, an unknown spawn role
+    │   ├── InvalidCallOptionsError            ``.options(timeout=-1)``
+    │   └── ColocationError                    a role exposed twice, a role name that is not
+    │                                          an identifier
+    ├── ConfigTypeError (TypeError)            an argument of the wrong type: a class that is
+    │                                          not a ``Worker`` to colocate, ``blocking="yes"``
+    ├── MethodCollisionError (TypeError)       a worker class whose method would replace an
+    │                                          attribute the framework relies on (a worker
+    │                                          group attribute, a reserved ``Worker`` name)
+    ├── UnknownRoleError (KeyError)            ``spawn`` / ``spawn_fused`` of a role the
+    │                                          colocated class does not have
     ├── WorkerEnvironmentError (ValueError)    a worker environment that cannot be used:
     │   │                                      RANK >= WORLD_SIZE, RANK="x", ...
-    │   ├── MissingEnvironmentError (KeyError) WORLD_SIZE or RANK not set
     │   └── VisibleDevicesError                CUDA/HIP/ROCR_VISIBLE_DEVICES that disagree
+    ├── MissingEnvironmentError (KeyError)     WORLD_SIZE or RANK not set
     ├── MeshRegistrationError (ValueError)     a mesh registered twice on one worker
     └── UnknownMeshError (KeyError)            a mesh queried that was never registered
 
@@ -37,13 +48,17 @@ Messages name the method, the rank and the offending value.
 
 from __future__ import annotations
 
+import pickle
+import threading
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "BackendNotImplementedError",
     "CallTimeoutError",
     "ColocationError",
+    "ConfigTypeError",
     "InvalidCallOptionsError",
     "InvalidConfigError",
     "MeshRegistrationError",
@@ -55,6 +70,7 @@ __all__ = [
     "ScCoreError",
     "UnknownMeshError",
     "UnknownMethodError",
+    "UnknownRoleError",
     "VisibleDevicesError",
     "WorkerDiedError",
     "WorkerEnvironmentError",
@@ -87,7 +103,21 @@ class WorkerError(ScCoreError, RuntimeError):
     ``remote_traceback`` (the traceback text as formatted where the error happened),
     ``other_failed_ranks`` and ``cause`` (the original exception object when the backend
     could recover it, else ``None``; it is also chained as ``__cause__``).
+
+    When ``cause`` is given, the error is an instance of a subclass of both
+    ``WorkerError`` and ``type(cause)`` (``isinstance(err, ValueError)`` holds for a worker
+    that raised ``ValueError``), so ``except ValueError:`` or ``except
+    torch.OutOfMemoryError:`` on the driver keep working. Exception classes that cannot be
+    combined with it (those with a C layout of their own: ``OSError`` and its subclasses,
+    ``AttributeError``, ``ImportError``, ...) give a plain ``WorkerError``; ``cause`` still
+    holds the original.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> WorkerError:
+        cause = kwargs.get("cause")
+        target = _mirror_class(cls, type(cause)) if isinstance(cause, BaseException) else cls
+        instance: WorkerError = super().__new__(target, *args)
+        return instance
 
     def __init__(
         self,
@@ -112,9 +142,13 @@ class WorkerError(ScCoreError, RuntimeError):
             text += f" (also failed on {_ranks_text(self.other_failed_ranks)})"
         if remote_traceback:
             text += f"\n\nRemote traceback (rank {rank}):\n{remote_traceback.rstrip()}"
-        super().__init__(text)
+        Exception.__init__(self, text)
         if cause is not None:
             self.__cause__ = cause
+
+    def __str__(self) -> str:
+        # The cause's class may define its own __str__ (KeyError quotes its argument).
+        return str(self.args[0]) if self.args else ""
 
     @classmethod
     def from_exception(
@@ -141,19 +175,77 @@ class WorkerError(ScCoreError, RuntimeError):
             cause=exc,
         )
 
+    @property
+    def base_class(self) -> type[WorkerError]:
+        """The ``WorkerError`` class this error was built as (without the cause's class)."""
+        kind = type(self)
+        base: type[WorkerError] = kind.__dict__.get("_sc_base", kind)
+        return base
+
+    def with_other_failed_ranks(self, ranks: Sequence[int]) -> WorkerError:
+        """The same error with ``ranks`` listed as the other failing ranks."""
+        return self.base_class(
+            self.method,
+            self.rank,
+            self.error_type,
+            self.error_message,
+            self.remote_traceback,
+            other_failed_ranks=ranks,
+            cause=self.cause,
+        )
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_worker_error,
             (
-                type(self),
+                self.base_class,
                 self.method,
                 self.rank,
                 self.error_type,
                 self.error_message,
                 self.remote_traceback,
                 self.other_failed_ranks,
+                _picklable_or_none(self.cause),
             ),
         )
+
+
+_mirror_lock = threading.Lock()
+_mirrors: dict[tuple[type[WorkerError], type[BaseException]], type[WorkerError]] = {}
+
+
+def _mirror_class(base: type[WorkerError], cause_type: type[BaseException]) -> type[WorkerError]:
+    """``base`` combined with ``cause_type`` (cached), or ``base`` itself where the two
+    cannot be combined, or where ``cause_type`` is no plain exception class."""
+    if issubclass(base, cause_type) or not issubclass(cause_type, Exception):
+        return base
+    key = (base, cause_type)
+    with _mirror_lock:
+        found = _mirrors.get(key)
+        if found is None:
+            try:
+                found = type(
+                    f"{base.__name__}[{cause_type.__qualname__}]",
+                    (base, cause_type),
+                    {"__module__": base.__module__, "_sc_base": base},
+                )
+                Exception.__new__(found)  # OSError & co. refuse to be built this way
+            except TypeError:  # an instance lay-out conflict (AttributeError, OSError, ...)
+                found = base
+            _mirrors[key] = found
+    return found
+
+
+def _picklable_or_none(value: BaseException | None) -> BaseException | None:
+    """``value`` if it pickles (so that the other side can rebuild the combined class),
+    else ``None``: the error's text and traceback travel either way."""
+    if value is None:
+        return None
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return None
+    return value
 
 
 def _rebuild_worker_error(
@@ -164,6 +256,7 @@ def _rebuild_worker_error(
     error_message: str,
     remote_traceback: str,
     other_failed_ranks: Sequence[int],
+    cause: BaseException | None = None,
 ) -> WorkerError:
     return cls(
         method,
@@ -172,6 +265,7 @@ def _rebuild_worker_error(
         error_message,
         remote_traceback,
         other_failed_ranks=other_failed_ranks,
+        cause=cause,
     )
 
 
@@ -214,7 +308,7 @@ class RendezvousError(ScCoreError, RuntimeError):
     """Rank 0 could not publish its MASTER_ADDR/MASTER_PORT, or published twice."""
 
 
-class RendezvousTimeoutError(RendezvousError, TimeoutError):
+class RendezvousTimeoutError(ScCoreError, TimeoutError):
     """A rank waited longer than its timeout for rank 0 to publish MASTER_ADDR/MASTER_PORT."""
 
 
@@ -222,12 +316,21 @@ class WorkerGroupError(ScCoreError, RuntimeError):
     """A worker group used in a state in which it cannot serve the request."""
 
 
+class BackendNotImplementedError(ScCoreError, NotImplementedError):
+    """A worker group that binds methods (verl's ``_bind_worker_method`` with a
+    ``func_generator``) but does not implement the backend hook a call needs."""
+
+
 class UnknownMethodError(ScCoreError, AttributeError):
     """An attribute of a worker group that is neither its own nor a bound worker method."""
 
 
-class InvalidConfigError(ScCoreError, ValueError, TypeError):
-    """A bad argument to an sc-core constructor or option (a value or a type)."""
+class InvalidConfigError(ScCoreError, ValueError):
+    """A bad value given to an sc-core constructor or option."""
+
+
+class ConfigTypeError(ScCoreError, TypeError):
+    """An argument of the wrong type given to an sc-core constructor or option."""
 
 
 class ResourcePoolError(InvalidConfigError):
@@ -235,22 +338,27 @@ class ResourcePoolError(InvalidConfigError):
 
 
 class InvalidCallOptionsError(InvalidConfigError):
-    """A bad ``timeout`` or ``blocking`` given to ``.options()``."""
+    """A bad ``timeout`` value given to ``.options()`` or a group."""
 
 
-class MethodCollisionError(InvalidConfigError):
-    """A registered worker method whose name is already taken on the worker group."""
+class MethodCollisionError(ScCoreError, TypeError):
+    """A worker class whose method would replace an attribute the framework relies on: an
+    attribute of the worker group, or a reserved ``Worker`` name."""
 
 
 class ColocationError(InvalidConfigError):
-    """A colocation request that cannot be built: bad roles, clashing method names."""
+    """A colocation request that cannot be built: bad role names, clashing method names."""
+
+
+class UnknownRoleError(ScCoreError, _KeyErrorMessage):
+    """A role that the colocated or fused worker class does not have."""
 
 
 class WorkerEnvironmentError(ScCoreError, ValueError):
     """A worker environment (WORLD_SIZE, RANK, ...) that cannot be used."""
 
 
-class MissingEnvironmentError(WorkerEnvironmentError, _KeyErrorMessage):
+class MissingEnvironmentError(ScCoreError, _KeyErrorMessage):
     """A required variable (WORLD_SIZE, RANK) missing from a worker's environment."""
 
 

@@ -31,6 +31,7 @@ from ._colocate import unwrap_worker_cls
 from ._context import InProcessRendezvous, worker_context
 from ._errors import (
     CallTimeoutError,
+    ConfigTypeError,
     InvalidConfigError,
     ResourcePoolError,
     WorkerDiedError,
@@ -66,7 +67,7 @@ class _RankRunner:
     """A daemon thread running one rank's tasks in submission order."""
 
     def __init__(self, name: str, inline: bool) -> None:
-        self.inline = inline
+        self._inline = inline
         self._queue: queue.SimpleQueue[
             tuple[concurrent.futures.Future[_Outcome], Callable[[], _Outcome]] | None
         ] = queue.SimpleQueue()
@@ -78,7 +79,7 @@ class _RankRunner:
 
     def submit(self, task: Callable[[], _Outcome]) -> concurrent.futures.Future[_Outcome]:
         fut: concurrent.futures.Future[_Outcome] = concurrent.futures.Future()
-        if self.inline:
+        if self._inline:
             fut.set_running_or_notify_cancel()
             fut.set_result(task())
         else:
@@ -195,7 +196,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
             raise InvalidConfigError(f"{where}: give cls_with_init or ray_cls_with_init, not both")
         cia = cls_with_init if cls_with_init is not None else ray_cls_with_init
         if not isinstance(cia, ClassWithInitArgs):
-            raise InvalidConfigError(
+            raise ConfigTypeError(
                 f"{where}: cls_with_init must be a ClassWithInitArgs, got {type(cia).__qualname__}"
             )
         if resource_pool is None:
@@ -208,10 +209,10 @@ class LocalWorkerGroup(WorkerGroup[W]):
             )
         for flag_name, flag in (("concurrent", concurrent), ("inline", inline)):
             if flag is not None and not isinstance(flag, bool):
-                raise InvalidConfigError(f"{where}: {flag_name} must be a bool, got {flag!r}")
-        self.concurrent = concurrent
-        self.inline = _env_flag("SC_LOCAL_INLINE") if inline is None else inline
-        self.cls_with_init = cia
+                raise ConfigTypeError(f"{where}: {flag_name} must be a bool, got {flag!r}")
+        self._concurrent = concurrent
+        self._inline = _env_flag("SC_LOCAL_INLINE") if inline is None else inline
+        self._cls_with_init = cia
         self._worker_cls = unwrap_worker_cls(cia.cls)
         self.fused_worker_used = cia.fused_worker_used
         self._rendezvous = InProcessRendezvous()
@@ -240,7 +241,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
                 WG_BACKEND="local",
             )
             self._envs.append(env)
-            runners.append(_RankRunner(f"sc-local-{self.name_prefix}-rank{rank}", self.inline))
+            runners.append(_RankRunner(f"sc-local-{self.name_prefix}-rank{rank}", self._inline))
         for rank in range(world_size):
             outcome = runners[rank].submit(functools.partial(self._construct, rank)).result()
             if outcome.error is not None:
@@ -260,7 +261,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
             self.name_prefix,
             world_size,
             self._worker_cls,
-            self.inline,
+            self._inline,
             concurrent,
         )
         worker_cls = self._worker_cls
@@ -286,7 +287,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
 
     def _construct(self, rank: int) -> _Outcome:
         # Not ``cls_with_init()``: a backend's subclass (sc-ray's) may create an actor there.
-        cia = self.cls_with_init
+        cia = self._cls_with_init
         return self._in_rank(rank, functools.partial(self._worker_cls, *cia.args, **cia.kwargs))
 
     def _execute_rank_async(
@@ -309,7 +310,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
         def run() -> Any:
             return getattr(worker, method_name)(*args, **kwargs)
 
-        if self.concurrent or self.inline:
+        if self._concurrent or self._inline:
             return LocalHandle(
                 rank, method_name, runners[rank].submit(lambda: self._in_rank(rank, run))
             )

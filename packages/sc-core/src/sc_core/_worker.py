@@ -20,6 +20,7 @@ from ._context import (
 )
 from ._errors import (
     MeshRegistrationError,
+    MethodCollisionError,
     MissingEnvironmentError,
     RendezvousError,
     UnknownMeshError,
@@ -28,12 +29,34 @@ from ._errors import (
 )
 
 __all__ = [
+    "RESERVED_WORKER_ATTRS",
     "DistGlobalInfo",
     "DistRankInfo",
     "Worker",
     "WorkerHelper",
     "normalize_visible_devices",
 ]
+
+#: Names a ``Worker`` subclass may not define: the worker group calls the first three on
+#: every worker, and ``Worker.__init__`` assigns the others as instance attributes (verl's
+#: names), which would silently hide a method of that name. Every name starting with
+#: ``_sc_`` is reserved as well (sc's own state and hooks live there).
+RESERVED_WORKER_ATTRS = frozenset(
+    {
+        "_query_dispatch_info",
+        "_query_collect_info",
+        "_fuw_execute",
+        "fused_worker_dict",
+        "_rank",
+        "_world_size",
+        "_local_rank",
+        "_local_world_size",
+        "_master_addr",
+        "_master_port",
+        "_cuda_visible_devices",
+    }
+)
+RESERVED_WORKER_PREFIX = "_sc_"
 
 T = TypeVar("T")
 W = TypeVar("W", bound="Worker")
@@ -143,13 +166,38 @@ class Worker(WorkerHelper):
 
     Construction reads WORLD_SIZE and RANK (required), LOCAL_WORLD_SIZE and LOCAL_RANK
     (default 1 and 0), MASTER_ADDR and MASTER_PORT (``None`` when unset) from the worker's
-    environment (:attr:`env`): the process environment on Ray, a mapping of its own in the
-    in-process backend. Before ``__init__`` runs, rank 0 publishes MASTER_ADDR/MASTER_PORT
-    through the group's rendezvous and the other ranks receive them.
+    environment: the process environment on Ray, a mapping of its own in the in-process
+    backend (read it with :func:`sc_core.worker_environ`). Before ``__init__`` runs, rank 0
+    publishes MASTER_ADDR/MASTER_PORT through the group's rendezvous and the other ranks
+    receive them.
+
+    A subclass may name its methods anything (``env``, ``rank``, ``config``, ...) except the
+    names in :data:`RESERVED_WORKER_ATTRS` and names starting with ``_sc_``: defining one
+    is a :class:`~sc_core.MethodCollisionError` when the class is created. The framework's
+    own state lives under those names, so a user's ``rank`` method replaces only the
+    ``rank`` property, never what the group relies on.
     """
 
     fused_worker_attr_name = "fused_worker_dict"
     _sc_env: MutableMapping[str, str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("_sc_framework_class", False):
+            return  # sc's own generated classes (colocated, fused, actor wrappers)
+        taken = sorted(
+            name
+            for name in cls.__dict__
+            if name in RESERVED_WORKER_ATTRS
+            or (name.startswith(RESERVED_WORKER_PREFIX) and not name.startswith("__"))
+        )
+        if taken:
+            raise MethodCollisionError(
+                f"worker class {cls.__qualname__} defines {taken}, which "
+                f"{'is a name' if len(taken) == 1 else 'are names'} sc-core reserves for the "
+                f"framework (sc_core.RESERVED_WORKER_ATTRS, and every name starting with "
+                f"{RESERVED_WORKER_PREFIX!r}); rename {'it' if len(taken) == 1 else 'them'}"
+            )
 
     def __new__(cls: type[W], *args: Any, **kwargs: Any) -> W:
         instance = super().__new__(cls)
@@ -162,12 +210,12 @@ class Worker(WorkerHelper):
                 rendezvous = rendezvous_from_env(env)
             if rendezvous is not None:
                 rank = _env_int(env, "RANK", f"{cls.__qualname__}.__new__")
-                instance._configure_before_init(rendezvous, rank)
+                instance._sc_configure_before_init(rendezvous, rank)
         return instance
 
-    def _configure_before_init(self, rendezvous: Rendezvous, rank: int) -> None:
+    def _sc_configure_before_init(self, rendezvous: Rendezvous, rank: int) -> None:
         """Rank 0 publishes MASTER_ADDR/MASTER_PORT; other ranks wait for them."""
-        env = self.env
+        env = self._sc_environ()
         if rank == 0:
             addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
             if not addr or not port:
@@ -196,7 +244,7 @@ class Worker(WorkerHelper):
             env[key] = info[key]
 
     def __init__(self, cuda_visible_devices: str | None = None) -> None:
-        env = self.env
+        env = self._sc_environ()
         where = f"{type(self).__qualname__}.__init__"
         normalize_visible_devices(env, where)
         world_size = _env_int(env, "WORLD_SIZE", where, minimum=1)
@@ -227,8 +275,7 @@ class Worker(WorkerHelper):
 
     # --- identity --------------------------------------------------------------------------
 
-    @property
-    def env(self) -> MutableMapping[str, str]:
+    def _sc_environ(self) -> MutableMapping[str, str]:
         """This worker's environment: ``os.environ`` on Ray, its own mapping in-process."""
         env: MutableMapping[str, str] | None = self.__dict__.get("_sc_env")
         return env if env is not None else worker_environ()
@@ -259,7 +306,7 @@ class Worker(WorkerHelper):
 
     def get_cuda_visible_devices(self) -> str:
         """``CUDA_VISIBLE_DEVICES`` of this worker's environment, or ``"not set"``."""
-        return self.env.get("CUDA_VISIBLE_DEVICES", "not set")
+        return self._sc_environ().get("CUDA_VISIBLE_DEVICES", "not set")
 
     def get_fused_worker_by_name(self, worker_name: str) -> Any:
         """The role instance ``worker_name`` of a fused worker, or ``None``."""
@@ -267,14 +314,14 @@ class Worker(WorkerHelper):
 
     # --- mesh registration -------------------------------------------------------------------
 
-    def _mesh_tables(self) -> tuple[dict[str, int], dict[str, bool]]:
+    def _sc_mesh_tables(self) -> tuple[dict[str, int], dict[str, bool]]:
         # setdefault: a subclass whose __init__ skipped Worker.__init__ can still register.
         return (
             self.__dict__.setdefault("_sc_mesh_dp_rank", {}),
             self.__dict__.setdefault("_sc_mesh_collect", {}),
         )
 
-    def _rank_text(self) -> str:
+    def _sc_rank_text(self) -> str:
         rank = self.__dict__.get("_rank")
         return f"rank {rank}" if rank is not None else "rank unknown"
 
@@ -282,7 +329,9 @@ class Worker(WorkerHelper):
         self, mesh_name: str, dp_rank: int, is_collect: bool
     ) -> None:
         """Declare this worker's dp rank on ``mesh_name`` and whether its output is collected."""
-        where = f"{type(self).__qualname__}._register_dispatch_collect_info ({self._rank_text()})"
+        where = (
+            f"{type(self).__qualname__}._register_dispatch_collect_info ({self._sc_rank_text()})"
+        )
         if not isinstance(mesh_name, str) or not mesh_name:
             raise MeshRegistrationError(
                 f"{where}: mesh_name must be a non-empty str, got {mesh_name!r}"
@@ -295,7 +344,7 @@ class Worker(WorkerHelper):
             raise MeshRegistrationError(
                 f"{where}: is_collect for mesh {mesh_name!r} must be a bool, got {is_collect!r}"
             )
-        dp_table, collect_table = self._mesh_tables()
+        dp_table, collect_table = self._sc_mesh_tables()
         if mesh_name in dp_table:
             raise MeshRegistrationError(
                 f"{where}: mesh {mesh_name!r} is already registered (dp_rank "
@@ -304,32 +353,37 @@ class Worker(WorkerHelper):
         dp_table[mesh_name] = dp_rank
         collect_table[mesh_name] = is_collect
 
-    def _lookup_mesh(self, table: Mapping[str, T], mesh_name: str, method: str) -> T:
+    def _sc_lookup_mesh(self, table: Mapping[str, T], mesh_name: str, method: str) -> T:
         if mesh_name not in table:
             raise UnknownMeshError(
-                f"{type(self).__qualname__}.{method} ({self._rank_text()}): mesh {mesh_name!r} "
+                f"{type(self).__qualname__}.{method} ({self._sc_rank_text()}): mesh {mesh_name!r} "
                 f"was never registered; registered meshes: {sorted(table)}"
             )
         return table[mesh_name]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def _query_dispatch_info(self, mesh_name: str) -> int:
-        """This worker's dp rank on ``mesh_name`` (the group gets one per rank)."""
-        return self._lookup_mesh(self._mesh_tables()[0], mesh_name, "_query_dispatch_info")
+    def _query_dispatch_info(self, mesh_name: str) -> int | None:
+        """This worker's dp rank on ``mesh_name``, or ``None`` if it never registered it (the
+        group gets one answer per rank and reports unregistered meshes itself)."""
+        return self._sc_mesh_tables()[0].get(mesh_name)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def _query_collect_info(self, mesh_name: str) -> bool:
-        """Whether this worker's output is collected on ``mesh_name``."""
-        return self._lookup_mesh(self._mesh_tables()[1], mesh_name, "_query_collect_info")
+    def _query_collect_info(self, mesh_name: str) -> bool | None:
+        """Whether this worker's output is collected on ``mesh_name`` (``None``: never
+        registered)."""
+        return self._sc_mesh_tables()[1].get(mesh_name)
 
     def query_collect_info(self, mesh_name: str) -> bool:
-        """Whether this worker's output is collected on ``mesh_name`` (called in the worker)."""
-        return self._lookup_mesh(self._mesh_tables()[1], mesh_name, "query_collect_info")
+        """Whether this worker's output is collected on ``mesh_name`` (called in the worker);
+        a mesh never registered is an :class:`~sc_core.UnknownMeshError`."""
+        return self._sc_lookup_mesh(self._sc_mesh_tables()[1], mesh_name, "query_collect_info")
 
-    def get_dispatch_collect(self) -> tuple[dict[str, int], dict[str, bool]]:
-        """Every registered mesh: ``({mesh: dp_rank}, {mesh: is_collect})`` (copies)."""
-        dp_table, collect_table = self._mesh_tables()
-        return dict(dp_table), dict(collect_table)
+    def get_dispatch_collect(self) -> dict[str, dict[str, Any]]:
+        """Every registered mesh, as verl returns it: ``{"dispatch_dp_rank": {mesh: dp_rank},
+        "collect_dp_rank": {mesh: is_collect}}`` (copies). Give it to another worker's
+        :meth:`set_dispatch_collect` with ``**`` to adopt this worker's layout."""
+        dp_table, collect_table = self._sc_mesh_tables()
+        return {"dispatch_dp_rank": dict(dp_table), "collect_dp_rank": dict(collect_table)}
 
     def set_dispatch_collect(
         self,
@@ -337,9 +391,13 @@ class Worker(WorkerHelper):
         dispatch_dp_rank: Mapping[str, int],
         collect_dp_rank: Mapping[str, bool],
     ) -> None:
-        """Register ``mesh_name`` from another worker's :meth:`get_dispatch_collect` tables:
-        the entry for ``mesh_name`` if present, else the tables' single entry."""
-        where = f"{type(self).__qualname__}.set_dispatch_collect ({self._rank_text()})"
+        """Register ``mesh_name`` with another worker's layout, from the two tables of its
+        :meth:`get_dispatch_collect` (``w.set_dispatch_collect("ref",
+        **other.get_dispatch_collect())``): the tables' entry for ``mesh_name`` if present,
+        else their single entry. Tables with several other meshes are ambiguous (verl takes
+        the last one; sc raises :class:`~sc_core.MeshRegistrationError`), and so is a mesh
+        this worker has registered already."""
+        where = f"{type(self).__qualname__}.set_dispatch_collect ({self._sc_rank_text()})"
 
         def pick(table: Mapping[str, T], label: str) -> T:
             if mesh_name in table:

@@ -25,7 +25,6 @@ defaults call ``_execute_rank_async`` per rank) and ``_shallow_copy`` (used by `
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import copy
 import enum
@@ -65,11 +64,12 @@ from sc_dispatch import (
 
 from ._call import Call, CallOptions, active_call, check_timeout
 from ._errors import (
-    ColocationError,
-    InvalidCallOptionsError,
+    BackendNotImplementedError,
+    ConfigTypeError,
     InvalidConfigError,
     MethodCollisionError,
     UnknownMethodError,
+    UnknownRoleError,
     WorkerDiedError,
     WorkerGroupError,
 )
@@ -190,7 +190,7 @@ class MethodProxy(Generic[P, R]):
             opts = replace(opts, timeout=check_timeout(where, timeout), has_timeout=True)
         if blocking is not KEEP:
             if blocking is not None and not isinstance(blocking, bool):
-                raise InvalidCallOptionsError(
+                raise ConfigTypeError(
                     f"{where}: blocking must be a bool or None, "
                     f"got {type(blocking).__qualname__} {blocking!r}"
                 )
@@ -222,7 +222,7 @@ class _Liveness:
         self.thread: threading.Thread | None = None
 
 
-class WorkerGroup(abc.ABC, Generic[W]):
+class WorkerGroup(Generic[W]):
     """The base of every backend's worker group (verl's ``WorkerGroup``).
 
     After construction every ``@register``-ed method of the worker class is an attribute:
@@ -247,11 +247,16 @@ class WorkerGroup(abc.ABC, Generic[W]):
         default_timeout: float | None = None,
     ) -> None:
         if resource_pool is not None and not isinstance(resource_pool, ResourcePool):
-            raise InvalidConfigError(
+            raise ConfigTypeError(
                 f"{type(self).__name__}: resource_pool must be a ResourcePool or None, "
                 f"got {type(resource_pool).__qualname__}"
             )
-        if name_prefix is not None and (not isinstance(name_prefix, str) or not name_prefix):
+        if name_prefix is not None and not isinstance(name_prefix, str):
+            raise ConfigTypeError(
+                f"{type(self).__name__}: name_prefix must be a str, "
+                f"got {type(name_prefix).__qualname__} {name_prefix!r}"
+            )
+        if name_prefix is not None and not name_prefix:
             raise InvalidConfigError(
                 f"{type(self).__name__}: name_prefix must be a non-empty str, got {name_prefix!r}"
             )
@@ -280,20 +285,31 @@ class WorkerGroup(abc.ABC, Generic[W]):
 
     # --- the backend hooks -----------------------------------------------------------------
 
-    @abc.abstractmethod
+    # A full backend implements the three hooks below. A group that only binds methods with
+    # its own ``func_generator`` (verl's extension point) needs none of them; calling one it
+    # lacks is a BackendNotImplementedError naming the hook and the class.
+
     def _execute_rank_async(
         self, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Start ``method_name(*args, **kwargs)`` on ``rank``; return a backend handle."""
+        raise self._missing_hook("_execute_rank_async")
 
-    @abc.abstractmethod
     def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
         """The values behind ``handles`` (one per rank of ``call.ranks``), waited for within
         the call's deadline; failures raised as sc-core errors."""
+        raise self._missing_hook("_wait")
 
-    @abc.abstractmethod
     def _is_worker_alive(self, worker: Any) -> bool:
         """Whether the worker behind one entry of ``self._workers`` is running."""
+        raise self._missing_hook("_is_worker_alive")
+
+    def _missing_hook(self, hook: str) -> BackendNotImplementedError:
+        return BackendNotImplementedError(
+            f"{type(self).__qualname__} does not implement the backend hook {hook}; a worker "
+            "group that runs calls itself implements _execute_rank_async, _wait and "
+            "_is_worker_alive (see sc_core.WorkerGroup)"
+        )
 
     def _pending_outputs(self, handles: Sequence[Any], call: Call) -> list[Any]:
         """For a non-blocking call: one future per handle that ``collect_fn`` can join.
@@ -379,12 +395,12 @@ class WorkerGroup(abc.ABC, Generic[W]):
         )[0]
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Same as :meth:`execute_all_sync`."""
-        return self.execute_all_sync(method_name, *args, **kwargs)
+        """Same as :meth:`execute_all_async` (verl's alias): one backend handle per rank."""
+        return self.execute_all_async(method_name, *args, **kwargs)
 
     def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        """Same as :meth:`execute_rank_zero_sync`."""
-        return self.execute_rank_zero_sync(method_name, *args, **kwargs)
+        """Same as :meth:`execute_rank_zero_async` (verl's alias): rank 0's backend handle."""
+        return self.execute_rank_zero_async(method_name, *args, **kwargs)
 
     def _run_raw(self, call: Call, start: Callable[[], list[Any]]) -> list[Any]:
         with self._running(call):
@@ -421,7 +437,7 @@ class WorkerGroup(abc.ABC, Generic[W]):
         is a :class:`~sc_core.MethodCollisionError`. Returns the bound names.
         """
         if not isinstance(user_defined_cls, type):
-            raise InvalidConfigError(
+            raise ConfigTypeError(
                 f"{type(self).__name__}._bind_worker_method: expected a class, "
                 f"got {type(user_defined_cls).__qualname__} {user_defined_cls!r}"
             )
@@ -539,7 +555,12 @@ class WorkerGroup(abc.ABC, Generic[W]):
     # --- one call ------------------------------------------------------------------------
 
     def _new_call(
-        self, method_name: str, execute_mode: Execute, blocking: bool, timeout: float | None
+        self,
+        method_name: str,
+        execute_mode: Execute,
+        blocking: bool,
+        timeout: float | None,
+        joins_shards: bool = False,
     ) -> Call:
         ranks = (0,) if execute_mode is Execute.RANK_ZERO else tuple(range(self.world_size))
         return Call(
@@ -549,6 +570,7 @@ class WorkerGroup(abc.ABC, Generic[W]):
             execute_mode=execute_mode,
             blocking=blocking,
             timeout=timeout,
+            joins_shards=joins_shards,
         )
 
     def _require_workers(self, method_name: str) -> None:
@@ -569,7 +591,7 @@ class WorkerGroup(abc.ABC, Generic[W]):
         timeout = opts.timeout if opts.has_timeout else self.default_timeout
         rank_zero = attrs.execute_mode is Execute.RANK_ZERO
         self._require_workers(name)
-        call = self._new_call(name, attrs.execute_mode, blocking, timeout)
+        call = self._new_call(name, attrs.execute_mode, blocking, timeout, spec.joins_shards)
         with self._running(call):
             with call.span.phase("dispatch"):
                 try:
@@ -731,7 +753,7 @@ class WorkerGroup(abc.ABC, Generic[W]):
             self._user_defined_cls, COLOCATED_METHODS_ATTR, None
         )
         if isinstance(prefix_set, str):
-            raise ColocationError(
+            raise ConfigTypeError(
                 f"{type(self).__name__}.spawn: prefix_set must be a collection of role names, "
                 f"got the string {prefix_set!r}"
             )
@@ -739,7 +761,7 @@ class WorkerGroup(abc.ABC, Generic[W]):
         for prefix in prefix_set:
             if roles is not None:
                 if prefix not in roles:
-                    raise ColocationError(
+                    raise UnknownRoleError(
                         f"{type(self).__name__}.spawn: unknown role {prefix!r}; the colocated "
                         f"worker class has roles {sorted(roles)}"
                     )
@@ -748,7 +770,7 @@ class WorkerGroup(abc.ABC, Generic[W]):
                 head = f"{prefix}_"
                 mapping = {n[len(head) :]: n for n in self._bound_methods if n.startswith(head)}
                 if not mapping:
-                    raise ColocationError(
+                    raise UnknownRoleError(
                         f"{type(self).__name__}.spawn: no bound method starts with {head!r}; "
                         f"bound: {self.bound_method_names}"
                     )
@@ -768,20 +790,20 @@ class WorkerGroup(abc.ABC, Generic[W]):
         """
         raw: dict[str, type] | None = getattr(self._user_defined_cls, "raw_cls_dict", None)
         if not getattr(self._user_defined_cls, "is_fused_worker", False) or raw is None:
-            raise ColocationError(
+            raise ConfigTypeError(
                 f"{type(self).__name__}.spawn_fused: the worker class "
                 f"{getattr(self._user_defined_cls, '__qualname__', None)} is not a fused "
                 "worker; build it with create_colocated_worker_cls_fused"
             )
         if isinstance(prefix_set, str):
-            raise ColocationError(
+            raise ConfigTypeError(
                 f"{type(self).__name__}.spawn_fused: prefix_set must be a collection of role "
                 f"names, got the string {prefix_set!r}"
             )
         result: dict[str, WG] = {}
         for prefix in prefix_set:
             if prefix not in raw:
-                raise ColocationError(
+                raise UnknownRoleError(
                     f"{type(self).__name__}.spawn_fused: unknown role {prefix!r}; the fused "
                     f"worker class has roles {sorted(raw)}"
                 )
