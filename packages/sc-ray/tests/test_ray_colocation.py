@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 import pytest
-from sc_core import ColocationError, Worker
+from sc_core import UnknownRoleError, Worker
 from sc_dispatch import Dispatch, register
 from sc_ray import (
     RayClassWithInitArgs,
@@ -64,7 +64,7 @@ def test_spawn_runs_roles_in_one_process() -> None:
         assert [x[3] for x in a] == [x[3] for x in c]  # same processes
         assert actor.step(1) == [1, 2]
         assert wg.actor_step(2) == [2, 3]
-        with pytest.raises(ColocationError, match="reward"):
+        with pytest.raises(UnknownRoleError, match="reward"):
             wg.spawn(["reward"])
 
 

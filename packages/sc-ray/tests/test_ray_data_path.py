@@ -163,7 +163,7 @@ def test_uneven_chain_slices_inside_the_consumer(
     groups: tuple[RayWorkerGroup, RayWorkerGroup],
 ) -> None:
     producer, consumer = groups
-    data = _batch(10)  # producer shards 3, 3, 2, 2; consumer shards 5, 5
+    data = _batch(10, padding=True)  # producer shards 3, 3, 3, 1 + 2 padding; consumer 5, 5
     seen = consumer.inspect(producer.double(data))
     assert [s[1] for s in seen] == [5, 5]
     assert [s[2] for s in seen] == [0, 40]

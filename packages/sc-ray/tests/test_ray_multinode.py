@@ -9,6 +9,7 @@ import pytest
 from sc_core import Worker
 from sc_dispatch import Dispatch, register
 from sc_ray import (
+    InsufficientResourcesError,
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
@@ -64,6 +65,8 @@ def test_pool_that_fits_no_single_node_is_refused(ray_cluster: list[str]) -> Non
     # 3 processes fit the cluster (4 CPUs) but no single node (2 CPUs each).
     with pytest.raises(ResourcePoolError, match="on one node"):
         ResourcePoolManager({"p": [3]}, {"A": "p"}, use_gpu=False).create_resource_pool()
-    pool = RayResourcePool([3], use_gpu=False, placement_timeout_s=1)
-    with pytest.raises(ResourcePoolError, match="2 node"):
-        pool.get_placement_groups()
+    pool = RayResourcePool([3], use_gpu=False, placement_timeout_s=60)
+    with pytest.raises(
+        InsufficientResourcesError, match=r"puts 3 processes on one node, asking CPU=3"
+    ):
+        pool.get_placement_groups()  # at once: no waiting for the 60 s deadline

@@ -4,11 +4,14 @@ cluster with 8 CPUs, 8 fake GPUs and 4 units of a custom resource."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
 import sc_core
+from sc_core import UnknownRoleError
 from sc_ray import (
+    InsufficientResourcesError,
     PlacementTimeoutError,
     RayClassWithInitArgs,
     RayResourcePool,
@@ -83,21 +86,43 @@ def test_npu_pool_asks_for_npu_resource() -> None:
     assert pool.actor_resources() == {"num_cpus": 0.1, "NPU": 0.1}
 
 
-def test_unsatisfiable_pool_times_out_naming_ask_and_cluster() -> None:
-    pool = RayResourcePool([12], use_gpu=False, name_prefix="big_", placement_timeout_s=1)
-    with pytest.raises(PlacementTimeoutError) as info:
+def test_pool_larger_than_the_cluster_fails_at_once_naming_ask_and_cluster() -> None:
+    pool = RayResourcePool([12], use_gpu=False, name_prefix="huge_", placement_timeout_s=120)
+    start = time.monotonic()
+    with pytest.raises(InsufficientResourcesError) as info:
         pool.get_placement_groups()
+    assert time.monotonic() - start < 30  # not the 120 s placement deadline
     text = str(info.value)
     assert "process_on_nodes=[12]" in text
-    assert "{CPU: 1}" in text
+    assert "asks {CPU: 12}" in text
     assert "CPU: 8" in text  # what the cluster has
-    assert isinstance(info.value, TimeoutError)
+    assert isinstance(info.value, ValueError)
     assert isinstance(info.value, ResourcePoolError)
-    assert isinstance(info.value, ScRayError)
     assert pool.pgs is None
-    # A retry does not trip over a leftover group of the same name.
-    with pytest.raises(PlacementTimeoutError):
-        pool.get_placement_groups()
+    with pytest.raises(InsufficientResourcesError, match=r"asks \{CPU: 9, GPU: 9\}"):
+        RayResourcePool([9], use_gpu=True, name_prefix="gpus_").get_placement_groups()
+
+
+def test_pool_the_cluster_could_hold_later_times_out_naming_ask_and_cluster() -> None:
+    holder = RayResourcePool([6], use_gpu=False, name_prefix="holder_")
+    holder.get_placement_groups()  # 6 of the 8 CPUs are taken for now
+    try:
+        pool = RayResourcePool([4], use_gpu=False, name_prefix="big_", placement_timeout_s=1)
+        with pytest.raises(PlacementTimeoutError) as info:
+            pool.get_placement_groups()
+        text = str(info.value)
+        assert "process_on_nodes=[4]" in text
+        assert "{CPU: 1}" in text
+        assert "CPU: 8" in text  # what the cluster has
+        assert isinstance(info.value, TimeoutError)
+        assert not isinstance(info.value, ValueError)
+        assert isinstance(info.value, ScRayError)
+        assert pool.pgs is None
+        # A retry does not trip over a leftover group of the same name.
+        with pytest.raises(PlacementTimeoutError):
+            pool.get_placement_groups()
+    finally:
+        holder.release()
     ok = RayResourcePool([2], use_gpu=False, name_prefix="big_", placement_timeout_s=5)
     try:
         assert len(ok.get_placement_groups()) == 1
@@ -106,9 +131,14 @@ def test_unsatisfiable_pool_times_out_naming_ask_and_cluster() -> None:
 
 
 def test_placement_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    holder = RayResourcePool([8], use_gpu=True, name_prefix="gpuholder_")
+    holder.get_placement_groups()
     monkeypatch.setenv("SC_RAY_PLACEMENT_TIMEOUT_S", "0.5")
-    with pytest.raises(PlacementTimeoutError, match=r"within 0\.5 s"):
-        RayResourcePool([9], use_gpu=True, name_prefix="envt_").get_placement_groups()
+    try:
+        with pytest.raises(PlacementTimeoutError, match=r"within 0\.5 s"):
+            RayResourcePool([1], use_gpu=True, name_prefix="envt_").get_placement_groups()
+    finally:
+        holder.release()
     monkeypatch.setenv("SC_RAY_PLACEMENT_TIMEOUT_S", "soon")
     with pytest.raises(ResourcePoolError, match="soon"):
         RayResourcePool([1], use_gpu=False).get_placement_groups()
@@ -202,8 +232,9 @@ def test_resource_pool_manager() -> None:
         assert actor is manager.get_resource_pool("Rollout")
         assert actor is not manager.get_resource_pool("Critic")
         assert len(actor.get_placement_groups()) == 1
-        with pytest.raises(ResourcePoolError, match="Reward"):
+        with pytest.raises(KeyError, match="role 'Reward' has no pool") as info:
             manager.get_resource_pool("Reward")
+        assert isinstance(info.value, UnknownRoleError)
     finally:
         manager.release()
     with pytest.raises(ResourcePoolError, match="ask 16 GPU"):

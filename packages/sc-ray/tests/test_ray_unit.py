@@ -8,11 +8,13 @@ import sys
 
 import pytest
 import sc_core
+import sc_ray._errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_ray import (
     RESERVED_ENV_VARS,
     DetachedWorkerError,
+    InsufficientResourcesError,
     PlacementTimeoutError,
     RayClassWithInitArgs,
     RayResourcePool,
@@ -36,14 +38,35 @@ def test_import_pulls_in_nothing_heavy() -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=50).returncode == 0
 
 
+MEANINGS = (ValueError, TypeError, KeyError, LookupError, TimeoutError, OSError, RuntimeError)
+
+
+def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
+    found = [m for m in MEANINGS if issubclass(exc, m)]
+    return [m for m in found if not any(o is not m and issubclass(o, m) for o in found)]
+
+
+@pytest.mark.parametrize(
+    ("exc", "meaning"),
+    [
+        (ResourcePoolError, ValueError),
+        (InsufficientResourcesError, ValueError),
+        (PlacementTimeoutError, TimeoutError),
+        (WorkerEnvError, ValueError),
+        (DetachedWorkerError, LookupError),
+    ],
+)
+def test_each_error_means_exactly_one_builtin(exc: type[Exception], meaning: type) -> None:
+    assert issubclass(exc, ScRayError)
+    assert _meanings(exc) == [meaning]
+    assert exc.__name__ in (sc_ray._errors.__doc__ or "")
+
+
 def test_exception_tree() -> None:
-    assert issubclass(ResourcePoolError, ScRayError)
     assert issubclass(ResourcePoolError, sc_core.ResourcePoolError)
-    assert issubclass(ResourcePoolError, ValueError)
-    assert issubclass(PlacementTimeoutError, ResourcePoolError)
-    assert issubclass(PlacementTimeoutError, TimeoutError)
-    assert issubclass(WorkerEnvError, ValueError)
-    assert issubclass(DetachedWorkerError, LookupError)
+    assert issubclass(InsufficientResourcesError, ResourcePoolError)
+    assert not issubclass(PlacementTimeoutError, ResourcePoolError)
+    assert ScRayError.__bases__ == (Exception,)
 
 
 @given(
@@ -79,7 +102,7 @@ def test_arguments_checked_before_touching_ray() -> None:
     assert "MASTER_PORT" in RESERVED_ENV_VARS
     with pytest.raises(sc_core.InvalidConfigError, match="ray_cls_with_init"):
         RayWorkerGroup(RayResourcePool([1], use_gpu=False))
-    with pytest.raises(sc_core.InvalidConfigError, match="RayClassWithInitArgs"):
+    with pytest.raises(sc_core.ConfigTypeError, match="RayClassWithInitArgs"):
         RayWorkerGroup(
             RayResourcePool([1], use_gpu=False),
             sc_core.ClassWithInitArgs(sc_core.Worker),  # type: ignore[arg-type]
@@ -88,6 +111,9 @@ def test_arguments_checked_before_touching_ray() -> None:
         RayWorkerGroup()
     with pytest.raises(sc_core.InvalidConfigError, match="start_timeout"):
         RayWorkerGroup(worker_handles=[], start_timeout=-1)
+    for addr, port, which in (("127.0.0.1", None, "master_addr"), (None, 1234, "master_port")):
+        with pytest.raises(ValueError, match=rf"{which} was given without"):
+            RayWorkerGroup(worker_handles=[], master_addr=addr, master_port=port)
 
 
 def test_start_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+import ray
 from sc_core import CallTimeoutError, Worker, WorkerDiedError, WorkerError, WorkerGroupError
 from sc_dispatch import Dispatch, Execute, register
 from sc_ray import (
@@ -159,21 +160,24 @@ def test_calls_blocking_and_not() -> None:
     with RayWorkerGroup(_pool([3]), RayClassWithInitArgs(Tiny), bin_pack=False) as wg:
         assert wg.per_rank([1, 2, 3]) == [1, 102, 203]
         assert wg.only_zero(7) == (0, 7)
-        assert wg.execute_all("times", 1) == [1, 2, 3]
+        # verl: execute_all / execute_rank_zero are the async forms, returning references.
+        assert rapi.get(wg.execute_all("times", 1)) == [1, 2, 3]
         assert wg.execute_all_sync("times", [1, 2, 3]) == [1, 3, 5]
-        assert wg.execute_rank_zero("times", 5) == 5
+        assert rapi.get([wg.execute_rank_zero("times", 5)]) == [5]
         assert wg.execute_rank_zero_sync("times", 5) == 5
         refs = wg.execute_all_async("times", 10)
         assert rapi.get(refs) == [10, 11, 12]  # Ray references, as in verl
         assert rapi.get([wg.execute_rank_zero_async("times", 4)]) == [4]
         assert wg.async_add([1, 2, 3]) == [1, 3, 5]
-        futures = wg.later(5)
-        assert all(isinstance(f, RayFuture) for f in futures)
-        assert [f.get() for f in futures] == [5, 6, 7]
+        # Non-blocking ONE_TO_ALL calls return plain Ray references, as in verl.
+        refs = wg.later(5)
+        assert all(rapi.is_object_ref(r) for r in refs)
+        assert ray.get(refs) == [5, 6, 7]
         blocking = wg.later.options(blocking=True)
         assert blocking(1) == [1, 2, 3]
         lazy = wg.times.options(blocking=False)(1)
-        assert [f.get() for f in lazy] == [1, 2, 3]
+        assert ray.get(lazy) == [1, 2, 3]
+        assert not any(isinstance(r, RayFuture) for r in lazy)
 
 
 def test_errors_deadlines_and_dead_workers() -> None:
@@ -210,10 +214,8 @@ def test_killed_worker_is_reported() -> None:
         wg.start_worker_aliveness_check(0.2, abort_on_death=False)
         pending = wg.sleep.options(blocking=False)(3.0)
         rapi.kill(wg.workers[0])  # during the call
-        with pytest.raises(WorkerDiedError) as from_future:
-            pending[0].get()
-        assert from_future.value.ranks == (0,)
-        assert from_future.value.method == "sleep"
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(pending[0])  # a plain Ray reference raises Ray's own error
         deadline = time.monotonic() + 10
         while wg.dead_ranks != [0]:  # the aliveness thread notices
             assert time.monotonic() < deadline

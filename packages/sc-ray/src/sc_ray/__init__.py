@@ -11,6 +11,7 @@ from ._class_with_init import RayClassWithInitArgs
 from ._colocate import create_colocated_worker_cls, create_colocated_worker_cls_fused
 from ._errors import (
     DetachedWorkerError,
+    InsufficientResourcesError,
     PlacementTimeoutError,
     ResourcePoolError,
     ScRayError,
@@ -34,6 +35,7 @@ __all__ = [
     "PLACEMENT_TIMEOUT_ENV",
     "RESERVED_ENV_VARS",
     "DetachedWorkerError",
+    "InsufficientResourcesError",
     "PlacementTimeoutError",
     "RayClassWithInitArgs",
     "RayFuture",

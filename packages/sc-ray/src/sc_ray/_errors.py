@@ -1,8 +1,8 @@
 """The exceptions sc-ray raises of its own.
 
 Failures of a worker during a call are sc-core's (``WorkerError``, ``WorkerDiedError``,
-``CallTimeoutError``); sc-ray adds only what is about Ray resources and actor set-up. Every
-class subclasses the builtin it means, so callers may catch either::
+``CallTimeoutError``); sc-ray adds only what is about Ray resources and actor set-up. Each
+class subclasses :class:`ScRayError` and exactly one builtin exception, the one it means::
 
     ScRayError (Exception)                         base class of everything below
     ├── ResourcePoolError (ValueError)             a pool spec that cannot work: bad
@@ -10,7 +10,11 @@ class subclasses the builtin it means, so callers may catch either::
     │   │                                          add up, pools that cannot be merged, a
     │   │                                          placement-group name already taken, an
     │   │                                          actor asking more than its bundle holds
-    │   └── PlacementTimeoutError (TimeoutError)   the cluster did not reserve the pool's
+    │   └── InsufficientResourcesError             a pool asking more CPUs or accelerators than
+    │                                              the whole cluster (or any one node, for a
+    │                                              node's placement group) has: it could never
+    │                                              be placed, so it fails at once
+    ├── PlacementTimeoutError (TimeoutError)       the cluster did not reserve the pool's
     │                                              bundles within the placement deadline;
     │                                              names what was asked and what the cluster has
     ├── WorkerEnvError (ValueError)                a user ``worker_env`` / ``runtime_env`` that
@@ -19,9 +23,10 @@ class subclasses the builtin it means, so callers may catch either::
     └── DetachedWorkerError (LookupError)          ``from_detached`` names an actor that does
                                                    not exist
 
-``ResourcePoolError`` also subclasses sc-core's ``ResourcePoolError`` (a ``ValueError``), so
-``except sc_core.ResourcePoolError`` catches bad pools of either package. Messages name what
-was asked and what the cluster has.
+``ResourcePoolError`` also subclasses sc-core's ``ResourcePoolError`` (a ``ValueError`` as
+well), so ``except sc_core.ResourcePoolError`` catches bad pools of either package. An
+unknown role in :meth:`ResourcePoolManager.get_resource_pool` is sc-core's
+``UnknownRoleError`` (a ``KeyError``). Messages name what was asked and what the cluster has.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from sc_core import ResourcePoolError as _CoreResourcePoolError
 
 __all__ = [
     "DetachedWorkerError",
+    "InsufficientResourcesError",
     "PlacementTimeoutError",
     "ResourcePoolError",
     "ScRayError",
@@ -45,7 +51,11 @@ class ResourcePoolError(ScRayError, _CoreResourcePoolError):
     """A resource pool that cannot be built, placed, split or merged as asked."""
 
 
-class PlacementTimeoutError(ResourcePoolError, TimeoutError):
+class InsufficientResourcesError(ResourcePoolError):
+    """A pool that asks more than the whole cluster (or one node) has: it can never be placed."""
+
+
+class PlacementTimeoutError(ScRayError, TimeoutError):
     """The cluster did not reserve a pool's bundles within the placement deadline."""
 
 

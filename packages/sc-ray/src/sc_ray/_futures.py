@@ -14,7 +14,7 @@ from collections.abc import Sequence, Sized
 from typing import Any
 
 from sc_core import WorkerDiedError, WorkerError
-from sc_dispatch import register_future_type, register_shardable
+from sc_dispatch import register_future_resolver, register_future_type, register_shardable
 
 from . import _ray_api as rapi
 from ._nbytes import is_data_proto
@@ -34,6 +34,8 @@ def raise_remote_failure(exc: BaseException, method: str, rank: int) -> None:
     failure = rapi.classify_failure(exc)
     if failure.kind == "died":
         raise WorkerDiedError(method, [rank], failure.cause_type) from exc
+    if isinstance(failure.cause, WorkerError):  # raised by the worker's _sc_call
+        raise failure.cause
     if failure.kind == "raised":
         raise WorkerError(
             method,
@@ -131,5 +133,38 @@ class _RayFutureAdapter:
         return bool(DataProtoConfig.auto_padding)
 
 
+def _raw_future(refs: Sequence[Any]) -> Any:
+    from sc_protocol import DataProtoFuture
+
+    return DataProtoFuture(futures=list(refs))
+
+
+class _ObjectRefAdapter:
+    """Plain Ray object references (a verl-style non-blocking call's, or a user's): joining
+    them gives a ``DataProtoFuture`` whose row counts are not known, as in verl."""
+
+    def length(self, obj: rapi.ObjectRef) -> None:
+        return None
+
+    def chunk(self, obj: rapi.ObjectRef, chunks: int) -> list[Any]:
+        return list(_raw_future([obj]).chunk(chunks))
+
+    def concat(self, parts: Sequence[rapi.ObjectRef]) -> Any:
+        return _raw_future(parts)
+
+    def pad(self, obj: rapi.ObjectRef, pad_size: int) -> Any:
+        return _raw_future([obj]).pad(pad_size)
+
+    def unpad(self, obj: rapi.ObjectRef, pad_size: int) -> Any:
+        return _raw_future([obj]).unpad(pad_size)
+
+    def auto_padding(self, obj: rapi.ObjectRef) -> bool:
+        from sc_protocol import DataProtoConfig
+
+        return bool(DataProtoConfig.auto_padding)
+
+
 register_future_type(RayFuture)
 register_shardable(RayFuture, _RayFutureAdapter())
+register_shardable(rapi.ObjectRef, _ObjectRefAdapter())
+register_future_resolver(rapi.ObjectRef, resolve_refs)

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sc_core import ResourcePool
+from sc_core import ResourcePool, UnknownRoleError
 
 from . import _ray_api as rapi
-from ._errors import PlacementTimeoutError, ResourcePoolError
+from ._errors import InsufficientResourcesError, PlacementTimeoutError, ResourcePoolError
 
 __all__ = [
     "DEFAULT_PLACEMENT_TIMEOUT_S",
@@ -121,10 +121,13 @@ class RayResourcePool(ResourcePool):
     ``1 / max_colocate_count`` of its resources. ``accelerator_type`` adds a tiny demand for
     Ray's ``accelerator_type:<X>`` resource so bundles land on that hardware.
 
-    Placement happens on first use (:meth:`get_placement_groups`) and fails with
-    :class:`PlacementTimeoutError` after ``placement_timeout_s`` (default
-    ``$SC_RAY_PLACEMENT_TIMEOUT_S`` or 300 s) instead of waiting forever; the groups it made
-    are removed first, so a retry starts clean. :meth:`release` removes the groups.
+    Placement happens on first use (:meth:`get_placement_groups`). A pool that asks more
+    than the whole cluster has fails at once with :class:`InsufficientResourcesError`
+    (``check_capacity=False`` skips that check, for clusters with an autoscaler); one the
+    cluster could hold later fails with :class:`PlacementTimeoutError` after
+    ``placement_timeout_s`` (default ``$SC_RAY_PLACEMENT_TIMEOUT_S`` or 300 s) instead of
+    waiting forever; the groups it made are removed first, so a retry starts clean.
+    :meth:`release` removes the groups.
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class RayResourcePool(ResourcePool):
         num_cpus_per_process: float = 1.0,
         placement_timeout_s: float | None = None,
         n_gpus_per_node: int = 8,
+        check_capacity: bool = True,
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count, n_gpus_per_node)
         if device_name.lower() not in _DEVICE_RESOURCE:
@@ -162,6 +166,7 @@ class RayResourcePool(ResourcePool):
         self.device_name = device_name.lower()
         self.num_cpus_per_process = float(num_cpus_per_process)
         self.placement_timeout_s = placement_timeout_s
+        self.check_capacity = bool(check_capacity)
         self.pgs: list[rapi.PlacementGroup] | None = None
         self._sc_users = 0
 
@@ -226,6 +231,7 @@ class RayResourcePool(ResourcePool):
                 "pool a distinct name_prefix or release the other pool"
             )
         bundle = self.bundle()
+        self._check_capacity(bundle, strategy)
         lifetime = "detached" if self.detached else None
         timeout = (
             self.placement_timeout_s
@@ -246,7 +252,7 @@ class RayResourcePool(ResourcePool):
         except BaseException as exc:
             for pg in created:
                 rapi.remove_placement_group(pg)
-            if isinstance(exc, ResourcePoolError):
+            if isinstance(exc, (ResourcePoolError, PlacementTimeoutError)):
                 raise
             if isinstance(exc, Exception):
                 raise ResourcePoolError(
@@ -256,6 +262,42 @@ class RayResourcePool(ResourcePool):
         self.pgs = sort_placement_group_by_node_ip(created)
         logger.debug("placed pool %s as %s", self._store, names)
         return self.pgs
+
+    def _check_capacity(self, bundle: Mapping[str, float], strategy: str) -> None:
+        """Fail at once when the cluster could never hold the pool: more of a resource than
+        all alive nodes together have, or (``STRICT_PACK``: one placement group per node)
+        one node's share larger than any node. A request the cluster could satisfy once
+        other pools are released waits for the placement deadline instead."""
+        if not self.check_capacity:
+            return
+        nodes = [n for n in rapi.list_nodes() if n.alive]
+        totals: dict[str, float] = {}
+        for node in nodes:
+            for key, amount in node.resources.items():
+                totals[key] = totals.get(key, 0.0) + amount
+        asked = self._total()
+        short = {k: v for k, v in asked.items() if v > totals.get(k, 0.0) + 1e-9}
+        if short:
+            raise InsufficientResourcesError(
+                f"pool process_on_nodes={self._store} asks {_fmt(asked)} in all "
+                f"({_fmt(bundle)} per process), more than the whole cluster has: "
+                f"{_fmt(totals)} on {len(nodes)} node(s); it could never be placed. "
+                "Ask for fewer processes, or add nodes (with an autoscaler, pass "
+                "check_capacity=False)"
+            )
+        if strategy != "STRICT_PACK":
+            return
+        for count in self._store:
+            for key, per_process in bundle.items():
+                need = per_process * count
+                best = max((n.resources.get(key, 0.0) for n in nodes), default=0.0)
+                if need > best + 1e-9:
+                    raise InsufficientResourcesError(
+                        f"pool process_on_nodes={self._store} puts {count} processes on one "
+                        f"node, asking {key}={need:g} there, but the largest node has "
+                        f"{key}={best:g}; it could never be placed. Spread the processes "
+                        "over more nodes (process_on_nodes), or use bin_pack=False"
+                    )
 
     def _placement_message(self, bundle: Mapping[str, float], count: int, timeout: float) -> str:
         nodes = [n for n in rapi.list_nodes() if n.alive]
@@ -316,10 +358,14 @@ def _fmt(resources: Mapping[str, float]) -> str:
 class SubRayResourcePool(RayResourcePool):
     """A contiguous slice of a placed pool's bundles (see :func:`split_resource_pool`).
 
-    It shares its parent's placement groups; ranks ``0..subgroup_world_size-1`` run on the
-    parent's bundles ``start_bundle_index ..``. Releasing a sub-pool does nothing: release the
-    parent.
+    It shares the placement groups of the root pool (the pool that was split first, also
+    when a sub-pool is split again): ranks ``0..subgroup_world_size-1`` run on the root's
+    bundles ``start_bundle_index ..`` (an index into the root's flat bundle order, as in
+    verl). Releasing a sub-pool does nothing: release the root.
     """
+
+    parent: RayResourcePool
+    start_bundle_index: int
 
     def __init__(
         self,
@@ -328,6 +374,9 @@ class SubRayResourcePool(RayResourcePool):
         subgroup_world_size: int,
         parent: RayResourcePool,
     ) -> None:
+        if isinstance(parent, SubRayResourcePool):
+            start_bundle_index += parent.start_bundle_index
+            parent = parent.parent
         super().__init__(
             process_on_nodes=None,
             use_gpu=parent.use_gpu,
@@ -492,9 +541,9 @@ class ResourcePoolManager:
     def get_resource_pool(self, role: Any) -> RayResourcePool:
         """The pool that ``role`` runs on."""
         if role not in self.mapping:
-            raise ResourcePoolError(
-                f"ResourcePoolManager: role {role!r} has no pool (mapped roles: "
-                f"{sorted(map(str, self.mapping))})"
+            raise UnknownRoleError(
+                f"ResourcePoolManager.get_resource_pool: role {role!r} has no pool (mapped "
+                f"roles: {sorted(map(str, self.mapping))})"
             )
         name = self.mapping[role]
         if name not in self.resource_pool_dict:

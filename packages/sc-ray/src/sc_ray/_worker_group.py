@@ -19,12 +19,14 @@ import logging
 import os
 import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sc_core import (
     Call,
     CallTimeoutError,
+    ConfigTypeError,
     InvalidConfigError,
     WorkerDiedError,
     WorkerError,
@@ -73,8 +75,22 @@ RESERVED_ENV_VARS = (
 #: or dead rank is reported within this long even while other ranks keep running.
 _POLL_S = 0.25
 
+CALL_METHOD = "_sc_call"
 META_METHOD = "_sc_call_with_meta"
 ENV_KWARG = "_sc_env"
+
+
+def _worker_error(instance: Any, name: str, exc: Exception) -> WorkerError:
+    """The error a worker raises for a method that raised ``exc``: names the method and the
+    rank, and is an instance of ``type(exc)`` too (see :class:`sc_core.WorkerError`)."""
+    rank = instance.__dict__.get("_rank")
+    if not isinstance(rank, int):
+        raw = os.environ.get("RANK", "")
+        rank = int(raw) if raw.isdigit() else -1
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb  # skip the wrapper
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return WorkerError.from_exception(name, rank, exc, remote_traceback=text)
 
 
 class _Lifecycle:
@@ -91,9 +107,14 @@ def _actor_class(cls: type) -> type:
     * a constructor keyword ``_sc_env`` whose variables go into ``os.environ`` before the
       worker's own constructor runs (cheaper than a Ray ``runtime_env`` per rank, which
       would start a fresh worker process per distinct environment);
-    * a method returning ``(row_count, value)`` of any method, so that a non-blocking call
-      knows its shards' row counts without fetching them. It is ``async`` only if the class
-      already has ``async`` methods (Ray then runs the actor as an async actor anyway).
+    * ``_sc_call(name, ...)``, which runs any method and turns an exception into a
+      :class:`~sc_core.WorkerError` naming the method and the rank (and still an instance of
+      the original exception's class), so that ``ray.get`` on a call's references raises it
+      too; every call of the group goes through it;
+    * ``_sc_call_with_meta``, the same returning ``(row_count, value)``, so that a
+      non-blocking call of a splitting mode knows its shards' row counts without fetching
+      them. Both are ``async`` only if the class already has ``async`` methods (Ray then runs
+      the actor as an async actor anyway).
     """
     roles: Mapping[str, type] = getattr(cls, "raw_cls_dict", None) or {}
     has_async = any(
@@ -117,19 +138,35 @@ def _actor_class(cls: type) -> type:
     if has_async:
 
         async def call_async(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-            out = getattr(self, name)(*args, **kwargs)
-            if inspect.isawaitable(out):
-                out = await out
+            try:
+                out = getattr(self, name)(*args, **kwargs)
+                if inspect.isawaitable(out):
+                    out = await out
+            except Exception as exc:
+                raise _worker_error(self, name, exc) from exc
+            return out
+
+        async def call_with_meta_async(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+            out = await call_async(self, name, *args, **kwargs)
             return row_meta(out), out
 
-        method: Any = call_async
+        call: Any = call_async
+        method: Any = call_with_meta_async
     else:
 
         def call_sync(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-            out = getattr(self, name)(*args, **kwargs)
+            try:
+                return getattr(self, name)(*args, **kwargs)
+            except Exception as exc:
+                raise _worker_error(self, name, exc) from exc
+
+        def call_with_meta_sync(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+            out = call_sync(self, name, *args, **kwargs)
             return row_meta(out), out
 
-        method = call_sync
+        call = call_sync
+        method = call_with_meta_sync
+    call.__name__ = CALL_METHOD
     method.__name__ = META_METHOD
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -140,7 +177,9 @@ def _actor_class(cls: type) -> type:
 
     namespace.update(
         {
+            CALL_METHOD: call,
             META_METHOD: method,
+            "_sc_framework_class": True,
             "__init__": __init__,
             "__module__": cls.__module__,
             "__doc__": cls.__doc__,
@@ -206,7 +245,7 @@ class RayWorkerGroup(WorkerGroup[W]):
         if ray_cls_with_init is not None and not isinstance(
             ray_cls_with_init, RayClassWithInitArgs
         ):
-            raise InvalidConfigError(
+            raise ConfigTypeError(
                 f"RayWorkerGroup: ray_cls_with_init must be a RayClassWithInitArgs, got "
                 f"{type(ray_cls_with_init).__qualname__}"
             )
@@ -222,12 +261,22 @@ class RayWorkerGroup(WorkerGroup[W]):
             resource_pool.device_name if isinstance(resource_pool, RayResourcePool) else "cuda"
         )
         self._worker_env = self._check_worker_env(worker_env)
+        if (master_addr is None) != (master_port is None):
+            given, missing = (
+                ("master_addr", "master_port")
+                if master_port is None
+                else ("master_port", "master_addr")
+            )
+            raise InvalidConfigError(
+                f"RayWorkerGroup: {given} was given without {missing}; give both to choose the "
+                "rendezvous address, or neither to let rank 0's node pick one"
+            )
         self.sub_cls_name = ""
         if resource_pool is None:
             self._init_with_detached_workers(worker_names, worker_handles)
         else:
             if not isinstance(resource_pool, RayResourcePool):
-                raise InvalidConfigError(
+                raise ConfigTypeError(
                     f"RayWorkerGroup: resource_pool must be a RayResourcePool, got "
                     f"{type(resource_pool).__qualname__}"
                 )
@@ -494,18 +543,18 @@ class RayWorkerGroup(WorkerGroup[W]):
         self, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> rapi.ObjectRef:
         """Start the method on one rank; returns the reference of its value (as verl does).
-        For a non-blocking call the worker also returns the value's row count, whose
-        reference waits in ``_meta_refs`` for :meth:`_pending_outputs`."""
+        For a non-blocking call of a splitting mode the worker also returns the value's row
+        count, whose reference waits in ``_meta_refs`` for :meth:`_pending_outputs`."""
         call = current_call()
         worker = self._workers[rank]
-        if call is not None and not call.blocking:
+        if call is not None and not call.blocking and call.joins_shards:
             meta, value = rapi.call_actor_multi(
                 worker, META_METHOD, (method_name, *args), kwargs, 2
             )
             with self._meta_lock:
                 self._meta_refs[id(value)] = meta
             return value
-        return rapi.call_actor(worker, method_name, args, kwargs)
+        return rapi.call_actor(worker, CALL_METHOD, (method_name, *args), kwargs)
 
     def _execute_rank_async(
         self, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -601,6 +650,8 @@ class RayWorkerGroup(WorkerGroup[W]):
         first = min(failures)
         failure = failures[first]
         others = sorted(r for r in failures if r != first)
+        if isinstance(failure.cause, WorkerError):  # raised by the worker's _sc_call
+            raise failure.cause.with_other_failed_ranks(others) from failure.cause.cause
         raise WorkerError(
             method,
             first,
@@ -612,6 +663,10 @@ class RayWorkerGroup(WorkerGroup[W]):
         ) from failure.cause
 
     def _pending_outputs(self, handles: Sequence[Any], call: Call) -> list[Any]:
+        """Non-blocking calls return Ray object references, as in verl; splitting modes get
+        futures that also know their row counts (joined into a DataProtoFuture)."""
+        if not call.joins_shards:
+            return list(handles)
         with self._meta_lock:
             metas = [self._meta_refs.pop(id(h), None) for h in handles]
         return [
