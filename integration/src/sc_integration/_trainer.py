@@ -466,8 +466,14 @@ def _tensors(batch: DataProto, stage: str) -> Any:
 
 
 def _metrics_of(out: DataProto) -> dict[str, float]:
-    """The metrics a worker update returned in ``meta_info["metrics"]`` (dp-reduced)."""
-    return {key: float(value) for key, value in out.meta_info.get("metrics", {}).items()}
+    """The metrics a worker update returned in ``meta_info["metrics"]``: joining the ranks'
+    outputs gathers each metric into a list of the ranks' values (verl's rule); the values
+    are dp-reduced already, so their mean is the value."""
+    metrics: dict[str, Any] = out.meta_info.get("metrics", {})
+    return {
+        key: float(np.mean(value)) if isinstance(value, list) else float(value)
+        for key, value in metrics.items()
+    }
 
 
 def _check_finite(step: int, metrics: Mapping[str, Any]) -> None:

@@ -24,13 +24,36 @@ def test_every_public_name_resolves() -> None:
             assert getattr(module, name) is not None, f"{module.__name__}.{name}"
 
 
+MEANINGS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    LookupError,
+    NotImplementedError,
+    RuntimeError,
+    ImportError,
+    OSError,
+)
+
+
+def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
+    found = [m for m in MEANINGS if issubclass(exc, m)]
+    return [m for m in found if not any(o is not m and issubclass(o, m) for o in found)]
+
+
 def test_exception_tree() -> None:
-    assert issubclass(sc_workers.ConfigError, ValueError)
-    assert issubclass(sc_workers.UnsupportedParallelismError, NotImplementedError)
-    assert issubclass(sc_workers.MissingKeyError, KeyError)
-    assert issubclass(sc_workers.MissingKeyError, sc_workers.BatchError)
-    assert issubclass(sc_workers.CheckpointError, RuntimeError)
-    assert issubclass(sc_workers.OptionalDependencyError, ImportError)
+    expected = {
+        "ConfigError": ValueError,
+        "UnsupportedParallelismError": NotImplementedError,
+        "BatchError": ValueError,
+        "MissingKeyError": KeyError,
+        "DistributedError": RuntimeError,
+        "NotInitializedError": RuntimeError,
+        "CheckpointError": RuntimeError,
+        "OptionalDependencyError": ImportError,
+    }
+    for name, meaning in expected.items():
+        assert _meanings(getattr(sc_workers, name)) == [meaning], name
     for name in sc_workers.__all__:
         obj = getattr(sc_workers, name)
         if isinstance(obj, type) and issubclass(obj, Exception):

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 from _workers_helpers import actor_config, critic_config
-from sc_core import UnknownMeshError
-from sc_dispatch import mesh_layout
+from sc_dispatch import MeshLayoutError, mesh_layout
 from sc_workers import ActorRolloutRefWorker, ConfigError, CriticWorker
 
 
@@ -60,8 +59,8 @@ def test_fsdp_registers_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     actors = _build(monkeypatch, 2, lambda: ActorRolloutRefWorker(actor_config(), "actor"))
     assert mesh_layout(_Group(actors), "actor") == ([0, 1], [True, True])
     # the role decides which meshes exist
-    assert set(actors[0].get_dispatch_collect()[0]) == {"actor"}
-    with pytest.raises(UnknownMeshError, match="mesh 'rollout' was never registered"):
+    assert set(actors[0].get_dispatch_collect()["dispatch_dp_rank"]) == {"actor"}
+    with pytest.raises(MeshLayoutError, match="no rank registered the mesh 'rollout'"):
         mesh_layout(_Group(actors), "rollout")
 
 
@@ -79,7 +78,7 @@ def test_roles_register_their_meshes(
     monkeypatch: pytest.MonkeyPatch, role: str, meshes: set[str]
 ) -> None:
     (worker,) = _build(monkeypatch, 1, lambda: ActorRolloutRefWorker(actor_config(), role))
-    assert set(worker.get_dispatch_collect()[0]) == meshes
+    assert set(worker.get_dispatch_collect()["dispatch_dp_rank"]) == meshes
 
 
 def test_bad_roles_and_layouts(monkeypatch: pytest.MonkeyPatch) -> None:

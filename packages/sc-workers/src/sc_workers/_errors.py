@@ -1,20 +1,21 @@
 """The exceptions sc-workers raises.
 
-Every error is raised explicitly (never through ``assert``) and subclasses the builtin
-exception it means, so callers may catch either the sc-workers class or the builtin::
+Every error is raised explicitly (never through ``assert``). Each class subclasses
+:class:`WorkersError` and exactly one builtin exception, the one it means, so callers may
+catch either the sc-workers class or the builtin::
 
     WorkersError (Exception)                      base class of everything below
     ├── ConfigError (ValueError)                  a configuration value that is out of range
-    │   │                                         or inconsistent: a batch size that is not
-    │   │                                         divisible by the dp size or the micro-batch
-    │   │                                         size, heads not divisible by the tp size, ...
-    │   └── UnsupportedParallelismError           a layout this release cannot run (pipeline
-    │       (also NotImplementedError)            parallelism, TP on a Hugging Face model)
+    │                                             or inconsistent: a batch size that is not
+    │                                             divisible by the dp size or the micro-batch
+    │                                             size, heads not divisible by the tp size, ...
+    ├── UnsupportedParallelismError               a layout this release cannot run (pipeline
+    │   (NotImplementedError)                     parallelism)
     ├── BatchError (ValueError)                   a DataProto a worker method cannot use: a
-    │   │                                         batch size that does not split into the
-    │   │                                         configured mini-/micro-batches, mismatched
-    │   │                                         shapes, a bad meta_info value
-    │   └── MissingKeyError (also KeyError)       a tensor the method needs is not in the batch
+    │                                             batch size that does not split into the
+    │                                             configured mini-/micro-batches, mismatched
+    │                                             shapes, a bad meta_info value
+    ├── MissingKeyError (KeyError)                a tensor the method needs is not in the batch
     ├── DistributedError (RuntimeError)           the process group cannot be set up: a world
     │                                             size that does not match the one already
     │                                             initialised, missing MASTER_ADDR/MASTER_PORT
@@ -53,7 +54,7 @@ class ConfigError(WorkersError, ValueError):
     """A configuration value that is out of range or inconsistent with another one."""
 
 
-class UnsupportedParallelismError(ConfigError, NotImplementedError):
+class UnsupportedParallelismError(WorkersError, NotImplementedError):
     """A parallel layout this release does not implement (for example pipeline parallelism)."""
 
 
@@ -61,7 +62,7 @@ class BatchError(WorkersError, ValueError):
     """A batch that a worker method cannot process."""
 
 
-class MissingKeyError(BatchError, KeyError):
+class MissingKeyError(WorkersError, KeyError):
     """A tensor that a worker method needs is missing from the batch."""
 
     def __str__(self) -> str:  # KeyError would repr() the message

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sc_core import Worker
+from sc_core import Worker, worker_environ
 from sc_protocol import DataProto
 
 from .._errors import CheckpointError, ConfigError, DistributedError
@@ -29,7 +29,7 @@ class WorkerBase(Worker):
 
     def _setup_identity(self, device: str, tp_size: int) -> None:
         self.layout = ParallelLayout.create(self.world_size, self.rank, tp_size)
-        self.device = resolve_device(device, self.env)
+        self.device = resolve_device(device, worker_environ())
         self._saved_checkpoints: list[str] = []
         self._update_steps = 0
 
@@ -58,7 +58,7 @@ class WorkerBase(Worker):
         return f"{type(self).__name__}.{method} (rank {self.rank})"
 
     def _init_distributed(self) -> None:
-        if self.world_size > 1 and self.env.get("WG_BACKEND") == "local":
+        if self.world_size > 1 and worker_environ().get("WG_BACKEND") == "local":
             raise DistributedError(
                 f"{self._where('init_model')}: world size {self.world_size} under the "
                 "in-process backend (LocalWorkerGroup); its ranks share one process, and "
