@@ -3,7 +3,8 @@
 Every package gets ``tests(<dist>)`` and ``typecheck(<dist>)``. Each installs only that
 package, its declared dependencies and a root tooling group, from the lock
 (``uv sync --locked --package <dist>``), so an import the package does not declare fails
-there. ``uv run nox -t <dist>`` runs one package's sessions.
+there; ``tests(<dist>)`` adds the extras in ``TEST_EXTRAS`` (sc-workers' ``hf``), so that
+the code behind them is tested. ``uv run nox -t <dist>`` runs one package's sessions.
 """
 
 from __future__ import annotations
