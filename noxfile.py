@@ -3,7 +3,8 @@
 Every package gets ``tests(<dist>)`` and ``typecheck(<dist>)``. Each installs only that
 package, its declared dependencies and a root tooling group, from the lock
 (``uv sync --locked --package <dist>``), so an import the package does not declare fails
-there. ``uv run nox -t <dist>`` runs one package's sessions.
+there; ``tests(<dist>)`` adds the extras in ``TEST_EXTRAS`` (sc-workers' ``hf``), so that
+the code behind them is tested. ``uv run nox -t <dist>`` runs one package's sessions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ nox.options.error_on_missing_interpreters = True
 
 PACKAGES = ["sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-workers"]
 PACKAGE_PARAMS = [nox.param(dist, id=dist, tags=[dist]) for dist in PACKAGES]
+#: extras a package's tests install, so that the code behind them is tested (sc-workers' hf
+#: tests fail rather than skip in that session when transformers is missing)
+TEST_EXTRAS = {"sc-workers": ["hf"]}
 
 
 def _sync(session: nox.Session, *args: str) -> None:
@@ -41,8 +45,9 @@ def _package_dir(dist: str) -> str:
 @nox.session
 @nox.parametrize("dist", PACKAGE_PARAMS)
 def tests(session: nox.Session, dist: str) -> None:
-    """Run one package's tests with only its own dependencies installed."""
-    _sync(session, "--package", dist, "--group", "test")
+    """Run one package's tests with only its own dependencies (and tested extras) installed."""
+    extras = [arg for extra in TEST_EXTRAS.get(dist, []) for arg in ("--extra", extra)]
+    _sync(session, "--package", dist, "--group", "test", *extras)
     session.run(
         "pytest",
         os.path.join(_package_dir(dist), "tests"),

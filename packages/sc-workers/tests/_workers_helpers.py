@@ -195,11 +195,12 @@ def launch(fn: Callable[[int, int, Path], None], world: int, out: Path, timeout:
     """Run ``fn(rank, world, out)`` in ``world`` spawned processes (gloo); fail on timeout."""
     # A fork server imports torch and sc-workers once (preloaded) and forks each rank from
     # that clean, single-threaded process: fresh interpreters like "spawn", without paying
-    # the imports once per rank (which dominates the run time on a small machine).
+    # the imports once per rank (which dominates the run time on a small machine). It also
+    # preloads transformers through the HF helpers (skipped, when transformers is missing).
     ctx: multiprocessing.context.BaseContext
     if "forkserver" in multiprocessing.get_all_start_methods():
         server = multiprocessing.get_context("forkserver")
-        server.set_forkserver_preload(["_workers_helpers"])
+        server.set_forkserver_preload(["_workers_helpers", "_workers_hf_helpers"])
         ctx = server
     else:  # pragma: no cover - Windows
         ctx = multiprocessing.get_context("spawn")

@@ -95,13 +95,27 @@ def test_pipeline_parallelism_is_a_clear_not_implemented() -> None:
         MegatronConfig(pipeline_model_parallel_size=4)
 
 
-def test_tp_on_a_hugging_face_model_is_unsupported() -> None:
-    with pytest.raises(UnsupportedParallelismError, match="only implemented for the built-in"):
-        CriticConfig(
-            model=ModelConfig(path="/models/x"),
-            strategy="megatron",
-            megatron=MegatronConfig(tensor_model_parallel_size=2),
-        )
+def test_a_hugging_face_model_brings_its_own_architecture() -> None:
+    # head counts live in the directory's config.json: checked when it is read, not here
+    critic = CriticConfig(
+        model=ModelConfig(path="/models/x", hidden_size=30, num_attention_heads=7),
+        strategy="megatron",
+        megatron=MegatronConfig(tensor_model_parallel_size=2),
+    )
+    assert critic.model.path == "/models/x"
+
+
+def test_several_eos_tokens() -> None:
+    assert ModelConfig(eos_token_id=(1, 3)).eos_token_ids == (1, 3)
+    assert ModelConfig(eos_token_id=[1, 3]).eos_token_id == (1, 3)  # type: ignore[arg-type]
+    assert ModelConfig().eos_token_ids == (1,)
+    assert ModelConfig.from_dict({"eos_token_id": [2, 5]}).eos_token_id == (2, 5)
+    with pytest.raises(ConfigError, match=re.escape("eos_token_id 40 is outside")):
+        ModelConfig(eos_token_id=(1, 40))
+    with pytest.raises(ConfigError, match=re.escape("must name at least one token, got ()")):
+        ModelConfig(eos_token_id=())
+    with pytest.raises(ConfigError, match="eos_token_id must be an int, got '1'"):
+        ModelConfig(eos_token_id=("1",))  # type: ignore[arg-type]
 
 
 def test_batch_sizes_normalised_by_dp() -> None:

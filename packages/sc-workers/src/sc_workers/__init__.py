@@ -3,8 +3,11 @@
 * :class:`ActorRolloutRefWorker` and :class:`CriticWorker` — worker classes for a worker
   group (``sc_core.LocalWorkerGroup`` in-process, ``sc_ray.RayWorkerGroup`` on Ray);
 * engines (:mod:`sc_workers.engine`) — FSDP2, and tensor x data parallel on a DeviceMesh;
-* the built-in causal transformer and the optional Hugging Face adapter
-  (:mod:`sc_workers.models`);
+* the built-in causal transformer and the optional Hugging Face models
+  (:mod:`sc_workers.models`): :func:`hf_worker_configs` / :func:`hf_model_config` build
+  configurations from a local model directory, :func:`load_hf_tokenizer` loads its
+  tokenizer, the workers' ``export_hf_model`` and :func:`export_hf_checkpoint` write a
+  ``save_pretrained`` directory back;
 * RL math (:mod:`sc_workers.algos`);
 * typed configuration dataclasses, validated on construction.
 
@@ -37,9 +40,10 @@ from ._errors import (
     UnsupportedParallelismError,
     WorkersError,
 )
+from ._hf_configs import hf_model_config, hf_worker_configs
 from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
-from .models import TinyCausalLM
-from .workers import ROLES, ActorRolloutRefWorker, CriticWorker
+from .models import HFCausalLM, HFValueModel, TinyCausalLM, load_hf_tokenizer
+from .workers import ROLES, ActorRolloutRefWorker, CriticWorker, export_hf_checkpoint
 
 __version__ = "0.1.0"
 
@@ -60,6 +64,8 @@ __all__ = [
     "Engine",
     "FSDPConfig",
     "FSDPEngine",
+    "HFCausalLM",
+    "HFValueModel",
     "MegatronConfig",
     "MegatronEngine",
     "MissingKeyError",
@@ -74,5 +80,9 @@ __all__ = [
     "UnsupportedParallelismError",
     "WorkersError",
     "__version__",
+    "export_hf_checkpoint",
+    "hf_model_config",
+    "hf_worker_configs",
+    "load_hf_tokenizer",
     "make_engine",
 ]

@@ -69,6 +69,15 @@ def _dataclass_type(hint: Any) -> type[ConfigBase] | None:
     return None
 
 
+def _accepts_tuple(hint: Any) -> bool:
+    """Whether ``hint`` is a tuple type, or a union with one (a YAML list becomes a tuple)."""
+    if get_origin(hint) is tuple:
+        return True
+    if get_origin(hint) in (Union, types.UnionType):
+        return any(get_origin(a) is tuple for a in get_args(hint))
+    return False
+
+
 class ConfigBase:
     """Shared behaviour: build from a (nested) mapping, convert back to a dict."""
 
@@ -95,7 +104,7 @@ class ConfigBase:
             nested = _dataclass_type(hints[key])
             if nested is not None and isinstance(value, Mapping):
                 kwargs[key] = nested.from_dict(value)
-            elif isinstance(value, list) and get_origin(hints[key]) is tuple:
+            elif isinstance(value, list) and _accepts_tuple(hints[key]):
                 kwargs[key] = tuple(value)
             else:
                 kwargs[key] = value
@@ -113,7 +122,12 @@ class ModelConfig(ConfigBase):
 
     The built-in model is initialised from ``seed`` identically on every rank, so an actor
     and its reference model start from the same weights. ``path`` needs ``sc-workers[hf]``
-    and a directory on local disk (nothing is downloaded).
+    and a directory on local disk (nothing is downloaded); the architecture then comes from
+    that directory's ``config.json``, and the architecture fields here are informational
+    (:func:`~sc_workers.hf_model_config` fills them, and the token ids, from the directory).
+    With ``path`` the seed initialises what the checkpoint does not hold (a critic's value
+    head), identically on every rank. ``eos_token_id`` is one id or a tuple of ids (any of
+    them ends a response).
     """
 
     _section: ClassVar[str] = "model"
@@ -129,7 +143,7 @@ class ModelConfig(ConfigBase):
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     pad_token_id: int = 0
-    eos_token_id: int = 1
+    eos_token_id: int | tuple[int, ...] = 1
     seed: int = 0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -146,19 +160,28 @@ class ModelConfig(ConfigBase):
             rope_theta=self.rope_theta,
             rms_norm_eps=self.rms_norm_eps,
         )
-        if self.hidden_size % self.num_attention_heads:
+        # the built-in model's shape rules; a Hugging Face model brings its own architecture
+        if self.path is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"{o}.hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
             )
-        if (self.hidden_size // self.num_attention_heads) % 2:
+        if self.path is None and (self.hidden_size // self.num_attention_heads) % 2:
             raise ConfigError(
                 f"{o}: head dim {self.hidden_size // self.num_attention_heads} "
                 f"(hidden_size {self.hidden_size} / num_attention_heads "
                 f"{self.num_attention_heads}) must be even for rotary embeddings"
             )
-        for name in ("pad_token_id", "eos_token_id"):
-            value = getattr(self, name)
+        given: object = self.eos_token_id
+        if isinstance(given, list):  # a list from code rather than through from_dict
+            self.eos_token_id = tuple(given)
+        if self.eos_token_id == ():
+            raise ConfigError(f"{o}.eos_token_id must name at least one token, got ()")
+        ids: list[tuple[str, object]] = [("pad_token_id", self.pad_token_id)]
+        ids += [("eos_token_id", v) for v in self.eos_token_ids]
+        for name, value in ids:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{o}.{name} must be an int, got {value!r}")
             if not 0 <= value < self.vocab_size:
                 raise ConfigError(
                     f"{o}.{name} {value} is outside [0, vocab_size {self.vocab_size})"
@@ -168,6 +191,12 @@ class ModelConfig(ConfigBase):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """``eos_token_id`` as a tuple."""
+        eos = self.eos_token_id
+        return eos if isinstance(eos, tuple) else (eos,)
 
 
 @dataclass
@@ -530,13 +559,10 @@ class CriticConfig(ConfigBase):
 
 
 def _check_tp_divides(owner: str, model: ModelConfig, tp: int) -> None:
-    if tp == 1:
+    # A Hugging Face model's head counts live in its config.json: hf_worker_configs checks
+    # them when it reads the directory, and the megatron engine when it loads the model.
+    if tp == 1 or model.path is not None:
         return
-    if model.path is not None:
-        raise UnsupportedParallelismError(
-            f"{owner}: tensor_model_parallel_size {tp} is only implemented for the built-in "
-            f"model, not for the Hugging Face model at {model.path!r}"
-        )
     if model.num_attention_heads % tp:
         raise ConfigError(
             f"{owner}: model.num_attention_heads {model.num_attention_heads} is not divisible "

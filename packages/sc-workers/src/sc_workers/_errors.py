@@ -8,9 +8,11 @@ catch either the sc-workers class or the builtin::
     ├── ConfigError (ValueError)                  a configuration value that is out of range
     │                                             or inconsistent: a batch size that is not
     │                                             divisible by the dp size or the micro-batch
-    │                                             size, heads not divisible by the tp size, ...
+    │                                             size, heads not divisible by the tp size, a
+    │                                             model.path that is not a model directory
     ├── UnsupportedParallelismError               a layout this release cannot run (pipeline
-    │   (NotImplementedError)                     parallelism)
+    │   (NotImplementedError)                     parallelism, TP on a Hugging Face model
+    │                                             without Llama-style decoder layers)
     ├── BatchError (ValueError)                   a DataProto a worker method cannot use: a
     │                                             batch size that does not split into the
     │                                             configured mini-/micro-batches, mismatched
@@ -24,7 +26,8 @@ catch either the sc-workers class or the builtin::
     │                                             or one the worker's role does not provide
     ├── CheckpointError (RuntimeError)            a checkpoint that is missing, incomplete, or
     │                                             written by a different layout (world size,
-    │                                             dp/tp sizes, parameter names or shapes)
+    │                                             dp/tp sizes, parameter names or shapes); a
+    │                                             Hugging Face export that cannot be written
     └── OptionalDependencyError (ImportError)     an optional extra that is not installed
                                                   (``sc-workers[hf]`` for transformers)
 

@@ -12,9 +12,14 @@ import torch
 
 from .._config import FSDPConfig, ModelConfig, OptimConfig
 from .._errors import ConfigError
-from ._base import Engine, warmup_lr_lambda
+from ._base import Engine, block_modules, warmup_lr_lambda
 from ._fsdp import FSDPEngine
-from ._megatron import MegatronEngine, tensor_parallel_plan
+from ._megatron import (
+    MegatronEngine,
+    decoder_layer_plan,
+    parallelize_hf_model,
+    tensor_parallel_plan,
+)
 from ._parallel import ParallelLayout, init_distributed, resolve_device
 
 __all__ = [
@@ -22,8 +27,11 @@ __all__ = [
     "FSDPEngine",
     "MegatronEngine",
     "ParallelLayout",
+    "block_modules",
+    "decoder_layer_plan",
     "init_distributed",
     "make_engine",
+    "parallelize_hf_model",
     "resolve_device",
     "tensor_parallel_plan",
     "warmup_lr_lambda",

@@ -12,16 +12,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from .._config import FSDPConfig, ModelConfig, OptimConfig
 from .._errors import CheckpointError, NotInitializedError
-from ..models import TinyCausalLM, load_hf_model
+from ..models import HFCausalLM, HFModelKind, HFValueModel, TinyCausalLM, load_hf_model
 from ._parallel import ParallelLayout, init_distributed
 
-__all__ = ["Engine", "block_modules", "param_dtype_for", "warmup_lr_lambda"]
+__all__ = ["Engine", "block_modules", "chunk_of", "param_dtype_for", "warmup_lr_lambda"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,28 @@ def warmup_lr_lambda(config: OptimConfig) -> Callable[[int], float]:
 
 
 def block_modules(module: nn.Module) -> list[nn.Module]:
-    """The repeated transformer blocks (each gets its own FSDP unit)."""
+    """The repeated transformer blocks (each gets its own FSDP unit), outermost first.
+
+    The built-in model's ``layers``; for a transformers model the modules whose class its
+    ``_no_split_modules`` names (the decoder layers, e.g. every ``model.model.layers[i]``
+    of a Llama), else the children of a ``ModuleList`` called ``layers``, ``h`` or
+    ``blocks``.
+    """
     if isinstance(module, TinyCausalLM):
         return list(module.layers)
+    block_classes: set[str] = set()
+    for child in module.modules():
+        block_classes.update(getattr(child, "_no_split_modules", None) or ())
     blocks: list[nn.Module] = []
+    taken: list[str] = []
+    for name, child in module.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in taken):
+            continue  # inside a block already found
+        if type(child).__name__ in block_classes:
+            blocks.append(child)
+            taken.append(name)
+    if blocks:
+        return blocks
     for name, child in module.named_modules():
         if isinstance(child, nn.ModuleList) and name.rsplit(".", 1)[-1] in (
             "layers",
@@ -68,6 +87,21 @@ def block_modules(module: nn.Module) -> list[nn.Module]:
         ):
             blocks.extend(child)
     return blocks
+
+
+def chunk_of(param: Tensor) -> tuple[list[int], list[int]]:
+    """``(global_shape, offsets)``: where this rank's local block of ``param`` sits.
+
+    A DTensor shard (FSDP, TP, or both) is one rectangular block of the full tensor; the
+    checkpoint records it so that an offline export can reassemble full tensors.
+    """
+    if isinstance(param, DTensor):
+        # the DCP planner's hook; torch leaves it unannotated
+        chunks: list[Any] = param.__create_chunk_list__()  # type: ignore[no-untyped-call]
+        if len(chunks) != 1:  # pragma: no cover - DTensor keeps one local block per rank
+            raise CheckpointError(f"a DTensor with {len(chunks)} local chunks is not supported")
+        return list(param.shape), [int(o) for o in chunks[0].offsets]
+    return list(param.shape), [0] * param.dim()
 
 
 def _local(t: Tensor) -> Tensor:
@@ -140,7 +174,7 @@ class Engine(ABC):
         cfg = self.model_config
         dtype = _DTYPES[cfg.dtype]
         if cfg.path is not None:
-            return load_hf_model(cfg.path, self.value_head, dtype)
+            return load_hf_model(cfg.path, self.value_head, dtype, seed=cfg.seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             module = TinyCausalLM(cfg, value_head=self.value_head)
@@ -203,6 +237,23 @@ class Engine(ABC):
     @property
     def supports_kv_cache(self) -> bool:
         return bool(getattr(self.module, "supports_kv_cache", False))
+
+    def new_cache(self) -> Any:
+        """An empty key/value cache for :meth:`forward`, or None if the model has none."""
+        if not self.supports_kv_cache:
+            return None
+        factory = getattr(self.module, "new_cache", None)
+        return factory() if callable(factory) else None
+
+    @property
+    def hf_kind(self) -> HFModelKind | None:
+        """The kind of Hugging Face model ("causal_lm", "value_model"); None if built in."""
+        module = self.module
+        if isinstance(module, HFCausalLM):
+            return "causal_lm"
+        if isinstance(module, HFValueModel):
+            return "value_model"
+        return None
 
     def train_mode(self) -> None:
         self.module.train()
@@ -326,12 +377,26 @@ class Engine(ABC):
                 self.offload_optimizer()
 
     # ------------------------------------------------------------- checkpoint
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Every parameter and buffer as a full CPU tensor, on rank 0 (empty elsewhere).
+
+        A collective (torch.distributed.checkpoint's ``get_model_state_dict`` with
+        ``full_state_dict``): every rank of the engine must call it.
+        """
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.module, options=options)
+        return {name: value for name, value in state.items() if isinstance(value, Tensor)}
+
     def local_state_dict(self) -> dict[str, Any]:
-        """This rank's shards of the model, optimizer and schedule, as plain CPU tensors."""
-        model = {
-            name: _local(p.detach()).cpu().clone() for name, p in self.module.named_parameters()
-        }
-        state: dict[str, Any] = {"model": model}
+        """This rank's shards of the model, optimizer and schedule, as plain CPU tensors.
+
+        ``model_chunks`` records, per parameter, the full shape and where this rank's block
+        starts (see :func:`chunk_of`).
+        """
+        params = dict(self.module.named_parameters())
+        model = {name: _local(p.detach()).cpu().clone() for name, p in params.items()}
+        chunks = {name: chunk_of(p) for name, p in params.items()}
+        state: dict[str, Any] = {"model": model, "model_chunks": chunks}
         if self.optimizer is not None and self.lr_scheduler is not None:
             optim = self.optimizer.state_dict()
             optim["state"] = {

@@ -2,17 +2,24 @@
 
 A ``(dp, tp)`` DeviceMesh; rank = dp_rank * tp + tp_rank. Attention q/k/v and the MLP
 gate/up projections are column-parallel, the attention output and MLP down projections
-row-parallel, so each block needs one all-reduce in attention and one in the MLP.
-Embeddings, norms and the output head are replicated over tp. FSDP2 then shards every
-parameter over the dp dimension. Pipeline parallelism is not implemented
-(:class:`~sc_workers.MegatronConfig` rejects ``pipeline_model_parallel_size`` > 1).
+row-parallel, so each block needs one all-reduce in attention and one in the MLP. Norms
+are replicated over tp. In the built-in model the embeddings and the output head are
+replicated too; in a Hugging Face model with untied embeddings whose vocabulary divides by
+tp, the input embedding is split by vocabulary rows (one all-reduce) and the output head
+by vocabulary columns (logits all-gathered, so every tp rank sees the full vocabulary).
+FSDP2 then shards every parameter over the dp dimension. Pipeline parallelism is not
+implemented (:class:`~sc_workers.MegatronConfig` rejects ``pipeline_model_parallel_size``
+> 1).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -21,11 +28,19 @@ from torch.distributed.tensor.parallel import (
 )
 
 from .._errors import ConfigError, UnsupportedParallelismError
-from ..models import TinyCausalLM
-from ._base import Engine
+from ..models import HFCausalLM, HFValueModel, TinyCausalLM, check_hf_tensor_parallel
+from ._base import Engine, block_modules
 from ._fsdp import shard_module
 
-__all__ = ["MegatronEngine", "tensor_parallel_plan"]
+__all__ = [
+    "MegatronEngine",
+    "decoder_layer_plan",
+    "parallelize_hf_model",
+    "tensor_parallel_plan",
+]
+
+#: attributes some transformers attention classes keep for their (now local) head counts
+_HEAD_COUNT_ATTRS = ("num_heads", "num_key_value_heads")
 
 
 def tensor_parallel_plan() -> dict[str, ParallelStyle]:
@@ -40,6 +55,76 @@ def tensor_parallel_plan() -> dict[str, ParallelStyle]:
         "layers.*.mlp.up_proj": col(),
         "layers.*.mlp.down_proj": row(),
     }
+
+
+def decoder_layer_plan() -> dict[str, ParallelStyle]:
+    """The column/row-parallel plan of one Llama/Qwen2-style decoder layer (relative names)."""
+    col, row = ColwiseParallel, RowwiseParallel
+    return {
+        "self_attn.q_proj": col(),
+        "self_attn.k_proj": col(),
+        "self_attn.v_proj": col(),
+        "self_attn.o_proj": row(),
+        "mlp.gate_proj": col(),
+        "mlp.up_proj": col(),
+        "mlp.down_proj": row(),
+    }
+
+
+def _submodule(layer: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return layer.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def parallelize_hf_model(
+    module: HFCausalLM | HFValueModel, tp_mesh: DeviceMesh, where: str
+) -> None:
+    """Apply tensor parallelism to a transformers decoder-only model, in place.
+
+    Every decoder layer (:func:`~sc_workers.engine.block_modules`) gets
+    :func:`decoder_layer_plan`; its attention runs on ``num_attention_heads / tp`` query
+    heads and ``num_key_value_heads / tp`` key/value heads (transformers' Llama-style
+    attention infers the local head count from the projection width; attention classes
+    that keep head counts as attributes get them divided). Untied embeddings whose
+    vocabulary divides by tp are split over the vocabulary; tied ones stay replicated.
+    Raises :class:`ConfigError` when a head count or the MLP width does not divide by tp,
+    and :class:`UnsupportedParallelismError` for a layer without the Llama-style
+    projections.
+    """
+    tp = tp_mesh.size()
+    config = module.hf_config
+    check_hf_tensor_parallel(config, tp, where)
+    layers = block_modules(module)
+    if not layers:
+        raise UnsupportedParallelismError(
+            f"{where}: found no decoder layers in {type(module.model).__name__}"
+        )
+    plan = decoder_layer_plan()
+    for layer in layers:
+        missing = [n for n in plan if not isinstance(_submodule(layer, n), nn.Linear)]
+        if missing:
+            raise UnsupportedParallelismError(
+                f"{where}: {type(layer).__name__} has no linear layers {missing}; the "
+                "tensor-parallel plan covers Llama/Qwen2-style decoder layers"
+            )
+        parallelize_module(layer, tp_mesh, decoder_layer_plan())
+        attention = layer.get_submodule("self_attn")
+        for attr in _HEAD_COUNT_ATTRS:
+            value = getattr(attention, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(attention, attr, value // tp)
+    hf_model: Any = module.model
+    embed = hf_model.get_input_embeddings()
+    head = hf_model.get_output_embeddings() if isinstance(module, HFCausalLM) else None
+    tied = head is not None and head.weight is embed.weight
+    vocab = int(embed.weight.shape[0])
+    if tied or vocab % tp:
+        return
+    parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+    if head is not None:
+        parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
 
 
 class MegatronEngine(Engine):
@@ -62,12 +147,16 @@ class MegatronEngine(Engine):
     def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         tp = self.layout.tp_size
         if tp > 1:
-            if not isinstance(module, TinyCausalLM):
+            where = f"rank {self.layout.rank}: tensor_model_parallel_size {tp}"
+            if isinstance(module, TinyCausalLM):
+                parallelize_module(module, mesh["tp"], tensor_parallel_plan())
+            elif isinstance(module, (HFCausalLM, HFValueModel)):
+                where += f", model {self.model_config.path!r}"
+                parallelize_hf_model(module, mesh["tp"], where)
+            else:
                 raise UnsupportedParallelismError(
-                    f"tensor_model_parallel_size {tp} is only implemented for the built-in "
-                    f"model, not {type(module).__name__}"
+                    f"{where} is not implemented for {type(module).__name__}"
                 )
-            parallelize_module(module, mesh["tp"], tensor_parallel_plan())
         return shard_module(self, module, mesh["dp"])
 
     @property

@@ -1,6 +1,26 @@
-"""Models: the built-in causal transformer and the optional Hugging Face adapter."""
+"""Models: the built-in causal transformer and the optional Hugging Face adapters."""
 
-from ._hf import HFCausalLM, load_hf_model
+from ._hf import (
+    HFCache,
+    HFCausalLM,
+    HFModelKind,
+    HFValueModel,
+    check_hf_tensor_parallel,
+    load_hf_model,
+    load_hf_tokenizer,
+    save_hf_model,
+)
 from ._transformer import KVCache, TinyCausalLM
 
-__all__ = ["HFCausalLM", "KVCache", "TinyCausalLM", "load_hf_model"]
+__all__ = [
+    "HFCache",
+    "HFCausalLM",
+    "HFModelKind",
+    "HFValueModel",
+    "KVCache",
+    "TinyCausalLM",
+    "check_hf_tensor_parallel",
+    "load_hf_model",
+    "load_hf_tokenizer",
+    "save_hf_model",
+]

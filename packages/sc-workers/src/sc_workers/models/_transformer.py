@@ -154,6 +154,10 @@ class TinyCausalLM(nn.Module):
         if config.tie_word_embeddings and not value_head:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for one generation call."""
+        return KVCache(len(self.layers))
+
     def reset_parameters(self) -> None:
         """Normal(0, 0.02) weights, unit norms, zero biases; seed the RNG first for determinism."""
         for module in self.modules():

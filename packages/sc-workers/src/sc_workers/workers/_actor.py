@@ -300,6 +300,17 @@ class ActorRolloutRefWorker(WorkerBase):
         self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf_model(self, local_path: str) -> None:
+        """Write the actor's current weights as a Hugging Face directory at ``local_path``.
+
+        Loadable with ``AutoModelForCausalLM.from_pretrained`` (and as ``model.path``); the
+        config, tokenizer and other side files come from ``model.path``. Needs a model
+        loaded from ``model.path``; every rank gathers, rank 0 writes.
+        """
+        engine = self._actor("export_hf_model")
+        self._export_hf(engine, local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
     ) -> None:

@@ -2,9 +2,16 @@
 
 Layout of ``local_path``::
 
-    meta.json                    format, world size, dp/tp sizes, global step (rank 0)
-    rank_00000_of_00004.pt       that rank's model shards, optimizer state, lr schedule,
-    ...                          RNG states and the worker's counters
+    meta.json                    format, world size, dp/tp sizes, global step (rank 0);
+                                 for a Hugging Face model also "hf": its kind and source
+    rank_00000_of_00004.pt       that rank's model shards (with where each block sits in
+    ...                          the full tensor), optimizer state, lr schedule, RNG
+                                 states and the worker's counters
+    hf/                          a Hugging Face model's config, tokenizer and other
+                                 non-weight files, copied from ``model.path``
+
+:func:`export_hf_checkpoint` turns such a checkpoint into a ``save_pretrained`` directory
+without a process group.
 
 Every rank writes into ``<local_path>.tmp`` (each file through its own temporary name and
 ``os.replace``); after a barrier rank 0 swaps the directory into place, so a reader sees
@@ -28,12 +35,21 @@ import torch.distributed as dist
 
 from .._errors import CheckpointError
 from ..engine import Engine
+from ..models._hf import HFModelKind, copy_hf_side_files, save_hf_model
 
-__all__ = ["capture_rng", "load_engine_checkpoint", "restore_rng", "save_engine_checkpoint"]
+__all__ = [
+    "capture_rng",
+    "export_hf_checkpoint",
+    "load_engine_checkpoint",
+    "restore_rng",
+    "save_engine_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+#: the checkpoint's copy of a Hugging Face model's config and tokenizer
+HF_DIR = "hf"
 
 
 def _rank_file(rank: int, world: int) -> str:
@@ -84,7 +100,7 @@ def save_engine_checkpoint(
     torch.save(state, partial)
     os.replace(partial, tmp / name)
     if layout.rank == 0:
-        meta = {
+        meta: dict[str, Any] = {
             "format": FORMAT,
             "world_size": layout.world_size,
             "dp_size": layout.dp_size,
@@ -92,6 +108,11 @@ def save_engine_checkpoint(
             "strategy": engine.strategy,
             "global_step": global_step,
         }
+        kind = engine.hf_kind
+        source = engine.model_config.path
+        if kind is not None and source is not None:
+            meta["hf"] = {"kind": kind, "source": source}
+            copy_hf_side_files(source, tmp / HF_DIR, include_config=True)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     _barrier()
     if layout.rank == 0:
@@ -113,17 +134,22 @@ def save_engine_checkpoint(
     return str(final)
 
 
+def _read_meta(root: Path, where: str) -> dict[str, Any]:
+    meta_file = root / "meta.json"
+    if not meta_file.is_file():
+        raise CheckpointError(f"{where}: {meta_file} does not exist; not a complete checkpoint")
+    meta: dict[str, Any] = json.loads(meta_file.read_text())
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: {root} has format {meta.get('format')}, expected {FORMAT}")
+    return meta
+
+
 def load_engine_checkpoint(engine: Engine, local_path: str) -> dict[str, Any]:
     """Restore this rank's shard; returns the ``extra`` dict that was saved with it."""
     layout = engine.layout
     where = f"load_checkpoint (rank {layout.rank})"
     root = Path(local_path)
-    meta_file = root / "meta.json"
-    if not meta_file.is_file():
-        raise CheckpointError(f"{where}: {meta_file} does not exist; not a complete checkpoint")
-    meta = json.loads(meta_file.read_text())
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{where}: {root} has format {meta.get('format')}, expected {FORMAT}")
+    meta = _read_meta(root, where)
     saved = (meta.get("world_size"), meta.get("dp_size"), meta.get("tp_size"))
     now = (layout.world_size, layout.dp_size, layout.tp_size)
     if saved != now:
@@ -139,3 +165,73 @@ def load_engine_checkpoint(engine: Engine, local_path: str) -> dict[str, Any]:
     restore_rng(state["rng"], engine.device)
     extra: dict[str, Any] = state.get("extra", {})
     return extra
+
+
+def _assemble(name: str, blocks: list[tuple[list[int], list[int], torch.Tensor]]) -> torch.Tensor:
+    """One full tensor from the ranks' ``(global_shape, offsets, local)`` blocks."""
+    shape = blocks[0][0]
+    full = torch.empty(shape, dtype=blocks[0][2].dtype)
+    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    covered = 0
+    for global_shape, offsets, local in blocks:
+        if global_shape != shape or len(offsets) != local.dim() or local.dim() != len(shape):
+            raise CheckpointError(
+                f"export: {name} has inconsistent shapes across ranks ({global_shape} vs {shape})"
+            )
+        key = (tuple(offsets), tuple(local.shape))
+        if key in seen:  # a replica (tp-replicated or HSDP) of a block already placed
+            continue
+        seen.add(key)
+        index = tuple(slice(o, o + n) for o, n in zip(offsets, local.shape, strict=True))
+        full[index] = local
+        covered += local.numel()
+    if covered != full.numel():
+        raise CheckpointError(
+            f"export: the ranks' blocks of {name} cover {covered} of {full.numel()} elements"
+        )
+    return full
+
+
+def export_hf_checkpoint(
+    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
+) -> str:
+    """Write a Hugging Face directory (weights, config, tokenizer) from an sc checkpoint.
+
+    ``checkpoint_dir`` is what ``save_checkpoint`` of an actor or critic wrote for a model
+    loaded from ``model.path``; no process group is needed (one process reads every
+    rank's file and reassembles full tensors from the FSDP/TP blocks). An actor's
+    checkpoint becomes an ``AutoModelForCausalLM`` directory, a critic's an
+    ``AutoModelForTokenClassification`` one with a single label. Returns ``out_dir``.
+    Raises :class:`CheckpointError` for an incomplete checkpoint or one of the built-in model.
+    """
+    root = Path(checkpoint_dir)
+    where = f"export_hf_checkpoint({str(root)!r})"
+    meta = _read_meta(root, where)
+    hf = meta.get("hf")
+    if not isinstance(hf, dict) or hf.get("kind") not in ("causal_lm", "value_model"):
+        raise CheckpointError(
+            f"{where}: the checkpoint holds the built-in model, not a Hugging Face one "
+            "(save it from a worker whose model.path is a Hugging Face directory)"
+        )
+    kind: HFModelKind = hf["kind"]
+    world = int(meta["world_size"])
+    shards: list[dict[str, Any]] = []
+    for rank in range(world):
+        path = root / _rank_file(rank, world)
+        if not path.is_file():
+            raise CheckpointError(f"{where}: {path} does not exist")
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        if "model_chunks" not in state:
+            raise CheckpointError(f"{where}: {path} has no block layout (model_chunks)")
+        shards.append(state)
+    full: dict[str, torch.Tensor] = {}
+    for name in shards[0]["model"]:
+        blocks = []
+        for rank, state in enumerate(shards):
+            if name not in state["model"]:
+                raise CheckpointError(f"{where}: rank {rank} has no {name}")
+            shape, offsets = state["model_chunks"][name]
+            blocks.append((list(shape), list(offsets), state["model"][name]))
+        full[name] = _assemble(name, blocks)
+    save_hf_model(full, kind, root / HF_DIR, out_dir)
+    return str(out_dir)

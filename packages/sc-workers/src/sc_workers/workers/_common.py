@@ -14,6 +14,7 @@ from sc_protocol import DataProto
 
 from .._errors import CheckpointError, ConfigError, DistributedError
 from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
+from ..models import save_hf_model
 from ._checkpoint import load_engine_checkpoint, save_engine_checkpoint
 
 __all__ = ["WorkerBase"]
@@ -115,3 +116,31 @@ class WorkerBase(Worker):
             if self.rank == 0:
                 shutil.rmtree(local_path, ignore_errors=True)
         return extra
+
+    def _export_hf(self, engine: Engine, local_path: str) -> None:
+        """Gather the full weights (a collective) and write them, on rank 0, as a
+        ``save_pretrained`` directory with the source's config and tokenizer."""
+        where = self._where("export_hf_model")
+        kind = engine.hf_kind
+        source = engine.model_config.path
+        if kind is None or source is None:
+            raise ConfigError(
+                f"{where}: the built-in model has no Hugging Face format; export needs a "
+                "model loaded from model.path"
+            )
+        with engine.on_device():
+            state = engine.full_state_dict()
+        failure: BaseException | None = None
+        if self.rank == 0:
+            try:
+                save_hf_model(state, kind, source, local_path)
+            except Exception as exc:  # re-raised below, after the other ranks hear of it
+                failure = exc
+        if torch.distributed.is_initialized() and self.world_size > 1:
+            # every rank learns whether rank 0 wrote the directory (no rank waits forever)
+            flag = torch.tensor([0 if failure is None else 1], device=engine.device)
+            torch.distributed.all_reduce(flag)
+            if failure is None and int(flag.item()):
+                raise CheckpointError(f"{where}: rank 0 failed to write {local_path}")
+        if failure is not None:
+            raise failure

@@ -20,7 +20,8 @@ _MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 class CriticWorker(WorkerBase):
-    """A value model (the built-in transformer with a scalar head) on either engine.
+    """A value model on either engine: the built-in transformer with a scalar head, or with
+    ``model.path`` a Hugging Face base model with one (:class:`~sc_workers.models.HFValueModel`).
 
     Registers the mesh "critic" (its dp rank; outputs from tp rank 0).
     """
@@ -111,6 +112,16 @@ class CriticWorker(WorkerBase):
         """Save the critic's shards, optimizer, lr schedule and RNG states atomically."""
         engine = self._engine("save_checkpoint")
         self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, {})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf_model(self, local_path: str) -> None:
+        """Write the critic as a Hugging Face directory at ``local_path``.
+
+        Written as ``<Arch>ForTokenClassification`` with one label: it loads with
+        ``AutoModelForTokenClassification.from_pretrained``, and back into a critic (head
+        included) as ``model.path``. Every rank gathers, rank 0 writes.
+        """
+        self._export_hf(self._engine("export_hf_model"), local_path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(

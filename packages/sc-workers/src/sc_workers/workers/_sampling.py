@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..engine import Engine
-from ..models import KVCache
 
 __all__ = ["SamplingParams", "filter_logits", "generate"]
 
@@ -70,12 +69,16 @@ def generate(
     position_ids: Tensor,
     params: SamplingParams,
     generator: torch.Generator,
+    use_cache: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Sample up to ``response_length`` tokens after left-padded prompts.
 
     Returns ``(responses, response_mask)``, both ``[batch, response_length]``: tokens after
     a sequence's eos are ``pad_token_id`` with mask 0; the eos itself has mask 1. Every rank
     runs the same number of decoding steps (sharded models need every rank in each forward).
+    With ``use_cache`` and a model that has one (the built-in model, a Hugging Face causal
+    LM), each step feeds only the new token through the key/value cache; otherwise each
+    step recomputes the whole sequence.
     """
     device = engine.device
     ids = input_ids.to(device)
@@ -87,9 +90,7 @@ def generate(
     response_mask = torch.zeros((batch, length), dtype=mask.dtype, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     eos = torch.tensor(list(params.eos_token_ids), dtype=ids.dtype, device=device)
-    use_cache = engine.supports_kv_cache
-    num_layers = len(getattr(engine.module, "layers", ())) if use_cache else 0
-    cache = KVCache(num_layers) if use_cache else None
+    cache = engine.new_cache() if use_cache else None
     logits = engine.forward(ids, mask, pos, cache)[:, -1, :]
     all_ids, all_mask, all_pos = ids, mask, pos
     last_pos = pos[:, -1]
