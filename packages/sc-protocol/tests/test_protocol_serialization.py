@@ -228,11 +228,15 @@ def test_save_load_arbitrary_objects_needs_full_unpickling(tmp_path: Path) -> No
     dp.non_tensor_batch["arr"][1] = np.arange(2)
     path = tmp_path / "b.pt"
     dp.save_to_disk(str(path))
-    with pytest.raises(SerializationError, match=r"weights_only loading refuses"):
-        DataProto.load_from_disk(path, weights_only=True)
-    for mode in (None, False):
-        out = DataProto.load_from_disk(path, weights_only=mode)
-        assert out.non_tensor_batch["arr"][0].tolist() == [0, 1, 2]
+    # The default is the safe load: a file that needs full unpickling is refused, and the
+    # message says why it is unsafe and how to opt in.
+    for kwargs in ({}, {"weights_only": True}):
+        with pytest.raises(SerializationError, match=r"safe loading refuses") as info:
+            DataProto.load_from_disk(path, **kwargs)
+        assert "weights_only=False only for a file you trust" in str(info.value)
+        assert "\x1b[" not in str(info.value)  # no terminal colour codes from torch
+    out = DataProto.load_from_disk(path, weights_only=False)
+    assert out.non_tensor_batch["arr"][0].tolist() == [0, 1, 2]
 
 
 def test_save_is_atomic_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,17 +12,9 @@ from ._adapters import (
     TensorDictAdapter,
     register_adapters,
 )
+from ._columns import IndexLike
 from ._config import DataProtoConfig
-from ._data_proto import (
-    DataProto,
-    DataProtoItem,
-    IndexLike,
-    collate_fn,
-    pad_dataproto_to_divisor,
-    union_numpy_dict,
-    union_tensor_dict,
-    unpad_dataproto,
-)
+from ._data_proto import DataProto
 from ._errors import (
     BatchSizeMismatchError,
     FutureError,
@@ -44,6 +36,9 @@ from ._future import (
     plan_shard_slices,
     register_future_resolver,
 )
+from ._item import DataProtoItem, collate_fn
+from ._padding import pad_dataproto_to_divisor, unpad_dataproto
+from ._union import union_numpy_dict, union_tensor_dict
 
 __version__ = "0.1.0"
 

@@ -10,10 +10,13 @@ import torch
 from sc_dispatch import chunk_sizes, register_future_type, register_shardable
 from tensordict import TensorDictBase
 
+from ._columns import cat_tensordicts
 from ._config import DataProtoConfig
-from ._data_proto import DataProto, _pad_rows, cat_tensordicts, unpad_dataproto
+from ._data_proto import DataProto
 from ._errors import BatchSizeMismatchError, InvalidSizeError
 from ._future import DataProtoFuture
+from ._padding import unpad_dataproto
+from ._row_ops import _pad_rows
 
 __all__ = [
     "DataProtoAdapter",

@@ -20,8 +20,10 @@ from typing import Any, NamedTuple
 from sc_dispatch import get_future_resolver, register_future_resolver
 
 from ._config import DataProtoConfig
-from ._data_proto import DataProto, _pad_rows, unpad_dataproto
+from ._data_proto import DataProto
 from ._errors import FutureError, InvalidSizeError, ProtocolTypeError, UnknownRowCountError
+from ._padding import unpad_dataproto
+from ._row_ops import _pad_rows
 
 __all__ = [
     "DataProtoFuture",

@@ -1,5 +1,6 @@
-"""Zero-copy pickling of tensors and TensorDicts.
+"""How a batch leaves the process: zero-copy pickling, and the on-disk format.
 
+**Pickling.**
 A tensor is pickled as its raw bytes plus dtype, shape and device. With pickle protocol 5
 the bytes are a :class:`pickle.PickleBuffer` over the tensor's own memory (through a
 ``uint8`` numpy view, which also covers dtypes numpy lacks, such as ``bfloat16``): with a
@@ -16,22 +17,63 @@ aliased as well, unless :attr:`DataProtoConfig.copy_readonly_buffers` (environme
 so writing in place into such a tensor writes into memory that other readers may share.
 Buffers that pickle itself created for the in-band data belong to the new tensor alone and
 are always aliased.
+
+**Files.** :func:`save_data_proto` writes a ``torch.save`` archive of tensors and plain values
+atomically: a temporary file in the target directory (named
+``.sc-protocol-<host>-<pid>-<token>.tmp``, created with the usual umask permissions) is
+written, flushed, synced and renamed over the target. A save that dies half-way leaves its
+temporary file behind; the next save into the same directory removes temporaries of this
+naming scheme whose process is gone. Views are written compactly: only their own rows travel,
+never the rest of a shared storage. :func:`load_data_proto` reads with
+``torch.load(weights_only=True)`` unless the caller explicitly trusts the file
+(``weights_only=False``): full unpickling runs whatever code a crafted file names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
+import os
 import pickle
-from typing import Any, cast
+import re
+import secrets
+import socket
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from ._columns import NDArray, _object_column
 from ._config import DataProtoConfig
 from ._errors import SerializationError
 
-__all__ = ["rebuild_tensor", "rebuild_tensordict", "tensor_state", "tensordict_state"]
+if TYPE_CHECKING:
+    from ._data_proto import DataProto
+
+__all__ = [
+    "check_picklable",
+    "compact",
+    "load_data_proto",
+    "rebuild_tensor",
+    "rebuild_tensordict",
+    "save_data_proto",
+    "tensor_state",
+    "tensordict_state",
+]
+
+logger = logging.getLogger("sc_protocol")
+
+D = TypeVar("D", bound="DataProto")
+
+_SAVE_FORMAT = "sc_protocol.DataProto"
+_SAVE_VERSION = 1
+#: Plain values that always pickle; anything else in ``meta_info`` is checked before a
+#: batch is pickled or saved, so a failure names its key.
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), np.ndarray, np.generic, torch.Tensor)
 
 # Version tag of the state tuples, so that a future format change can still read old data.
 _FORMAT = 1
@@ -172,3 +214,224 @@ def rebuild_tensordict(state: tuple[Any, ...]) -> TensorDict:
     if names is not None:
         td.names = names
     return td
+
+
+# --- checks shared by pickling and saving ---------------------------------------------------
+
+
+def compact(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when it owns its storage, else a copy of just its elements: a view
+    (a slice, a chunk, one row) would otherwise carry the whole storage it looks into."""
+    if tensor.layout != torch.strided or tensor.is_nested:
+        return tensor
+    own = tensor.numel() * tensor.element_size()
+    if (
+        tensor.untyped_storage().nbytes() > own
+        or tensor.storage_offset()
+        or not tensor.is_contiguous()
+    ):
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if depth < 4 and isinstance(value, (list, tuple, set, frozenset)):
+        return all(_plain(v, depth + 1) for v in value)
+    if depth < 4 and isinstance(value, Mapping):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def check_picklable(values: Mapping[str, Any], what: str) -> None:
+    """Raise :class:`~sc_protocol.SerializationError` naming the key whose value cannot be
+    pickled (plain values are not even tried)."""
+    for key, value in values.items():
+        if _plain(value):
+            continue
+        try:
+            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise SerializationError(
+                f"{what}: meta_info[{key!r}] (a {type(value).__qualname__}) cannot be "
+                f"pickled: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+# --- the on-disk format ---------------------------------------------------------------------
+
+
+def _column_payload(arr: NDArray) -> dict[str, Any]:
+    if arr.dtype == object:
+        return {"kind": "object", "shape": list(arr.shape), "items": list(arr.ravel())}
+    if arr.dtype.kind in "US":
+        return {
+            "kind": "str",
+            "dtype": arr.dtype.str,
+            "shape": list(arr.shape),
+            "items": arr.ravel().tolist(),
+        }
+    if arr.dtype.kind in "biufc" and arr.dtype.isnative:
+        try:
+            tensor = compact(torch.from_numpy(np.ascontiguousarray(arr)))
+        except TypeError:
+            pass
+        else:
+            return {"kind": "numeric", "dtype": arr.dtype.str, "tensor": tensor}
+    return {"kind": "ndarray", "array": arr}
+
+
+def _column_from_payload(key: str, payload: Mapping[str, Any], path: str) -> NDArray:
+    kind = payload.get("kind")
+    if kind == "object":
+        flat = _object_column(payload["items"])
+        return flat.reshape(tuple(payload["shape"]))
+    if kind == "str":
+        return np.array(payload["items"], dtype=np.dtype(payload["dtype"])).reshape(
+            tuple(payload["shape"])
+        )
+    if kind == "numeric":
+        arr: NDArray = payload["tensor"].numpy()
+        return arr.astype(np.dtype(payload["dtype"]), copy=False)
+    if kind == "ndarray":
+        out: NDArray = payload["array"]
+        return out
+    raise SerializationError(f"load_from_disk: {path!r}: column {key!r} has unknown kind {kind!r}")
+
+
+def _batch_payload(td: TensorDictBase) -> dict[str, Any]:
+    entries: dict[str, Any] = {}
+    for key, value in td.items():
+        if isinstance(value, torch.Tensor):
+            entries[key] = {"kind": "tensor", "tensor": compact(value)}
+        elif isinstance(value, TensorDict):
+            entries[key] = {"kind": "td", "td": _batch_payload(value)}
+        else:
+            entries[key] = {"kind": "obj", "value": value}
+    return {
+        "batch_size": list(td.batch_size),
+        "device": None if td.device is None else str(td.device),
+        "entries": entries,
+    }
+
+
+def _batch_from_payload(payload: Mapping[str, Any]) -> TensorDict:
+    source: dict[str, Any] = {}
+    for key, entry in payload["entries"].items():
+        if entry["kind"] == "tensor":
+            source[key] = entry["tensor"]
+        elif entry["kind"] == "td":
+            source[key] = _batch_from_payload(entry["td"])
+        else:
+            source[key] = entry["value"]
+    return TensorDict(source, batch_size=payload["batch_size"], device=payload["device"])
+
+
+def _to_payload(data: DataProto) -> dict[str, Any]:
+    return {
+        "format": _SAVE_FORMAT,
+        "version": _SAVE_VERSION,
+        "batch": None if data.batch is None else _batch_payload(data.batch),
+        "non_tensor_batch": {k: _column_payload(v) for k, v in data.non_tensor_batch.items()},
+        "meta_info": data.meta_info,
+    }
+
+
+def _from_payload(cls: type[D], payload: Any, path: str) -> D:
+    if not isinstance(payload, dict) or payload.get("format") != _SAVE_FORMAT:
+        raise SerializationError(f"load_from_disk: {path!r} is not a file written by save_to_disk")
+    if payload.get("version") != _SAVE_VERSION:
+        raise SerializationError(
+            f"load_from_disk: {path!r} has format version {payload.get('version')!r}; this "
+            f"sc-protocol reads version {_SAVE_VERSION}"
+        )
+    batch = None if payload["batch"] is None else _batch_from_payload(payload["batch"])
+    non_tensor = {
+        k: _column_from_payload(k, v, path) for k, v in payload["non_tensor_batch"].items()
+    }
+    return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=payload["meta_info"])
+
+
+# --- writing and reading files ---------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+_TMP = re.compile(r"^\.sc-protocol-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-[0-9a-f]+\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Remove the temporary files that saves by dead processes of this host left in
+    ``directory``; returns their names."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        match = _TMP.match(name)
+        if match is None or match["host"] != _HOST:
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+            logger.info("removed %s, left by an interrupted save of process %d", name, pid)
+    return removed
+
+
+def save_data_proto(data: DataProto, filepath: str | os.PathLike[str]) -> None:
+    """Write ``data`` to ``filepath`` atomically (see the module docstring)."""
+    check_picklable(data.meta_info, "DataProto.save_to_disk")
+    payload = _to_payload(data)
+    path = os.fspath(filepath)
+    directory = os.path.dirname(os.path.abspath(path))
+    remove_stale_temporaries(directory)
+    tmp = os.path.join(directory, f".sc-protocol-{_HOST}-{os.getpid()}-{secrets.token_hex(6)}.tmp")
+    # Mode 0o666 minus the umask, as for any file this process creates (mkstemp uses 0o600).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def load_data_proto(cls: type[D], filepath: str | os.PathLike[str], weights_only: bool) -> D:
+    """Read a batch written by :func:`save_data_proto` (see the module docstring)."""
+    path = os.fspath(filepath)
+    if weights_only is False:
+        payload = torch.load(path, weights_only=False)
+    else:
+        try:
+            with warnings.catch_warnings():
+                # torch announces a sparse-invariant scan on every weights_only load.
+                warnings.filterwarnings(
+                    "ignore", message=".*sparse tensor invariants.*", category=UserWarning
+                )
+                payload = torch.load(path, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            reason = _ANSI.sub("", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise SerializationError(
+                f"load_from_disk: {path!r} holds Python objects that safe loading refuses "
+                f"({reason}); full unpickling can run any code the file names, so pass "
+                "weights_only=False only for a file you trust"
+            ) from exc
+    return _from_payload(cls, payload, path)

@@ -1,0 +1,140 @@
+"""What a batch is made of: column types, key spelling, index normalisation, small helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from ._errors import (
+    BatchSizeMismatchError,
+    IndexOutOfRangeError,
+    ProtocolTypeError,
+)
+
+NDArray = np.ndarray[Any, Any]
+Key = str | tuple[str, ...]
+#: What selects rows: a slice, a sequence / numpy array / tensor of indices, or a boolean mask.
+IndexLike = slice | Sequence[int] | Sequence[bool] | NDArray | torch.Tensor
+
+
+def cat_tensordicts(parts: Sequence[TensorDictBase]) -> TensorDictBase:
+    """``torch.cat`` of TensorDicts along dimension 0 (typed)."""
+    out: TensorDictBase = cast(Any, torch.cat)(list(parts), dim=0)
+    return out
+
+
+def _stack_td(parts: Sequence[TensorDictBase]) -> TensorDictBase:
+    out: TensorDictBase = cast(Any, torch.stack)(list(parts), dim=0)
+    return out
+
+
+def _key_str(key: Key) -> str:
+    return repr(key) if isinstance(key, str) else repr(tuple(key))
+
+
+def _object_column(values: Iterable[Any]) -> NDArray:
+    """A 1-d object array holding ``values`` as they are (lists stay lists, never a 2-d array)."""
+    items = list(values)
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
+
+
+def _as_column(key: str, value: Any) -> NDArray:
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            raise ProtocolTypeError(
+                f"non-tensor column {key!r} is a 0-d numpy array; a column needs one entry per row"
+            )
+        return value
+    if isinstance(value, (list, tuple)):
+        return _object_column(value)
+    raise ProtocolTypeError(
+        f"non-tensor column {key!r} must be a numpy array (or a list), got {type(value).__name__}"
+    )
+
+
+def _tensor_nbytes(t: torch.Tensor) -> int:
+    if t.is_nested:
+        try:
+            return int(t.values().numel() * t.element_size())
+        except RuntimeError:
+            return 0
+    return int(t.numel() * t.element_size())
+
+
+def _leaves(td: TensorDictBase) -> list[tuple[Key, Any]]:
+    return list(td.items(include_nested=True, leaves_only=True))
+
+
+def _has_key(td: TensorDictBase, key: Key) -> bool:
+    return key in td.keys(include_nested=True)
+
+
+def _index_arrays(index: Any, length: int, what: str) -> tuple[NDArray, torch.Tensor]:
+    """Normalize an index list / array / tensor / mask to int64 positions, validated."""
+    if isinstance(index, torch.Tensor):
+        arr = index.detach().cpu().numpy()
+    elif isinstance(index, np.ndarray):
+        arr = index
+    elif isinstance(index, (list, tuple, range)):
+        try:
+            arr = np.asarray(index)
+        except OverflowError:  # ints beyond 64 bits
+            arr = np.asarray(index, dtype=object)
+        if arr.size == 0:
+            arr = arr.astype(np.int64)
+    else:
+        raise ProtocolTypeError(
+            f"{what}: expected a list, numpy array or tensor of indices, or a boolean mask, "
+            f"got {type(index).__name__}"
+        )
+    if arr.ndim != 1:
+        raise ProtocolTypeError(f"{what}: the index must be 1-d, got shape {tuple(arr.shape)}")
+    if arr.dtype == np.bool_:
+        if arr.shape[0] != length:
+            raise BatchSizeMismatchError(
+                f"{what}: boolean mask has {arr.shape[0]} entries, the batch has {length} rows"
+            )
+        positions = np.flatnonzero(arr).astype(np.int64)
+    elif np.issubdtype(arr.dtype, np.integer) or (
+        arr.dtype == object and all(isinstance(v, (int, np.integer)) for v in arr.tolist())
+    ):
+        # Checked on the exact values before any cast: a uint64 2**64 - 1 must not wrap
+        # around to -1 (the last row).
+        if arr.size:
+            low, high = int(arr.min()), int(arr.max())
+            if low < -length or high >= length:
+                bad = low if low < -length else high
+                raise IndexOutOfRangeError(
+                    f"{what}: index {bad} is out of range for a batch of {length} rows"
+                )
+        positions = arr.astype(np.int64, copy=True)
+        positions[positions < 0] += length
+    else:
+        raise ProtocolTypeError(
+            f"{what}: indices must be integers or booleans, got dtype {arr.dtype}"
+        )
+    return positions, torch.from_numpy(positions)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _stack_values(key: str, values: list[Any]) -> NDArray:
+    """One column from per-row values: stacked arrays or scalars keep their numpy dtype,
+    anything else becomes an object column."""
+    if values and all(isinstance(v, np.ndarray) for v in values):
+        shapes = {v.shape for v in values}
+        if len(shapes) == 1:
+            return np.stack(values)
+    if values and all(isinstance(v, np.generic) for v in values):
+        return np.array(values)
+    return _object_column(values)
