@@ -113,17 +113,22 @@ def test_layout_and_files(tmp_path: Path) -> None:
     w = CriticWorker(critic_config())
     w.init_model()
     path = tmp_path / "ckpt"
-    stale = tmp_path / "ckpt.tmp"
+    path.mkdir()
+    stale = path / "v000007.tmp"  # left by a crashed save
     stale.mkdir()
     (stale / "garbage").write_text("left by a crashed save")
     w.save_checkpoint(str(path), global_step=3)
-    assert sorted(p.name for p in path.iterdir()) == ["meta.json", "rank_00000_of_00001.pt"]
+    assert sorted(p.name for p in path.iterdir()) == ["CURRENT", "v000001"]
+    assert (path / "CURRENT").read_text() == "v000001"
+    version = path / "v000001"
+    assert sorted(p.name for p in version.iterdir()) == ["meta.json", "rank_00000_of_00001.pt"]
     assert not stale.exists()
-    meta = json.loads((path / "meta.json").read_text())
+    meta = json.loads((version / "meta.json").read_text())
     assert meta["global_step"] == 3
     assert (meta["world_size"], meta["dp_size"], meta["tp_size"]) == (1, 1, 1)
-    w.save_checkpoint(str(path), global_step=4)  # overwriting is atomic too
-    assert json.loads((path / "meta.json").read_text())["global_step"] == 4
+    w.save_checkpoint(str(path), global_step=4)  # overwriting publishes a new version
+    assert sorted(p.name for p in path.iterdir()) == ["CURRENT", "v000002"]
+    assert json.loads((path / "v000002" / "meta.json").read_text())["global_step"] == 4
 
 
 def test_max_ckpt_to_keep(tmp_path: Path) -> None:
@@ -142,20 +147,21 @@ def test_checkpoint_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="is not a directory"):
         w.load_checkpoint(str(tmp_path / "nothing"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match=r"meta\.json does not exist"):
+    with pytest.raises(CheckpointError, match=r"holds no complete checkpoint"):
         w.load_checkpoint(str(tmp_path / "empty"))
     path = tmp_path / "ckpt"
     w.save_checkpoint(str(path))
-    meta = json.loads((path / "meta.json").read_text())
+    meta_file = path / "v000001" / "meta.json"
+    meta = json.loads(meta_file.read_text())
     meta.update(world_size=4, dp_size=2, tp_size=2)
-    (path / "meta.json").write_text(json.dumps(meta))
+    meta_file.write_text(json.dumps(meta))
     with pytest.raises(
         CheckpointError,
         match=r"world size 4 \(dp 2, tp 2\), this group has world size 1 \(dp 1, tp 1\)",
     ):
         w.load_checkpoint(str(path))
     w.save_checkpoint(str(path))
-    (path / "rank_00000_of_00001.pt").unlink()
+    (path / "v000002" / "rank_00000_of_00001.pt").unlink()
     with pytest.raises(CheckpointError, match=r"rank_00000_of_00001\.pt does not exist"):
         w.load_checkpoint(str(path))
     with pytest.raises(ConfigError, match="hdfs_path 'hdfs://x' is not supported"):

@@ -1,22 +1,32 @@
-"""Sharded, atomic checkpoints: one file per rank, published by a directory rename.
+"""Sharded, atomic checkpoints: one file per rank, published through a pointer file.
 
 Layout of ``local_path``::
 
-    meta.json                    format, world size, dp/tp sizes, global step (rank 0);
+    CURRENT                      the name of the published version ("v000003"), replaced
+                                 atomically
+    v000003/                     one complete checkpoint:
+        meta.json                format, world size, dp/tp sizes, global step (rank 0);
                                  for a Hugging Face model also "hf": its kind and source
-    rank_00000_of_00004.pt       that rank's model shards (with where each block sits in
-    ...                          the full tensor), optimizer state, lr schedule, RNG
+        rank_00000_of_00004.pt   that rank's model shards (with where each block sits in
+        ...                      the full tensor), optimizer state, lr schedule, RNG
                                  states and the worker's counters
-    hf/                          a Hugging Face model's config, tokenizer and other
+        hf/                      a Hugging Face model's config, tokenizer and other
                                  non-weight files, copied from ``model.path``
+    v000004.tmp/                 a save in progress (or one that died)
 
-:func:`export_hf_checkpoint` turns such a checkpoint into a ``save_pretrained`` directory
-without a process group.
+A save writes every rank's file into the next ``vNNNNNN.tmp/`` (each file through its own
+temporary name and ``os.replace``); after a barrier rank 0 checks that every file is there,
+renames the directory to ``vNNNNNN/`` (atomic), replaces ``CURRENT`` (atomic), and only then
+removes older versions and leftovers of dead saves. At every instant ``CURRENT`` names a
+complete version, or, if the process dies between the rename and the pointer update, the
+previous one, which still exists; a reader that finds no usable ``CURRENT`` takes the newest
+complete version. A checkpoint written by sc-workers 0.1 (the files directly in
+``local_path``) is still read. All ranks must see the same filesystem (one node, or a
+shared mount).
 
-Every rank writes into ``<local_path>.tmp`` (each file through its own temporary name and
-``os.replace``); after a barrier rank 0 swaps the directory into place, so a reader sees
-either the previous complete checkpoint or the new complete one. All ranks must see the
-same filesystem (one node, or a shared mount).
+Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain values
+only, and a crafted file cannot run code. :func:`export_hf_checkpoint` turns a checkpoint into
+a ``save_pretrained`` directory without a process group.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -38,6 +50,7 @@ from ..engine import Engine
 from ..models._hf import HFModelKind, copy_hf_side_files, save_hf_model
 
 __all__ = [
+    "published_checkpoint",
     "capture_rng",
     "export_hf_checkpoint",
     "load_engine_checkpoint",
@@ -50,6 +63,11 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 #: the checkpoint's copy of a Hugging Face model's config and tokenizer
 HF_DIR = "hf"
+#: the pointer file naming the published version
+CURRENT = "CURRENT"
+#: the file naming the version a save in progress writes (for the ranks other than 0)
+PENDING = "PENDING"
+_VERSION = re.compile(r"^v(\d{6,})$")
 
 
 def _rank_file(rank: int, world: int) -> str:
@@ -57,10 +75,18 @@ def _rank_file(rank: int, world: int) -> str:
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
+    """The RNG states, as tensors and plain values (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": [
+            str(kind),
+            torch.from_numpy(np.asarray(keys).copy()),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ],
     }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
@@ -69,10 +95,18 @@ def capture_rng(device: torch.device) -> dict[str, Any]:
 
 def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate(_as_tuple(state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _as_tuple(value: Any) -> Any:
+    """``random.getstate()``'s nested tuples, back from a round trip as lists or tuples."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuple(v) for v in value)
+    return value
 
 
 def _barrier() -> None:
@@ -80,18 +114,97 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _versions(root: Path) -> list[tuple[int, Path]]:
+    """The complete versions in ``root`` (renamed from ``.tmp``, so complete), oldest first."""
+    found: list[tuple[int, Path]] = []
+    if root.is_dir():
+        for child in root.iterdir():
+            match = _VERSION.match(child.name)
+            if match and child.is_dir() and (child / "meta.json").is_file():
+                found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def published_checkpoint(local_path: str | os.PathLike[str]) -> Path | None:
+    """The directory holding the checkpoint a reader of ``local_path`` should load, or
+    ``None``: the version ``CURRENT`` names, else the newest complete version, else
+    ``local_path`` itself when it holds a checkpoint of sc-workers 0.1."""
+    root = Path(local_path)
+    current = root / CURRENT
+    if current.is_file():
+        name = current.read_text(encoding="utf-8").strip()
+        candidate = root / name
+        if _VERSION.match(name) and (candidate / "meta.json").is_file():
+            return candidate
+        logger.warning("%s names %r, which is not a complete checkpoint", current, name)
+    versions = _versions(root)
+    if versions:
+        return versions[-1][1]
+    if (root / "meta.json").is_file():
+        return root
+    return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_pointer(root: Path, name: str, value: str) -> None:
+    tmp = root / f".{name}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(value)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, root / name)
+    _fsync_dir(root)
+
+
+def _begin(root: Path) -> Path:
+    """Rank 0: clear what dead saves left, and open the next version's ``.tmp`` directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    for child in root.iterdir():
+        if child.name.endswith(".tmp") and _VERSION.match(child.name.removesuffix(".tmp")):
+            shutil.rmtree(child, ignore_errors=True)
+    versions = _versions(root)
+    number = versions[-1][0] + 1 if versions else 1
+    tmp = root / f"v{number:06d}.tmp"
+    tmp.mkdir()
+    _write_pointer(root, PENDING, tmp.name)
+    return tmp
+
+
+def _publish(root: Path, tmp: Path) -> Path:
+    """Rank 0: make the complete ``tmp`` the published version; old versions go last."""
+    final = tmp.with_name(tmp.name.removesuffix(".tmp"))
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _write_pointer(root, CURRENT, final.name)
+    for old in root.iterdir():  # every other version, complete or half-removed
+        if old != final and _VERSION.match(old.name):
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in [root / "meta.json", *root.glob("rank_*_of_*.pt")]:  # a 0.1 layout
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(root / HF_DIR, ignore_errors=True)
+    (root / PENDING).unlink(missing_ok=True)
+    return final
+
+
 def save_engine_checkpoint(
     engine: Engine, local_path: str, global_step: int, extra: dict[str, Any]
 ) -> str:
-    """Write this rank's shard; rank 0 publishes the directory. Returns the final path."""
+    """Write this rank's shard; rank 0 publishes the version (see the module docstring).
+    Returns ``local_path``."""
     layout = engine.layout
-    final = Path(local_path)
-    tmp = final.with_name(final.name + ".tmp")
+    root = Path(local_path)
     if layout.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True, exist_ok=True)
+        tmp = _begin(root)
     _barrier()
-    tmp.mkdir(parents=True, exist_ok=True)
+    if layout.rank != 0:
+        tmp = root / (root / PENDING).read_text(encoding="utf-8").strip()
     state = engine.local_state_dict()
     state["rng"] = capture_rng(engine.device)
     state["extra"] = extra
@@ -123,15 +236,22 @@ def save_engine_checkpoint(
                 f"save_checkpoint (rank 0): {tmp} lacks {sorted(expected - present)}; do all "
                 "ranks share this filesystem?"
             )
-        old = final.with_name(final.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        final = _publish(root, tmp)
         logger.info("saved checkpoint at step %d to %s", global_step, final)
     _barrier()
-    return str(final)
+    return str(root)
+
+
+def _load_file(path: Path, **kwargs: Any) -> dict[str, Any]:
+    """``torch.load`` with ``weights_only=True``: tensors and plain values, no code."""
+    try:
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{path} holds Python objects that safe loading refuses; it was not written by "
+            f"sc-workers' save_checkpoint ({str(exc).splitlines()[0] if str(exc) else exc})"
+        ) from exc
+    return state
 
 
 def _read_meta(root: Path, where: str) -> dict[str, Any]:
@@ -148,7 +268,9 @@ def load_engine_checkpoint(engine: Engine, local_path: str) -> dict[str, Any]:
     """Restore this rank's shard; returns the ``extra`` dict that was saved with it."""
     layout = engine.layout
     where = f"load_checkpoint (rank {layout.rank})"
-    root = Path(local_path)
+    root = published_checkpoint(local_path)
+    if root is None:
+        raise CheckpointError(f"{where}: {local_path} holds no complete checkpoint")
     meta = _read_meta(root, where)
     saved = (meta.get("world_size"), meta.get("dp_size"), meta.get("tp_size"))
     now = (layout.world_size, layout.dp_size, layout.tp_size)
@@ -160,7 +282,7 @@ def load_engine_checkpoint(engine: Engine, local_path: str) -> dict[str, Any]:
     shard = root / _rank_file(layout.rank, layout.world_size)
     if not shard.is_file():
         raise CheckpointError(f"{where}: {shard} does not exist")
-    state = torch.load(shard, map_location="cpu", weights_only=False)
+    state = _load_file(shard)
     engine.load_local_state_dict(state, str(shard))
     restore_rng(state["rng"], engine.device)
     extra: dict[str, Any] = state.get("extra", {})
@@ -204,8 +326,11 @@ def export_hf_checkpoint(
     ``AutoModelForTokenClassification`` one with a single label. Returns ``out_dir``.
     Raises :class:`CheckpointError` for an incomplete checkpoint or one of the built-in model.
     """
-    root = Path(checkpoint_dir)
-    where = f"export_hf_checkpoint({str(root)!r})"
+    where = f"export_hf_checkpoint({str(checkpoint_dir)!r})"
+    found = published_checkpoint(checkpoint_dir)
+    if found is None:
+        raise CheckpointError(f"{where}: no complete checkpoint there")
+    root = found
     meta = _read_meta(root, where)
     hf = meta.get("hf")
     if not isinstance(hf, dict) or hf.get("kind") not in ("causal_lm", "value_model"):
@@ -220,7 +345,7 @@ def export_hf_checkpoint(
         path = root / _rank_file(rank, world)
         if not path.is_file():
             raise CheckpointError(f"{where}: {path} does not exist")
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        state = _load_file(path, mmap=True)
         if "model_chunks" not in state:
             raise CheckpointError(f"{where}: {path} has no block layout (model_chunks)")
         shards.append(state)
