@@ -27,10 +27,32 @@ def test_a_call_past_its_deadline_raises_naming_the_pending_ranks() -> None:
         assert {1, 2} <= set(err.pending_ranks) <= {0, 1, 2}
         assert list(err.pending_ranks) == sorted(err.pending_ranks)
         assert str(err).startswith("wait_for: no answer from ranks [")
-        assert str(err).endswith("within the 0.05s timeout")
+        assert str(err).splitlines()[0].endswith("within the 0.05s timeout")
+        # The ranks that still run the abandoned call are named, in the error and the group.
+        assert "are still running an abandoned call" in str(err)
+        assert "rank 1 (wait_for" in str(err)
+        assert {1, 2} <= set(wg.busy_ranks)
+        assert wg.busy_ranks[1].method == "wait_for"
         release.set()
         # The group stays usable: the next call runs after the released rank finishes.
         assert wg.wait_for([], release) == [0, 1, 2]
+        assert wg.busy_ranks == {}
+
+
+def test_a_call_that_waits_behind_an_abandoned_one_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+    with group((2,)) as wg:
+        with pytest.raises(CallTimeoutError):
+            wg.wait_for.options(timeout=0.05)([0], release)
+        with caplog.at_level("WARNING", logger="sc_core.worker_group"):
+            with pytest.raises(CallTimeoutError) as info:
+                wg.wait_for.options(timeout=0.05)([], release)
+        assert "When this call started, ranks [0, 1] were still running" in str(info.value)
+        assert any("waits on ranks [0, 1]" in r.getMessage() for r in caplog.records)
+        release.set()
+        assert wg.wait_for([], release) == [0, 1]
 
 
 def test_concurrent_ranks_report_only_the_slow_one() -> None:

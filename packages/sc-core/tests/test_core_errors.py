@@ -200,3 +200,12 @@ def test_exception_classes_that_cannot_be_combined_give_a_plain_worker_error() -
     assert type(info.value) is WorkerError
     assert isinstance(info.value.cause, FileNotFoundError)
     assert info.value.error_type == "FileNotFoundError"
+
+
+def test_remote_tracebacks_lose_their_terminal_colour_codes() -> None:
+    coloured = "\x1b[36mray::Worker.fail()\x1b[39m\nTraceback ...\n\x1b[1;31mValueError\x1b[0m: bad"
+    err = WorkerError("fail", 0, "ValueError", "\x1b[31mbad\x1b[0m", coloured)
+    assert "\x1b" not in str(err)
+    assert "\x1b" not in err.remote_traceback
+    assert err.error_message == "bad"
+    assert "ray::Worker.fail()" in err.remote_traceback

@@ -14,6 +14,7 @@ import atexit
 import logging
 import os
 
+from ._busy import AbandonedCall
 from ._call import Call, CallOptions, current_call
 from ._colocate import (
     create_colocated_worker_cls,
@@ -78,6 +79,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "RESERVED_WORKER_ATTRS",
+    "AbandonedCall",
     "BackendNotImplementedError",
     "Call",
     "CallOptions",

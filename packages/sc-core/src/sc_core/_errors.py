@@ -49,6 +49,7 @@ Messages name the method, the rank and the offending value.
 from __future__ import annotations
 
 import pickle
+import re
 import threading
 import traceback
 from collections.abc import Sequence
@@ -77,6 +78,14 @@ __all__ = [
     "WorkerError",
     "WorkerGroupError",
 ]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour and cursor codes (``\\x1b[31m`` ...)."""
+    return _ANSI.sub("", text)
 
 
 class ScCoreError(Exception):
@@ -130,6 +139,9 @@ class WorkerError(ScCoreError, RuntimeError):
         other_failed_ranks: Sequence[int] = (),
         cause: BaseException | None = None,
     ) -> None:
+        # Remote tracebacks arrive with terminal colour codes (Ray adds them): plain text here.
+        error_message = strip_ansi(error_message)
+        remote_traceback = strip_ansi(remote_traceback)
         self.method = method
         self.rank = rank
         self.error_type = error_type

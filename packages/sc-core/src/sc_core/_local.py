@@ -385,6 +385,14 @@ class LocalWorkerGroup(WorkerGroup[W]):
     def _wait_one(self, handle: LocalHandle, call: Call) -> Any:
         return self._wait([handle], call)[0]
 
+    def _handle_done(self, handle: Any) -> bool:
+        return not isinstance(handle, LocalHandle) or handle.future.done()
+
+    def _cancel_handle(self, handle: Any) -> bool:
+        # A call still waiting for its rank's thread (or its turn) is dropped; one that runs
+        # cannot be interrupted.
+        return isinstance(handle, LocalHandle) and handle.future.cancel()
+
     def _is_worker_alive(self, worker: Any) -> bool:
         return not any(self._workers[r] is worker for r in self._killed)
 

@@ -62,15 +62,18 @@ from sc_dispatch import (
     unpad_output,
 )
 
+from ._busy import AbandonedCall, BusyRanks, describe_busy
 from ._call import Call, CallOptions, active_call, check_timeout
 from ._errors import (
     BackendNotImplementedError,
+    CallTimeoutError,
     ConfigTypeError,
     InvalidConfigError,
     MethodCollisionError,
     UnknownMethodError,
     UnknownRoleError,
     WorkerDiedError,
+    WorkerError,
     WorkerGroupError,
 )
 from ._future import LazyFuture
@@ -213,13 +216,15 @@ class MethodProxy(Generic[P, R]):
 
 
 class _Liveness:
-    """Which ranks are known dead; shared by a group and the groups spawned from it."""
+    """Which ranks are known dead, and which are busy with an abandoned call; shared by a
+    group and the groups spawned from it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.dead: dict[int, str] = {}
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
+        self.busy = BusyRanks()
 
 
 class WorkerGroup(Generic[W]):
@@ -303,6 +308,15 @@ class WorkerGroup(Generic[W]):
     def _is_worker_alive(self, worker: Any) -> bool:
         """Whether the worker behind one entry of ``self._workers`` is running."""
         raise self._missing_hook("_is_worker_alive")
+
+    def _handle_done(self, handle: Any) -> bool:
+        """Whether the call behind ``handle`` has finished (a backend that cannot tell says
+        ``True``: its ranks are never reported busy)."""
+        return True
+
+    def _cancel_handle(self, handle: Any) -> bool:
+        """Try to stop the call behind ``handle``; whether the backend could ask for it."""
+        return False
 
     def _missing_hook(self, hook: str) -> BackendNotImplementedError:
         return BackendNotImplementedError(
@@ -414,12 +428,27 @@ class WorkerGroup(Generic[W]):
         """Make ``call`` current, refuse it if it touches dead ranks, and finish its span
         (with the error, if any) when it ends."""
         error: BaseException | None = None
+        waiting_behind = self._liveness.busy.current(self._handle_done, call.ranks)
+        if waiting_behind:
+            logger.warning(
+                "worker group %s: %s waits on ranks %s, %s",
+                self.name_prefix,
+                call.method_name,
+                sorted(waiting_behind),
+                describe_busy(waiting_behind),
+            )
         try:
             with active_call(call):
                 self._check_alive(call)
                 yield
         except BaseException as exc:
             error = exc
+            if waiting_behind and isinstance(exc, CallTimeoutError):
+                _add_note(
+                    exc,
+                    f"When this call started, ranks {sorted(waiting_behind)} were "
+                    f"{describe_busy(waiting_behind)}.",
+                )
             raise
         finally:
             call.span.finish(error)
@@ -621,13 +650,42 @@ class WorkerGroup(Generic[W]):
             return result
 
     def _checked_wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
-        outputs = self._wait(handles, call)
+        try:
+            outputs = self._wait(handles, call)
+        except (CallTimeoutError, WorkerDiedError, WorkerError) as exc:
+            self._give_up(call, handles, exc)
+            raise
         if len(outputs) != len(handles):
             raise WorkerGroupError(
                 f"{type(self).__name__}._wait returned {len(outputs)} outputs for "
                 f"{len(handles)} handles in {call.method_name}"
             )
         return outputs
+
+    def _give_up(self, call: Call, handles: Sequence[Any], exc: BaseException) -> None:
+        """The group stops waiting for ``call``: cancel what the backend can, remember the
+        ranks still running it, and say so in ``exc``'s message."""
+        busy = self._liveness.busy
+        for rank, handle in zip(call.ranks, handles, strict=False):
+            if self._handle_done(handle):
+                continue
+            busy.record(rank, call.method_name, handle, self._cancel_handle(handle))
+        still = busy.current(self._handle_done, call.ranks)
+        if still:
+            _add_note(exc, f"Ranks {sorted(still)} are {describe_busy(still)}.")
+            logger.warning(
+                "worker group %s: %s: ranks %s %s",
+                self.name_prefix,
+                call.method_name,
+                sorted(still),
+                describe_busy(still),
+            )
+
+    @property
+    def busy_ranks(self) -> dict[int, AbandonedCall]:
+        """The ranks still running a call the group gave up on (after a deadline, a worker
+        death or another rank's failure), with what they run; their next call waits."""
+        return self._liveness.busy.current(self._handle_done)
 
     # --- liveness ------------------------------------------------------------------------
 
@@ -830,6 +888,14 @@ class WorkerGroup(Generic[W]):
                     "worker group; rename the role"
                 )
             setattr(self, role, group)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """Append ``note`` to ``exc``'s message (Python 3.10 has no ``add_note``)."""
+    if note in str(exc):
+        return
+    first = str(exc.args[0]) if exc.args else ""
+    exc.args = (f"{first}\n{note}" if first else note, *exc.args[1:])
 
 
 def _reraise_with_method(exc: DispatchError, qualname: str) -> NoReturn:
