@@ -38,6 +38,7 @@ from ._future import (
 )
 from ._item import DataProtoItem, collate_fn
 from ._padding import pad_dataproto_to_divisor, unpad_dataproto
+from ._serialize import rebuild_tensordict, tensordict_state
 from ._union import union_numpy_dict, union_tensor_dict
 
 __version__ = "0.1.0"
@@ -72,7 +73,9 @@ __all__ = [
     "pad_dataproto_to_divisor",
     "plan_shard_slices",
     "register_adapters",
+    "rebuild_tensordict",
     "register_future_resolver",
+    "tensordict_state",
     "union_numpy_dict",
     "union_tensor_dict",
     "unpad_dataproto",

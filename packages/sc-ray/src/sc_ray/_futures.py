@@ -10,16 +10,50 @@ mode joins the per-rank futures with :class:`RayFuture`'s shard adapter into one
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Sequence, Sized
+from dataclasses import dataclass
 from typing import Any
 
-from sc_core import WorkerDiedError, WorkerError
+from sc_core import CallTimeoutError, WorkerDiedError, WorkerError
 from sc_dispatch import register_future_resolver, register_future_type, register_shardable
 
 from . import _ray_api as rapi
 from ._nbytes import is_data_proto
 
-__all__ = ["RayFuture", "resolve_refs", "row_meta"]
+__all__ = ["Deadline", "RayFuture", "await_with_deadline", "resolve_refs", "row_meta"]
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A non-blocking call's deadline, as a wall-clock instant (``time.time()``), so that it
+    means the same in the driver and in the worker that consumes the future."""
+
+    at: float
+    timeout: float
+    method: str
+    ranks: tuple[int, ...]
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.time())
+
+    def error(self, ranks: Sequence[int] | None = None) -> CallTimeoutError:
+        return CallTimeoutError(self.method, list(ranks or self.ranks), self.timeout)
+
+
+def _get(
+    refs: list[Any], deadline: Deadline | None, ranks: Sequence[int] | None = None
+) -> list[Any]:
+    """``rapi.get`` within ``deadline`` (a ``CallTimeoutError`` once it has passed)."""
+    if deadline is None:
+        return rapi.get(refs)
+    try:
+        return rapi.get(refs, timeout_s=deadline.remaining())
+    except Exception as exc:
+        if rapi.is_get_timeout(exc):
+            raise deadline.error(ranks) from None
+        raise
 
 
 def row_meta(value: object) -> int | None:
@@ -48,10 +82,27 @@ def raise_remote_failure(exc: BaseException, method: str, rank: int) -> None:
     raise exc
 
 
-def resolve_refs(refs: list[Any]) -> list[Any]:
+def resolve_refs(refs: list[Any], deadline: Deadline | None = None) -> list[Any]:
     """A DataProtoFuture resolver: the values of Ray references, fetched where it runs (in
-    a consumer worker, each reference is read from the local object store when it can)."""
-    return rapi.get(refs)
+    a consumer worker, each reference is read from the local object store when it can);
+    with ``deadline``, a ``CallTimeoutError`` once it has passed."""
+    return _get(refs, deadline)
+
+
+def resolver(deadline: Deadline | None) -> Any:
+    """:func:`resolve_refs` bound to ``deadline`` (picklable: it travels with the future)."""
+    return resolve_refs if deadline is None else functools.partial(resolve_refs, deadline=deadline)
+
+
+def await_with_deadline(refs: list[Any], deadline: Deadline, rank: int) -> Any:
+    """Run as a Ray task for a non-blocking call with a deadline whose references the
+    caller fetches with ``ray.get``: returns the value of ``refs[0]`` (the reference is
+    wrapped in a list so that Ray hands it over unresolved), or raises ``CallTimeoutError``
+    at the deadline, which ``ray.get`` on this task's reference then raises."""
+    ready, _ = rapi.wait(refs, 1, deadline.remaining())
+    if not ready:
+        raise deadline.error([rank])
+    return rapi.get(refs)[0]
 
 
 class RayFuture:
@@ -62,20 +113,29 @@ class RayFuture:
     (``@register(materialize_futures=True)``, the default).
     """
 
-    __slots__ = ("meta_ref", "method", "rank", "value_ref")
+    __slots__ = ("deadline", "meta_ref", "method", "rank", "value_ref")
 
     def __init__(
-        self, value_ref: rapi.ObjectRef, meta_ref: rapi.ObjectRef | None, method: str, rank: int
+        self,
+        value_ref: rapi.ObjectRef,
+        meta_ref: rapi.ObjectRef | None,
+        method: str,
+        rank: int,
+        deadline: Deadline | None = None,
     ) -> None:
         self.value_ref = value_ref
         self.meta_ref = meta_ref
         self.method = method
         self.rank = rank
+        self.deadline = deadline
 
     def get(self) -> Any:
-        """The value (waits for it); a worker failure raises sc-core's error."""
+        """The value (waits for it, within the call's deadline if it had one); a worker
+        failure raises sc-core's error, a passed deadline ``CallTimeoutError``."""
         try:
-            return rapi.get([self.value_ref])[0]
+            return _get([self.value_ref], self.deadline, [self.rank])[0]
+        except CallTimeoutError:
+            raise
         except Exception as exc:
             raise_remote_failure(exc, self.method, self.rank)
             raise  # pragma: no cover - raise_remote_failure always raises
@@ -85,7 +145,9 @@ class RayFuture:
         if self.meta_ref is None:
             return None
         try:
-            value = rapi.get([self.meta_ref])[0]
+            value = _get([self.meta_ref], self.deadline, [self.rank])[0]
+        except CallTimeoutError:
+            raise
         except Exception as exc:
             raise_remote_failure(exc, self.method, self.rank)
             raise  # pragma: no cover
@@ -97,7 +159,7 @@ class RayFuture:
         return bool(ready)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RayFuture, (self.value_ref, self.meta_ref, self.method, self.rank))
+        return (RayFuture, (self.value_ref, self.meta_ref, self.method, self.rank, self.deadline))
 
     def __repr__(self) -> str:
         return f"<RayFuture {self.method} rank {self.rank}>"

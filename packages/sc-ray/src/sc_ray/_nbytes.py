@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._wire import is_tensordict
+
 __all__ = ["estimate_nbytes", "is_bulk", "is_data_proto"]
 
 _BULK_MODULES = ("sc_protocol", "torch", "numpy", "tensordict")
@@ -47,6 +49,12 @@ def estimate_nbytes(obj: object, _depth: int = 0) -> int:
         if isinstance(extra, Mapping):
             total += sum(estimate_nbytes(v, _depth + 1) for v in extra.values())
         return total
+    if is_tensordict(obj):
+        try:
+            leaves = obj.values(include_nested=True, leaves_only=True)  # type: ignore[attr-defined]  # a TensorDict
+            return sum(_tensor_bytes(leaf) for leaf in leaves)
+        except Exception:
+            return 0
     if type(obj).__module__.startswith(("torch", "numpy")):
         return _tensor_bytes(obj)
     if isinstance(obj, (list, tuple)):

@@ -18,7 +18,7 @@ from typing import Any, cast
 from sc_dispatch import register_shardable
 from sc_protocol import DataProto, DataProtoConfig, DataProtoFuture
 
-from ._futures import RayFuture, raise_remote_failure, resolve_refs
+from ._futures import RayFuture, resolver
 
 __all__ = ["RayDataProtoFuture"]
 
@@ -27,7 +27,9 @@ class RayDataProtoFuture(DataProtoFuture):
     """A DataProtoFuture over per-rank Ray references whose row counts arrive lazily."""
 
     def __init__(self, parts: Sequence[RayFuture], unpad: int = 0) -> None:
-        super().__init__(futures=[p.value_ref for p in parts], resolve=resolve_refs)
+        # Every part of one call shares the call's deadline (or has none).
+        self._sc_resolve = resolver(parts[0].deadline if parts else None)
+        super().__init__(futures=[p.value_ref for p in parts], resolve=self._sc_resolve)
         self._sc_parts: tuple[RayFuture, ...] = tuple(parts)
         self._sc_unpad = unpad
         self._sc_known: DataProtoFuture | None = None
@@ -42,7 +44,7 @@ class RayDataProtoFuture(DataProtoFuture):
         if self._sc_known is None:
             counts = [p.rows() for p in self._sc_parts]
             base = DataProtoFuture.from_shards(
-                [p.value_ref for p in self._sc_parts], counts, resolve=resolve_refs
+                [p.value_ref for p in self._sc_parts], counts, resolve=self._sc_resolve
             )
             self._sc_known = base.unpad(self._sc_unpad) if self._sc_unpad else base
         return self._sc_known
@@ -89,10 +91,7 @@ class RayDataProtoFuture(DataProtoFuture):
         """Fetch the shards and return the joined DataProto (worker failures raise sc-core's
         ``WorkerError`` / ``WorkerDiedError``)."""
         for part in self._sc_parts:
-            try:
-                resolve_refs([part.meta_ref] if part.meta_ref is not None else [])
-            except Exception as exc:
-                raise_remote_failure(exc, part.method, part.rank)
+            part.rows()  # a failed or late rank raises sc-core's error, naming the rank
         return self.known().get()
 
     def __repr__(self) -> str:

@@ -49,6 +49,7 @@ __all__ = [
     "call_actor",
     "call_actor_multi",
     "call_in_actor",
+    "cancel",
     "classify_failure",
     "cluster_resources",
     "create_actor",
@@ -62,7 +63,9 @@ __all__ = [
     "gpu_ids",
     "is_actor_handle",
     "init_local",
+    "is_get_timeout",
     "is_initialized",
+    "is_ready",
     "is_object_ref",
     "is_remote_class",
     "kill",
@@ -70,6 +73,7 @@ __all__ = [
     "node_affinity",
     "node_ip_address",
     "placement_group_bundle_nodes",
+    "actor_placement_group",
     "placement_group_bundles",
     "placement_group_id",
     "placement_group_name",
@@ -77,6 +81,7 @@ __all__ = [
     "placement_group_states",
     "placement_strategy",
     "put",
+    "register_serializer",
     "ready_ref",
     "remote_class",
     "remote_class_options",
@@ -371,6 +376,11 @@ def put(value: object) -> ObjectRef:
     return cast("ObjectRef", ray.put(value))
 
 
+def is_get_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ray's ``GetTimeoutError`` (a ``get`` that ran out of time)."""
+    return isinstance(exc, _exc.GetTimeoutError)
+
+
 def get(refs: Sequence[ObjectRef], timeout_s: float | None = None) -> list[Any]:
     """The values of ``refs``, in order. Raises Ray's exceptions (see :func:`classify_failure`)."""
     return list(ray.get(list(refs), timeout=timeout_s))
@@ -386,6 +396,31 @@ def wait(
         list(refs), num_returns=num_returns, timeout=timeout_s, fetch_local=False
     )
     return list(ready), list(not_ready)
+
+
+def is_ready(ref: ObjectRef) -> bool:
+    """Whether the value behind ``ref`` exists (or its task failed), without fetching it."""
+    ready, _ = wait([ref], 1, 0)
+    return bool(ready)
+
+
+def cancel(ref: ObjectRef) -> bool:
+    """Ask Ray to cancel the task behind ``ref``: a queued task is dropped, a running method
+    of an asyncio actor gets ``CancelledError``; a running method of any other actor goes on.
+    Returns whether Ray accepted the request."""
+    try:
+        ray.cancel(ref, force=False)
+    except Exception as exc:  # already finished, or not cancellable
+        logger.debug("ray.cancel(%s) refused: %s", ref, exc)
+        return False
+    return True
+
+
+def register_serializer(
+    cls: type, serializer: Callable[[Any], Any], deserializer: Callable[[Any], Any]
+) -> None:
+    """``ray.util.register_serializer`` (for this process's serialization context)."""
+    ray.util.register_serializer(cls, serializer=serializer, deserializer=deserializer)
 
 
 # --- failures ----------------------------------------------------------------------------
@@ -445,6 +480,22 @@ def unwrap_remote_class(cls: object) -> type:
 def is_remote_class(cls: object) -> bool:
     """Whether ``cls`` is a class wrapped by ``ray.remote``."""
     return isinstance(cls, ray.actor.ActorClass)
+
+
+def _probe_placement_group(instance: object) -> str | None:
+    found = ray.get_runtime_context().get_placement_group_id()
+    return None if found is None else str(found)
+
+
+def actor_placement_group(actor: ActorHandle, timeout_s: float | None) -> PlacementGroup | None:
+    """The placement group a running actor was scheduled into, or ``None``."""
+    ref = cast(Any, actor).__ray_call__.remote(_probe_placement_group)
+    hex_id = ray.get(ref, timeout=timeout_s)
+    if not hex_id:
+        return None
+    from ray._raylet import PlacementGroupID
+
+    return cast("PlacementGroup", _pg_mod.PlacementGroup(PlacementGroupID(bytes.fromhex(hex_id))))
 
 
 def _probe_actor(instance: object) -> tuple[str, str | None]:

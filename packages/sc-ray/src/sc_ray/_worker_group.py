@@ -39,9 +39,10 @@ from sc_dispatch import is_future
 from . import _ray_api as rapi
 from ._class_with_init import RayClassWithInitArgs, merge_options
 from ._errors import DetachedWorkerError, ResourcePoolError, WorkerEnvError
-from ._futures import RayFuture, row_meta
+from ._futures import Deadline, RayFuture, await_with_deadline, row_meta
 from ._nbytes import estimate_nbytes, is_bulk
 from ._resource_pool import BundleSlot, RayResourcePool
+from ._wire import ensure_tensordict_wire, is_tensordict
 
 __all__ = ["RESERVED_ENV_VARS", "RayWorkerGroup"]
 
@@ -69,6 +70,9 @@ RESERVED_ENV_VARS = (
     "RAY_LOCAL_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
+    # A rendezvous factory imported and called in every worker: code from the environment,
+    # so users may not set it through worker_env / runtime_env (a backend sets it itself).
+    "SC_RENDEZVOUS",
 )
 
 #: How often a blocking wait looks at the ranks that already answered (seconds): a failed
@@ -144,6 +148,8 @@ def _actor_class(cls: type) -> type:
                     out = await out
             except Exception as exc:
                 raise _worker_error(self, name, exc) from exc
+            if is_tensordict(out):
+                ensure_tensordict_wire()
             return out
 
         async def call_with_meta_async(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -156,9 +162,12 @@ def _actor_class(cls: type) -> type:
 
         def call_sync(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
             try:
-                return getattr(self, name)(*args, **kwargs)
+                out = getattr(self, name)(*args, **kwargs)
             except Exception as exc:
                 raise _worker_error(self, name, exc) from exc
+            if is_tensordict(out):
+                ensure_tensordict_wire()
+            return out
 
         def call_with_meta_sync(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
             out = call_sync(self, name, *args, **kwargs)
@@ -522,6 +531,8 @@ class RayWorkerGroup(WorkerGroup[W]):
         if not distinct:
             return per_rank
         items = list(distinct.items())
+        if any(is_tensordict(v) for _, v in items):
+            ensure_tensordict_wire()
         if len(items) == 1:
             refs = [rapi.put(items[0][1])]
         else:
@@ -664,39 +675,86 @@ class RayWorkerGroup(WorkerGroup[W]):
 
     def _pending_outputs(self, handles: Sequence[Any], call: Call) -> list[Any]:
         """Non-blocking calls return Ray object references, as in verl; splitting modes get
-        futures that also know their row counts (joined into a DataProtoFuture)."""
+        futures that also know their row counts (joined into a DataProtoFuture).
+
+        A call with a deadline keeps it however its result is consumed: the futures' ``get``
+        (also inside a consumer worker) raises ``CallTimeoutError`` once it has passed, and
+        the references of the other modes are those of small tasks that wait for the value
+        until the deadline, so that ``ray.get`` raises it too."""
+        remaining = call.remaining()
+        deadline = (
+            None
+            if remaining is None or call.timeout is None
+            else Deadline(time.time() + remaining, call.timeout, call.method_name, call.ranks)
+        )
         if not call.joins_shards:
-            return list(handles)
+            if deadline is None:
+                return list(handles)
+            return [
+                rapi.run_task(
+                    await_with_deadline,
+                    {"num_cpus": 0, "max_retries": 0},
+                    ([handle], deadline, rank),
+                )
+                for rank, handle in zip(call.ranks, handles, strict=True)
+            ]
         with self._meta_lock:
             metas = [self._meta_refs.pop(id(h), None) for h in handles]
         return [
-            RayFuture(handle, meta, call.method_name, rank)
+            RayFuture(handle, meta, call.method_name, rank, deadline)
             for rank, handle, meta in zip(call.ranks, handles, metas, strict=True)
         ]
+
+    def _handle_done(self, handle: Any) -> bool:
+        return not rapi.is_object_ref(handle) or rapi.is_ready(handle)
+
+    def _cancel_handle(self, handle: Any) -> bool:
+        return rapi.is_object_ref(handle) and rapi.cancel(handle)
 
     def _is_worker_alive(self, worker: Any) -> bool:
         return rapi.actor_state(worker) != "DEAD"
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    def _teardown(self) -> None:
+    def _teardown(self, release_pool: bool = True) -> None:
+        # A group attached with from_detached has no pool object: the placement groups its
+        # actors run in are found through the actors, before they are killed.
+        attached_pgs: dict[str, rapi.PlacementGroup] = {}
+        if release_pool and self._resource_pool is None:
+            for worker in self._workers:
+                try:
+                    pg = rapi.actor_placement_group(worker, timeout_s=self._start_timeout)
+                except Exception:  # a dead actor has nothing to ask; its group may still
+                    continue
+                if pg is not None:
+                    attached_pgs[rapi.placement_group_id(pg)] = pg
         for worker in self._workers:
             rapi.kill(worker)
+        for pg in attached_pgs.values():
+            rapi.remove_placement_group(pg)
+            logger.info(
+                "released placement group %s of an attached group", rapi.placement_group_id(pg)
+            )
         pool = self._resource_pool
         if self._pool_user and isinstance(pool, RayResourcePool):
             self._pool_user = False
             pool._sc_release_user()
 
-    def shutdown(self) -> None:
+    def shutdown(self, release_pool: bool = True) -> None:
         """Kill every actor of the group (detached ones too) and, when no other group uses
-        it, release the pool's placement groups. Later calls raise ``WorkerGroupError``;
-        calling it again does nothing. Groups spawned from this one share its actors."""
+        it, release the pool's placement groups. A group attached with
+        :meth:`from_detached` releases the placement groups its actors ran in (found
+        through the actors), so their resources come back and the pool's name can be used
+        again; ``release_pool=False`` keeps them (other groups placed in the same pool would
+        be killed with it). Later calls raise ``WorkerGroupError``; calling it again does
+        nothing. Groups spawned from this one share its actors."""
         with self._lifecycle.lock:
             already = self._lifecycle.closed
             self._lifecycle.closed = True
         if not already:
             self.stop_worker_aliveness_check()
-        self._teardown()
+        # Killing is idempotent; the group that placed the pool releases its share of it.
+        self._teardown(release_pool and not already)
 
     @property
     def closed(self) -> bool:
