@@ -162,7 +162,7 @@ class LocalBackend:
     def worker_group(self, pool: Any, cls_with_init: Any) -> Any:
         from sc_core import LocalWorkerGroup
 
-        return LocalWorkerGroup(resource_pool=pool, ray_cls_with_init=cls_with_init)
+        return LocalWorkerGroup(resource_pool=pool, cls_with_init=cls_with_init)
 
     def close_group(self, group: Any) -> None:
         group.close()

@@ -1,4 +1,8 @@
-"""A minimal backend written from the contract alone, and dead-worker reporting through it."""
+"""Minimal backends written from the contract alone, and dead-worker reporting through them.
+
+Every test that takes ``make`` runs twice: on a group holding a :class:`sc_core.Backend`
+(the contract) and on a group written against sc-core 0.1's hook methods (still supported).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ from typing import Any
 import pytest
 from _core_fakes import Batch, EchoWorker
 from sc_core import (
+    Backend,
     Call,
+    CallHandle,
     CallTimeoutError,
     ClassWithInitArgs,
     InvalidCallOptionsError,
@@ -21,6 +27,7 @@ from sc_core import (
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
+    WorkerGroupClosedError,
     WorkerGroupError,
     current_call,
     worker_context,
@@ -77,16 +84,128 @@ class ListBackend(WorkerGroup):
         return self.alive[self._workers.index(worker)]
 
 
-def test_every_mode_runs_through_a_backend_written_from_the_contract() -> None:
-    wg = ListBackend(2)
+class ListProtocolBackend:
+    """The same semantics as ListBackend, as a Backend the group holds."""
+
+    def __init__(self, workers: list[Any]) -> None:
+        self.workers = workers
+        self.alive = [True] * len(workers)
+        self.pending_ranks: set[int] = set()
+        self.closed = 0
+
+    def start(self, call: Call, method_name: str, rank_args: Sequence[Any]) -> CallHandle:
+        call.span.add_bytes(put=10 * len(call.ranks))
+        handles: list[Any] = []
+        for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True):
+            if not self.alive[rank]:
+                handles.append(("dead", rank, None))
+            elif rank in self.pending_ranks:
+                handles.append(("pending", rank, None))
+            else:
+                try:
+                    value = getattr(self.workers[rank], method_name)(*args, **kwargs)
+                    handles.append(("ok", rank, value))
+                except Exception as exc:
+                    handles.append(("error", rank, exc))
+        return CallHandle(call, handles)
+
+    def wait(self, handle: CallHandle) -> list[Any]:
+        call, handles = handle.call, handle.rank_handles
+        pending = [r for kind, r, _ in handles if kind == "pending"]
+        if pending:
+            raise CallTimeoutError(call.method_name, pending, call.timeout)
+        dead = [r for kind, r, _ in handles if kind == "dead"]
+        if dead:
+            raise WorkerDiedError(call.method_name, dead, "actor died")
+        errors = [(r, e) for kind, r, e in handles if kind == "error"]
+        if errors:
+            raise WorkerError.from_exception(
+                call.method_name,
+                errors[0][0],
+                errors[0][1],
+                other_failed_ranks=[r for r, _ in errors[1:]],
+            )
+        call.span.add_bytes(fetched=5 * len(handles))
+        return [value for _, _, value in handles]
+
+    def pending(self, handle: CallHandle) -> list[Any]:
+        return [LazyFuture.completed(v, "list") for v in self.wait(handle)]
+
+    def is_done(self, rank_handle: Any) -> bool:
+        return bool(rank_handle[0] != "pending")
+
+    def cancel(self, rank_handle: Any) -> bool:
+        return False
+
+    def is_alive(self, rank: int) -> bool:
+        return self.alive[rank]
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class ProtocolGroup(WorkerGroup):
+    """A group holding a ListProtocolBackend."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(ResourcePool([n]), name_prefix="protocolbackend")
+        for rank in range(n):
+            with worker_context({"WORLD_SIZE": str(n), "RANK": str(rank)}):
+                self._workers.append(EchoWorker())
+        self.backend = ListProtocolBackend(self._workers)
+        self._attach_backend(self.backend)
+        self._bind_worker_method(EchoWorker)
+
+    @property
+    def alive(self) -> list[bool]:
+        return self.backend.alive
+
+    @property
+    def pending_ranks(self) -> set[int]:
+        return self.backend.pending_ranks
+
+    @pending_ranks.setter
+    def pending_ranks(self, ranks: set[int]) -> None:
+        self.backend.pending_ranks = ranks
+
+
+@pytest.fixture(params=["backend", "hooks"])
+def make(request: pytest.FixtureRequest) -> Any:
+    return ProtocolGroup if request.param == "backend" else ListBackend
+
+
+def test_the_protocol_backend_meets_the_contract() -> None:
+    assert isinstance(ListProtocolBackend([]), Backend)
+    with pytest.raises(TypeError, match=r"does not implement sc_core\.Backend"):
+        ProtocolGroup(1)._attach_backend(object())  # type: ignore[arg-type]
+
+
+def test_close_reaches_the_backend_once_and_refuses_later_calls() -> None:
+    with ProtocolGroup(2) as wg:
+        role = wg._shallow_copy()
+        assert wg.one_to_all(1) == [(0, 1, None), (1, 1, None)]
+    assert wg.closed
+    assert role.closed
+    wg.close()
+    role.close()
+    assert wg.backend.closed == 1
+    for group in (wg, role):
+        with pytest.raises(WorkerGroupClosedError, match=r"one_to_all: the worker group was"):
+            group.one_to_all(0)
+        with pytest.raises(WorkerGroupClosedError):
+            group.execute_all_sync("one_to_all", 0)
+
+
+def test_every_mode_runs_through_a_backend_written_from_the_contract(make: Any) -> None:
+    wg = make(2)
     assert wg.one_to_all(1) == [(0, 1, None), (1, 1, None)]
     assert wg.rank_zero("z") == (0, "z")
     assert wg.shard_rows(Batch(range(3))) == Batch([(0, 0), (0, 1), (1, 2)])
     assert [m["rank"] for m in wg.metric(Batch(range(3)))] == [0, 1]
 
 
-def test_default_pending_outputs_wrap_finished_values_in_lazy_futures() -> None:
-    wg = ListBackend(2)
+def test_default_pending_outputs_wrap_finished_values_in_lazy_futures(make: Any) -> None:
+    wg = make(2)
     fut = wg.shard_rows.options(blocking=False)(Batch(range(3)))
     assert isinstance(fut, LazyFuture)
     assert fut.get() == Batch([(0, 0), (0, 1), (1, 2)])
@@ -94,16 +213,16 @@ def test_default_pending_outputs_wrap_finished_values_in_lazy_futures() -> None:
     assert [f.get() for f in futs] == [1, 2]
 
 
-def test_bytes_reported_by_the_backend_land_in_the_span() -> None:
-    wg = ListBackend(2)
+def test_bytes_reported_by_the_backend_land_in_the_span(make: Any) -> None:
+    wg = make(2)
     with SpanRecorder() as rec:
         wg.one_to_all(0)
     (span,) = rec.spans
     assert (span.bytes_put, span.bytes_fetched) == (20, 10)
 
 
-def test_a_dead_worker_makes_the_call_and_the_next_calls_raise() -> None:
-    wg = ListBackend(3)
+def test_a_dead_worker_makes_the_call_and_the_next_calls_raise(make: Any) -> None:
+    wg = make(3)
     wg.alive[2] = False
     with pytest.raises(WorkerDiedError) as info:
         wg.one_to_all(0)
@@ -117,8 +236,8 @@ def test_a_dead_worker_makes_the_call_and_the_next_calls_raise() -> None:
     assert wg.rank_zero("z") == (0, "z")
 
 
-def test_the_aliveness_check_records_dead_workers_for_the_next_call() -> None:
-    wg = ListBackend(3)
+def test_the_aliveness_check_records_dead_workers_for_the_next_call(make: Any) -> None:
+    wg = make(3)
     assert wg.check_worker_aliveness() == []
     wg.alive[1] = False
     assert wg.check_worker_aliveness() == [1]
@@ -127,15 +246,15 @@ def test_the_aliveness_check_records_dead_workers_for_the_next_call() -> None:
         wg.one_to_all(0)
 
 
-def test_the_aliveness_thread_finds_a_death(monkeypatch: pytest.MonkeyPatch) -> None:
-    wg = ListBackend(2)
+def test_the_aliveness_thread_finds_a_death(monkeypatch: pytest.MonkeyPatch, make: Any) -> None:
+    wg = make(2)
     wg.start_worker_aliveness_check(0.01, abort_on_death=False)
     wg.start_worker_aliveness_check(0.01)  # already running: no second thread
     found = threading.Event()
     original = wg.check_worker_aliveness
 
     def spy() -> list[int]:
-        newly = original()
+        newly: list[int] = original()
         if newly:
             found.set()
         return newly
@@ -148,7 +267,7 @@ def test_the_aliveness_thread_finds_a_death(monkeypatch: pytest.MonkeyPatch) -> 
         wg.one_to_all(0)
 
 
-def test_abort_on_worker_death_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_abort_on_worker_death_is_opt_in(monkeypatch: pytest.MonkeyPatch, make: Any) -> None:
     raised: list[int] = []
     done = threading.Event()
 
@@ -158,7 +277,7 @@ def test_abort_on_worker_death_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(signal, "raise_signal", fake_raise_signal)
     monkeypatch.setenv("SC_ABORT_ON_WORKER_DEATH", "1")
-    wg = ListBackend(2)
+    wg = make(2)
     wg.start_worker_aliveness_check(0.01)
     wg.alive[1] = False
     assert done.wait(30)
@@ -166,13 +285,13 @@ def test_abort_on_worker_death_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> Non
     assert raised[0] == signal.SIGABRT
 
 
-def test_aliveness_interval_is_checked() -> None:
+def test_aliveness_interval_is_checked(make: Any) -> None:
     with pytest.raises(InvalidCallOptionsError, match="every_n_seconds"):
-        ListBackend(1).start_worker_aliveness_check(0)
+        make(1).start_worker_aliveness_check(0)
 
 
-def test_waiting_for_workers_to_come_alive_times_out() -> None:
-    wg = ListBackend(2)
+def test_waiting_for_workers_to_come_alive_times_out(make: Any) -> None:
+    wg = make(2)
     wg.alive[1] = False
     with pytest.raises(
         WorkerDiedError, match=r"worker rank 1 died \(not alive 0.01s after start\)"
@@ -180,8 +299,8 @@ def test_waiting_for_workers_to_come_alive_times_out() -> None:
         wg._block_until_all_workers_alive(timeout=0.01)
 
 
-def test_backend_timeout_is_reported() -> None:
-    wg = ListBackend(2)
+def test_backend_timeout_is_reported(make: Any) -> None:
+    wg = make(2)
     wg.pending_ranks = {1}
     with pytest.raises(CallTimeoutError, match="rank 1"):
         wg.one_to_all.options(timeout=1)(0)
@@ -192,7 +311,7 @@ def test_a_backend_returning_too_few_outputs_is_caught() -> None:
         def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
             return super()._wait(handles, call)[:-1]
 
-    with pytest.raises(WorkerGroupError, match="returned 1 outputs for 2 handles"):
+    with pytest.raises(WorkerGroupError, match=r"backend returned 1 values for ranks \[0, 1\]"):
         Short(2).one_to_all(0)
 
 

@@ -356,5 +356,5 @@ def test_seed_extension_point_binds_with_a_func_generator_and_no_backend_hooks()
     assert "helper" not in wg.bound
     assert wg.bound == sorted(wg.bound)
     assert wg.one_to_all("x") == [(0, "x", None), (1, "x", None)]
-    with pytest.raises(NotImplementedError, match=r"ListGroup does not implement .*_execute_rank"):
+    with pytest.raises(NotImplementedError, match=r"ListGroup\.one_to_all: the group has no"):
         wg.execute_all_async("one_to_all", "x")

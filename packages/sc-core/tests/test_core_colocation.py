@@ -20,6 +20,7 @@ from sc_core import (
     create_colocated_worker_cls,
     create_colocated_worker_cls_fused,
     create_colocated_worker_raw_cls,
+    register_class_unwrapper,
 )
 from sc_dispatch import (
     Dispatch,
@@ -221,12 +222,19 @@ def test_colocation_errors() -> None:
 
 
 class RayWrapped:
-    """What a Ray actor class looks like to colocation: the user class behind an attribute."""
+    """What a backend's actor class looks like to colocation: the user class behind an
+    attribute (named differently from Ray's, which another test module registers)."""
 
-    __ray_actor_class__ = Plain
+    __fake_backend_class__ = Plain
 
 
 def test_backend_wrapped_classes_are_unwrapped() -> None:
+    # sc-core knows no backend's names: the backend registers how to find the user class
+    with pytest.raises(ConfigTypeError, match="RayWrapped, which is not a subclass"):
+        create_colocated_worker_raw_cls({"ref": ClassWithInitArgs(RayWrapped)})
+    register_class_unwrapper(lambda obj: getattr(obj, "__fake_backend_class__", None))
+    with pytest.raises(ConfigTypeError, match="expected a callable"):
+        register_class_unwrapper("nope")  # type: ignore[arg-type]
     cls = create_colocated_worker_raw_cls({"ref": ClassWithInitArgs(RayWrapped)})
     g = LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(cls))
     try:

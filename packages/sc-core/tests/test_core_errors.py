@@ -95,6 +95,7 @@ ERROR_MEANINGS = {
     "RendezvousError": RuntimeError,
     "RendezvousTimeoutError": TimeoutError,
     "WorkerGroupError": RuntimeError,
+    "WorkerGroupClosedError": RuntimeError,
     "BackendNotImplementedError": NotImplementedError,
     "UnknownMethodError": AttributeError,
     "InvalidConfigError": ValueError,

@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 import pytest
 from _core_fakes import EchoWorker, group, make_group
 from sc_core import (
+    Call,
+    CallHandle,
     ClassWithInitArgs,
     ConfigTypeError,
     InvalidConfigError,
@@ -19,9 +21,10 @@ from sc_core import (
     ResourcePoolError,
     Worker,
     WorkerGroupError,
+    register_class_unwrapper,
     worker_environ,
 )
-from sc_dispatch import Dispatch, register
+from sc_dispatch import Dispatch, Execute, register
 
 
 class EnvWorker(Worker):
@@ -126,7 +129,7 @@ def test_inline_mode_runs_calls_on_the_calling_thread(monkeypatch: pytest.Monkey
         assert wg.thread_name() == [me, me]
     monkeypatch.setenv("SC_LOCAL_INLINE", "1")
     with group((1,), EnvWorker) as wg:
-        assert wg._inline is True
+        assert wg._local._inline is True
         assert wg.thread_name() == [threading.current_thread().name]
 
 
@@ -152,14 +155,14 @@ def test_breakpoint_in_a_worker_method_stops_in_this_process(
     assert stops == [(os.getpid(), "stop_here")] * 2
 
 
-def test_ray_cls_with_init_keyword_and_constructor_errors() -> None:
+def test_constructor_errors() -> None:
     pool = ResourcePool([1])
-    wg = LocalWorkerGroup(resource_pool=pool, ray_cls_with_init=ClassWithInitArgs(EchoWorker))
+    wg = LocalWorkerGroup(resource_pool=pool, cls_with_init=ClassWithInitArgs(EchoWorker))
     assert wg.one_to_all(1) == [(0, 1, None)]
     wg.close()
     cia = ClassWithInitArgs(EchoWorker)
-    with pytest.raises(InvalidConfigError, match="not both"):
-        LocalWorkerGroup(pool, cia, ray_cls_with_init=cia)
+    with pytest.raises(TypeError, match="ray_cls_with_init"):
+        LocalWorkerGroup(pool, ray_cls_with_init=cia)  # type: ignore[call-arg]
     with pytest.raises(ConfigTypeError, match="must be a ClassWithInitArgs"):
         LocalWorkerGroup(pool, EchoWorker)  # type: ignore[arg-type]
     with pytest.raises(InvalidConfigError, match="needs a ResourcePool"):
@@ -199,6 +202,14 @@ class _RemoteLike:
         raise TypeError("Actors cannot be instantiated directly")
 
 
+def _unwrap_remote_like(obj: Any) -> Any:
+    return getattr(obj, "__ray_actor_class__", None)
+
+
+# what sc-ray registers for ray.remote classes; sc-core itself knows no backend's names
+register_class_unwrapper(_unwrap_remote_like)
+
+
 class _ActorMakingCia(ClassWithInitArgs[Any]):
     """A backend's ClassWithInitArgs whose call would create a remote actor."""
 
@@ -222,11 +233,18 @@ def test_a_closed_group_refuses_calls() -> None:
 
 def test_handles_reject_foreign_objects_and_bad_ranks() -> None:
     with group((2,)) as wg:
-        call = wg._new_call("one_to_all", wg.one_to_all.attrs.execute_mode, True, None)
+        call = Call(
+            group="g",
+            method_name="one_to_all",
+            ranks=(0,),
+            execute_mode=Execute.ALL,
+            blocking=True,
+            timeout=None,
+        )
         with pytest.raises(WorkerGroupError, match="expected LocalHandle"):
-            wg._wait(["not a handle"], call)
+            wg._local.wait(CallHandle(call, ["not a handle"]))
         with pytest.raises(WorkerGroupError, match="rank 5 out of range"):
-            wg._execute_rank_async(5, "one_to_all", (), {})
+            wg._local.submit(5, "one_to_all", (), {})
         handle = wg.execute_rank_zero_async("one_to_all", 1)
         assert handle.result(timeout=30) == (0, 1, None)
         assert handle.done()

@@ -14,12 +14,14 @@ import atexit
 import logging
 import os
 
+from ._backend import Backend, CallHandle, RankArgs
 from ._busy import AbandonedCall
 from ._call import Call, CallOptions, current_call
 from ._colocate import (
     create_colocated_worker_cls,
     create_colocated_worker_cls_fused,
     create_colocated_worker_raw_cls,
+    register_class_unwrapper,
 )
 from ._context import (
     InProcessRendezvous,
@@ -51,10 +53,11 @@ from ._errors import (
     WorkerDiedError,
     WorkerEnvironmentError,
     WorkerError,
+    WorkerGroupClosedError,
     WorkerGroupError,
 )
 from ._future import LazyFuture
-from ._local import LocalHandle, LocalWorkerGroup
+from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._spans import (
     CallSpan,
@@ -80,10 +83,12 @@ __version__ = "0.1.0"
 __all__ = [
     "RESERVED_WORKER_ATTRS",
     "AbandonedCall",
+    "Backend",
     "BackendNotImplementedError",
     "Call",
     "CallOptions",
     "CallSpan",
+    "CallHandle",
     "CallTimeoutError",
     "ClassWithInitArgs",
     "ColocationError",
@@ -94,6 +99,7 @@ __all__ = [
     "InvalidCallOptionsError",
     "InvalidConfigError",
     "LazyFuture",
+    "LocalBackend",
     "LocalHandle",
     "LocalWorkerGroup",
     "MeshRegistrationError",
@@ -102,6 +108,7 @@ __all__ = [
     "MissingEnvironmentError",
     "PhaseRecord",
     "PhaseStats",
+    "RankArgs",
     "Rendezvous",
     "RendezvousError",
     "RendezvousTimeoutError",
@@ -120,6 +127,7 @@ __all__ = [
     "WorkerEnvironmentError",
     "WorkerError",
     "WorkerGroup",
+    "WorkerGroupClosedError",
     "WorkerGroupError",
     "WorkerHelper",
     "__version__",
@@ -130,6 +138,7 @@ __all__ = [
     "current_call",
     "current_worker_context",
     "normalize_visible_devices",
+    "register_class_unwrapper",
     "remove_span_observer",
     "rendezvous_from_env",
     "worker_context",

@@ -39,6 +39,10 @@ class BusyRanks:
         self._lock = threading.Lock()
         self._calls: dict[int, tuple[AbandonedCall, Any]] = {}
 
+    def __bool__(self) -> bool:
+        """Whether any abandoned call is remembered (finished ones included until asked)."""
+        return bool(self._calls)
+
     def record(self, rank: int, method: str, handle: Any, cancel_requested: bool) -> None:
         with self._lock:
             self._calls[rank] = (AbandonedCall(method, time.monotonic(), cancel_requested), handle)

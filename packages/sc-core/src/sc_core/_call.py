@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sc_dispatch import Execute
 
 from ._errors import InvalidCallOptionsError
-from ._spans import CallSpan
+from ._spans import new_span
 
 __all__ = ["Call", "CallOptions", "current_call"]
 
@@ -54,7 +54,8 @@ class Call:
     driver waits; ``timeout`` the call's time limit in seconds (``None``: none) and
     ``deadline`` the same as a ``time.monotonic()`` instant; ``span`` the
     :class:`~sc_core.CallSpan` being recorded, to which a backend adds per-rank phases and
-    byte counts; ``joins_shards`` whether the mode's collect function joins row shards
+    byte counts (a shared span that records nothing while no observer is registered:
+    ``span.recording`` tells); ``joins_shards`` whether the mode's collect function joins row shards
     (:attr:`sc_dispatch.DispatchModeSpec.joins_shards`): a non-blocking call then needs
     futures that know their row counts, other modes take the backend's plain handles.
     """
@@ -88,7 +89,7 @@ class Call:
         self.blocking = blocking
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.span = CallSpan(group=group, method=method_name, blocking=blocking, ranks=ranks)
+        self.span = new_span(group, method_name, blocking, ranks)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (never negative), or ``None`` if there is none."""
@@ -111,11 +112,11 @@ _current_call: ContextVar[Call | None] = ContextVar("sc_core_current_call", defa
 
 
 def current_call() -> Call | None:
-    """The call being made on this thread, or ``None``.
+    """The call whose 0.1-style backend hook runs on this thread, or ``None``.
 
-    A backend's ``execute_all_async`` / ``execute_rank_zero_async`` (whose verl signature
-    has no room for it) reads the call here, e.g. to report the bytes it put with
-    ``current_call().span.add_bytes(put=n)``.
+    Kept for backends written against sc-core 0.1, whose ``_execute_rank_async`` hook has no
+    room for the call; the :class:`~sc_core.Backend` contract passes the call explicitly, and
+    nothing else sets it.
     """
     return _current_call.get()
 

@@ -4,14 +4,20 @@
 one instance per role (in ``self.worker_dict``) and exposing each role's registered methods
 as ``{role}_{method}`` with the same register attributes (``async`` methods stay ``async``).
 A worker group of that class runs every role on the same workers;
-:meth:`~sc_core.WorkerGroup.spawn` then gives one group per role with plain method names.
+:meth:`~sc_core.WorkerGroup.spawn` then gives one group per role with plain method names
+(:func:`spawn`, :func:`spawn_fused` and :func:`fuse` here hold the logic of the group's
+methods). Backends that wrap user classes (``ray.remote``) register an unwrapper with
+:func:`register_class_unwrapper`, so that sc-core finds the user's class without knowing the
+backend's names.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sc_dispatch import MAGIC_ATTR, get_register_attrs
 
@@ -19,24 +25,59 @@ from sc_dispatch import MAGIC_ATTR, get_register_attrs
 # time, and Ray ships it by value with the globals its methods use. A module pickles by
 # reference; a ContextVar does not pickle at all.
 from . import _context
-from ._errors import ColocationError, ConfigTypeError, UnknownRoleError
+from ._binding import MethodProxy, bind_worker_methods, rebind_all, set_bound_method, unbind_all
+from ._errors import ColocationError, ConfigTypeError, MethodCollisionError, UnknownRoleError
+from ._pipeline import FUSED_METHOD_SEPARATOR
 from ._resource import ClassWithInitArgs
 from ._worker import Worker
-from ._worker_group import COLOCATED_METHODS_ATTR, FUSED_METHOD_SEPARATOR
+
+if TYPE_CHECKING:
+    from ._worker_group import WorkerGroup
 
 __all__ = [
+    "COLOCATED_METHODS_ATTR",
     "FUSED_METHOD_SEPARATOR",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
     "create_colocated_worker_raw_cls",
+    "fuse",
+    "register_class_unwrapper",
+    "shallow_copy",
+    "spawn",
+    "spawn_fused",
+    "unwrap_worker_cls",
 ]
+
+#: Attribute of a colocated worker class mapping each role to ``{plain: prefixed}`` names.
+COLOCATED_METHODS_ATTR = "__sc_colocated_methods__"
+
+WG = TypeVar("WG", bound="WorkerGroup")
+
+_unwrappers_lock = threading.Lock()
+_unwrappers: tuple[Callable[[Any], Any], ...] = ()
+
+
+def register_class_unwrapper(unwrap: Callable[[Any], Any]) -> None:
+    """Teach sc-core a backend's class wrapper: ``unwrap(obj)`` returns the user class
+    behind ``obj``, or ``None`` when ``obj`` is not such a wrapper (sc-ray registers one for
+    ``ray.remote`` classes). Registering the same function twice does nothing."""
+    global _unwrappers
+    if not callable(unwrap):
+        raise ConfigTypeError(
+            f"register_class_unwrapper: expected a callable, got {type(unwrap).__qualname__}"
+        )
+    with _unwrappers_lock:
+        if unwrap not in _unwrappers:
+            _unwrappers = (*_unwrappers, unwrap)
 
 
 def unwrap_worker_cls(cls: Any) -> Any:
-    """The user class behind a backend's wrapper (a ``ray.remote`` class keeps it in
-    ``__ray_actor_class__``), or ``cls`` itself."""
-    inner = getattr(cls, "__ray_actor_class__", None)
-    return inner if inner is not None else cls
+    """The user class behind a registered backend wrapper, or ``cls`` itself."""
+    for unwrap in _unwrappers:
+        inner = unwrap(cls)
+        if inner is not None:
+            return inner
+    return cls
 
 
 def _forwarder(role: str, name: str, is_async: bool, raw_attrs: Mapping[str, Any]) -> Any:
@@ -219,3 +260,106 @@ def create_colocated_worker_cls_fused(
             "__doc__": f"Fused worker running roles {sorted(roles)}.",
         },
     )
+
+
+# --- one group per role -------------------------------------------------------------------
+
+
+def shallow_copy(group: WG) -> WG:
+    """A group sharing ``group``'s workers, backend, liveness and lifecycle, with its own
+    mesh caches and the same proxies rebound to it. It keeps ``group`` alive while in use (a
+    backend may close its workers when the group that owns them is garbage-collected)."""
+    new = copy.copy(group)
+    new._bound_methods = {}
+    for name in group._bound_methods:
+        new.__dict__.pop(name, None)
+    new._dispatch_info = {}
+    new._collect_info = {}
+    new.wg_dict = None
+    new._spawned_from = group
+    rebind_all(group, new)
+    return new
+
+
+def spawn(group: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
+    """One group per role of a colocated worker class, sharing ``group``'s workers; in the
+    group of role ``r`` the role's methods (bound as ``r_method``) are also bound under their
+    plain names (``method``), as in verl."""
+    where = f"{type(group).__name__}.spawn"
+    roles: dict[str, dict[str, str]] | None = getattr(
+        group._user_defined_cls, COLOCATED_METHODS_ATTR, None
+    )
+    if isinstance(prefix_set, str):
+        raise ConfigTypeError(
+            f"{where}: prefix_set must be a collection of role names, got the string {prefix_set!r}"
+        )
+    result: dict[str, WG] = {}
+    for prefix in prefix_set:
+        if roles is not None:
+            if prefix not in roles:
+                raise UnknownRoleError(
+                    f"{where}: unknown role {prefix!r}; the colocated worker class has roles "
+                    f"{sorted(roles)}"
+                )
+            mapping = dict(roles[prefix])
+        else:
+            head = f"{prefix}_"
+            mapping = {n[len(head) :]: n for n in group._bound_methods if n.startswith(head)}
+            if not mapping:
+                raise UnknownRoleError(
+                    f"{where}: no bound method starts with {head!r}; "
+                    f"bound: {group.bound_method_names}"
+                )
+        new = shallow_copy(group)
+        for plain, prefixed in mapping.items():
+            proxy = new._bound_methods[prefixed]
+            alias = proxy.rebind(new, plain) if isinstance(proxy, MethodProxy) else proxy
+            set_bound_method(new, plain, alias, replace=True)
+        result[prefix] = new
+    return result
+
+
+def spawn_fused(group: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
+    """One group per role of a fused worker class (``create_colocated_worker_cls_fused``):
+    the group of role ``r`` binds ``r``'s own registered methods under their plain names and
+    sends every call through the fused worker's ``_fuw_execute``."""
+    where = f"{type(group).__name__}.spawn_fused"
+    cls = group._user_defined_cls
+    raw: dict[str, type] | None = getattr(cls, "raw_cls_dict", None)
+    if not getattr(cls, "is_fused_worker", False) or raw is None:
+        raise ConfigTypeError(
+            f"{where}: the worker class {getattr(cls, '__qualname__', None)} is not a fused "
+            "worker; build it with create_colocated_worker_cls_fused"
+        )
+    if isinstance(prefix_set, str):
+        raise ConfigTypeError(
+            f"{where}: prefix_set must be a collection of role names, got the string {prefix_set!r}"
+        )
+    result: dict[str, WG] = {}
+    for prefix in prefix_set:
+        if prefix not in raw:
+            raise UnknownRoleError(
+                f"{where}: unknown role {prefix!r}; the fused worker class has roles {sorted(raw)}"
+            )
+        new = shallow_copy(group)
+        unbind_all(new)
+        new._fused_role = prefix
+        bind_worker_methods(new, raw[prefix])
+        result[prefix] = new
+    return result
+
+
+def fuse(group: WorkerGroup, prefix_set: Iterable[str]) -> None:
+    """Make each role's :func:`spawn_fused` group an attribute of ``group``; a role named
+    like an attribute of the group is a :class:`~sc_core.MethodCollisionError`."""
+    if group.wg_dict is None:
+        group.wg_dict = dict(spawn_fused(group, prefix_set))
+    for role, member in group.wg_dict.items():
+        if group.__dict__.get(role) is member:
+            continue
+        if role in group.__dict__ or hasattr(type(group), role):
+            raise MethodCollisionError(
+                f"{type(group).__name__}.fuse: role {role!r} is already an attribute of the "
+                "worker group; rename the role"
+            )
+        setattr(group, role, member)

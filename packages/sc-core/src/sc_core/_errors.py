@@ -19,7 +19,8 @@ so callers may catch either::
     │                                          published twice
     ├── RendezvousTimeoutError (TimeoutError)  a rank waited too long for rank 0
     ├── WorkerGroupError (RuntimeError)        a group used in a state it cannot serve
-    │                                          (closed, no workers, unknown backend handle)
+    │   │                                      (no workers, unknown backend handle)
+    │   └── WorkerGroupClosedError             a call on a group after ``close()``
     ├── BackendNotImplementedError             a worker group subclass that binds methods but
     │   (NotImplementedError)                  lacks the backend hook a call needs
     ├── UnknownMethodError (AttributeError)    a worker-group attribute that is no bound method
@@ -76,6 +77,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerEnvironmentError",
     "WorkerError",
+    "WorkerGroupClosedError",
     "WorkerGroupError",
 ]
 
@@ -326,6 +328,10 @@ class RendezvousTimeoutError(ScCoreError, TimeoutError):
 
 class WorkerGroupError(ScCoreError, RuntimeError):
     """A worker group used in a state in which it cannot serve the request."""
+
+
+class WorkerGroupClosedError(WorkerGroupError):
+    """A call on a worker group (or a group spawned from it) after :meth:`close`."""
 
 
 class BackendNotImplementedError(ScCoreError, NotImplementedError):

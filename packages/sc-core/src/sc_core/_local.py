@@ -24,8 +24,9 @@ import traceback
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, cast
 
+from ._backend import CallHandle, RankArgs
 from ._call import Call
 from ._colocate import unwrap_worker_cls
 from ._context import InProcessRendezvous, worker_context
@@ -42,11 +43,9 @@ from ._future import LazyFuture
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._worker_group import W, WorkerGroup, _env_flag
 
-__all__ = ["LocalHandle", "LocalWorkerGroup"]
+__all__ = ["LocalBackend", "LocalHandle", "LocalWorkerGroup"]
 
 logger = logging.getLogger("sc_core.local")
-
-_LWG = TypeVar("_LWG", bound="LocalWorkerGroup")
 
 
 @dataclass
@@ -161,113 +160,24 @@ def _worker_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
-class LocalWorkerGroup(WorkerGroup[W]):
-    """All ranks of a worker group as objects in this process (for tests and debugging).
-
-    ``LocalWorkerGroup(resource_pool, ClassWithInitArgs(MyWorker, ...))`` builds
-    ``resource_pool.world_size`` workers, rank by rank, and binds their registered methods
-    like any worker group. ``ray_cls_with_init=`` is accepted as a synonym of
-    ``cls_with_init`` so that code written for ``RayWorkerGroup`` runs unchanged.
-
-    A ``ray.remote``-wrapped class is unwrapped, and a backend's subclass of
-    ``ClassWithInitArgs`` (``RayClassWithInitArgs``) is accepted: only its class and
-    arguments are used.
-
-    ``concurrent=True`` runs the ranks of a call at the same time (each on its own thread)
-    instead of one after the other; ``inline=True`` (or ``SC_LOCAL_INLINE=1``) runs every
-    call on the calling thread, where a debugger that only follows the main thread can step
-    into it; deadlines are then not enforced.
-    """
+class LocalBackend:
+    """The in-process :class:`~sc_core.Backend`: one thread (or the calling thread, inline)
+    per rank, each with the rank's environment."""
 
     def __init__(
-        self,
-        resource_pool: ResourcePool | None = None,
-        cls_with_init: ClassWithInitArgs[W] | None = None,
-        name_prefix: str | None = None,
-        *,
-        ray_cls_with_init: ClassWithInitArgs[W] | None = None,
-        default_timeout: float | None = None,
-        concurrent: bool = False,
-        inline: bool | None = None,
+        self, name_prefix: str, envs: list[dict[str, str]], *, concurrent: bool, inline: bool
     ) -> None:
-        super().__init__(resource_pool, name_prefix=name_prefix, default_timeout=default_timeout)
-        where = f"{type(self).__name__}"
-        if cls_with_init is not None and ray_cls_with_init is not None:
-            raise InvalidConfigError(f"{where}: give cls_with_init or ray_cls_with_init, not both")
-        cia = cls_with_init if cls_with_init is not None else ray_cls_with_init
-        if not isinstance(cia, ClassWithInitArgs):
-            raise ConfigTypeError(
-                f"{where}: cls_with_init must be a ClassWithInitArgs, got {type(cia).__qualname__}"
-            )
-        if resource_pool is None:
-            raise InvalidConfigError(
-                f"{where}: needs a ResourcePool (detached workers exist only on Ray)"
-            )
-        if resource_pool.world_size == 0:
-            raise ResourcePoolError(
-                f"{where}: the resource pool has no processes ({resource_pool})"
-            )
-        for flag_name, flag in (("concurrent", concurrent), ("inline", inline)):
-            if flag is not None and not isinstance(flag, bool):
-                raise ConfigTypeError(f"{where}: {flag_name} must be a bool, got {flag!r}")
+        self.name_prefix = name_prefix
+        self.workers: list[Any] = []
+        self._envs = envs
         self._concurrent = concurrent
-        self._inline = _env_flag("SC_LOCAL_INLINE") if inline is None else inline
-        self._cls_with_init = cia
-        self._worker_cls = unwrap_worker_cls(cia.cls)
-        self.fused_worker_used = cia.fused_worker_used
+        self._inline = inline
         self._rendezvous = InProcessRendezvous()
-        self._killed: set[int] = set()
+        self.killed: set[int] = set()
         self._turns = _Turns()
-        self._envs: list[dict[str, str]] = []
-        self._runners: list[_RankRunner] = []
-        world_size = resource_pool.world_size
-        base_env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("MASTER_ADDR", "MASTER_PORT", "SC_RENDEZVOUS")
-        }
-        local_sizes = resource_pool.local_world_size_list()
-        local_ranks = resource_pool.local_rank_list()
-        runners = self._runners
-        self._finalizer = weakref.finalize(self, _close_runners, runners)
-        for rank in range(world_size):
-            env = dict(base_env)
-            env.update(
-                WORLD_SIZE=str(world_size),
-                RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(local_sizes[rank]),
-                LOCAL_RANK=str(local_ranks[rank]),
-                WG_PREFIX=self.name_prefix,
-                WG_BACKEND="local",
-            )
-            self._envs.append(env)
-            runners.append(_RankRunner(f"sc-local-{self.name_prefix}-rank{rank}", self._inline))
-        for rank in range(world_size):
-            outcome = runners[rank].submit(functools.partial(self._construct, rank)).result()
-            if outcome.error is not None:
-                self.close()
-                raise WorkerError.from_exception(
-                    f"{getattr(cia.cls, '__qualname__', cia.cls)}.__init__",
-                    rank,
-                    outcome.error,
-                    remote_traceback=outcome.traceback,
-                )
-            self._workers.append(outcome.value)
-            self._worker_names.append(f"{self.name_prefix}_rank{rank}")
-        self._master_addr = self._envs[0].get("MASTER_ADDR")
-        self._master_port = self._envs[0].get("MASTER_PORT")
-        logger.debug(
-            "local worker group %s: %d workers of %s built (inline=%s, concurrent=%s)",
-            self.name_prefix,
-            world_size,
-            self._worker_cls,
-            self._inline,
-            concurrent,
-        )
-        worker_cls = self._worker_cls
-        self._bind_worker_method(
-            worker_cls if isinstance(worker_cls, type) else type(self._workers[0])
-        )
+        self.runners: list[_RankRunner] = [
+            _RankRunner(f"sc-local-{name_prefix}-rank{rank}", inline) for rank in range(len(envs))
+        ]
 
     # --- running code on a rank --------------------------------------------------------------
 
@@ -278,34 +188,37 @@ class LocalWorkerGroup(WorkerGroup[W]):
             with worker_context(self._envs[rank], self._rendezvous):
                 value = fn()
                 if inspect.isawaitable(value):
-                    value = self._runners[rank].run_awaitable(value)
+                    value = self.runners[rank].run_awaitable(value)
             return _Outcome(value=value, start=start, end=time.time())
         except BaseException as exc:
             return _Outcome(
                 error=exc, traceback=_worker_traceback(exc), start=start, end=time.time()
             )
 
-    def _construct(self, rank: int) -> _Outcome:
-        # Not ``cls_with_init()``: a backend's subclass (sc-ray's) may create an actor there.
-        cia = self._cls_with_init
-        return self._in_rank(rank, functools.partial(self._worker_cls, *cia.args, **cia.kwargs))
+    def construct(self, rank: int, factory: Callable[[], Any]) -> _Outcome:
+        """Build rank ``rank``'s worker with ``factory`` on its thread; the outcome."""
+        return self.runners[rank].submit(functools.partial(self._in_rank, rank, factory)).result()
 
-    def _execute_rank_async(
+    def submit(
         self, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> LocalHandle:
-        if not 0 <= rank < self.world_size:
+        """Start ``method_name`` on ``rank`` (after the group's previous call, unless
+        ``concurrent`` or ``inline``)."""
+        if not 0 <= rank < len(self.workers):
             raise WorkerGroupError(
-                f"{type(self).__name__}.{method_name}: rank {rank} out of range for world size "
-                f"{self.world_size}"
+                f"LocalWorkerGroup {self.name_prefix}.{method_name}: rank {rank} out of range "
+                f"for world size {len(self.workers)}"
             )
-        runners = self._runners
+        runners = self.runners
         if not runners:
-            raise WorkerGroupError(f"{type(self).__name__}.{method_name}: group is closed")
-        if rank in self._killed:
+            raise WorkerGroupError(
+                f"LocalWorkerGroup {self.name_prefix}.{method_name}: the group is closed"
+            )
+        if rank in self.killed:
             fut: concurrent.futures.Future[_Outcome] = concurrent.futures.Future()
             fut.set_result(_Outcome(died=True))
             return LocalHandle(rank, method_name, fut)
-        worker = self._workers[rank]
+        worker = self.workers[rank]
 
         def run() -> Any:
             return getattr(worker, method_name)(*args, **kwargs)
@@ -327,15 +240,27 @@ class LocalWorkerGroup(WorkerGroup[W]):
             turns.last = fut
         return LocalHandle(rank, method_name, fut)
 
-    # --- waiting ---------------------------------------------------------------------------
+    # --- the Backend contract ------------------------------------------------------------------
 
-    def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
+    def start(self, call: Call, method_name: str, rank_args: Sequence[RankArgs]) -> CallHandle:
+        return CallHandle(
+            call,
+            [
+                self.submit(rank, method_name, args, kwargs)
+                for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True)
+            ],
+        )
+
+    def wait(self, handle: CallHandle) -> list[Any]:
+        return self.wait_handles(handle.rank_handles, handle.call)
+
+    def wait_handles(self, handles: Sequence[Any], call: Call) -> list[Any]:
         outcomes: list[_Outcome] = []
         for i, handle in enumerate(handles):
             if not isinstance(handle, LocalHandle):
                 raise WorkerGroupError(
-                    f"{type(self).__name__}._wait({call.method_name}): expected LocalHandle, "
-                    f"got {type(handle).__qualname__}"
+                    f"LocalWorkerGroup {self.name_prefix}.{call.method_name}: expected "
+                    f"LocalHandle, got {type(handle).__qualname__}"
                 )
             try:
                 outcomes.append(handle.future.result(timeout=call.remaining()))
@@ -350,53 +275,157 @@ class LocalWorkerGroup(WorkerGroup[W]):
                 )
                 raise CallTimeoutError(call.method_name, pending, call.timeout) from None
         ranks = [h.rank for h in handles]
-        if call.span.end is None:
+        span = call.span
+        if span.recording and span.end is None:
             for rank, outcome in zip(ranks, outcomes, strict=True):
                 if not outcome.died:
-                    call.span.add_phase("execute", outcome.start, outcome.end, rank)
+                    span.add_phase("execute", outcome.start, outcome.end, rank)
         died = [r for r, o in zip(ranks, outcomes, strict=True) if o.died]
         if died:
-            self._mark_workers_dead(died, "killed with kill_worker")
             raise WorkerDiedError(call.method_name, died, "killed with kill_worker")
         failed = [(r, o) for r, o in zip(ranks, outcomes, strict=True) if o.error is not None]
         if failed:
             rank, first = failed[0]
-            if first.error is None:  # pragma: no cover - filtered above
-                raise WorkerGroupError("unreachable")
             raise WorkerError.from_exception(
                 call.method_name,
                 rank,
-                first.error,
+                cast(BaseException, first.error),
                 other_failed_ranks=[r for r, _ in failed[1:]],
                 remote_traceback=first.traceback,
             )
         return [o.value for o in outcomes]
 
-    def _pending_outputs(self, handles: Sequence[Any], call: Call) -> list[Any]:
+    def pending(self, handle: CallHandle) -> list[Any]:
         """Futures that wait for their rank when ``get()`` is called (within the deadline)."""
+        call = handle.call
         return [
             LazyFuture(
-                functools.partial(self._wait_one, h, call),
-                f"{call.method_name} rank {h.rank}",
+                functools.partial(self._wait_one, h, call), f"{call.method_name} rank {h.rank}"
             )
-            for h in handles
+            for h in handle.rank_handles
         ]
 
     def _wait_one(self, handle: LocalHandle, call: Call) -> Any:
-        return self._wait([handle], call)[0]
+        return self.wait_handles([handle], call)[0]
 
-    def _handle_done(self, handle: Any) -> bool:
-        return not isinstance(handle, LocalHandle) or handle.future.done()
+    def is_done(self, rank_handle: Any) -> bool:
+        return not isinstance(rank_handle, LocalHandle) or rank_handle.future.done()
 
-    def _cancel_handle(self, handle: Any) -> bool:
+    def cancel(self, rank_handle: Any) -> bool:
         # A call still waiting for its rank's thread (or its turn) is dropped; one that runs
         # cannot be interrupted.
-        return isinstance(handle, LocalHandle) and handle.future.cancel()
+        return isinstance(rank_handle, LocalHandle) and rank_handle.future.cancel()
 
-    def _is_worker_alive(self, worker: Any) -> bool:
-        return not any(self._workers[r] is worker for r in self._killed)
+    def is_alive(self, rank: int) -> bool:
+        return rank not in self.killed
 
-    # --- local extras ------------------------------------------------------------------------
+    def close(self) -> None:
+        _close_runners(self.runners)
+
+
+class LocalWorkerGroup(WorkerGroup[W]):
+    """All ranks of a worker group as objects in this process (for tests and debugging).
+
+    ``LocalWorkerGroup(resource_pool, ClassWithInitArgs(MyWorker, ...))`` builds
+    ``resource_pool.world_size`` workers, rank by rank, and binds their registered methods
+    like any worker group. A backend's wrapped class (``ray.remote``, unwrapped through
+    :func:`~sc_core.register_class_unwrapper`) and a backend's subclass of
+    ``ClassWithInitArgs`` (``RayClassWithInitArgs``) are accepted: only the class and its
+    arguments are used.
+
+    ``concurrent=True`` runs the ranks of a call at the same time (each on its own thread)
+    instead of one after the other; ``inline=True`` (or ``SC_LOCAL_INLINE=1``) runs every
+    call on the calling thread, where a debugger that only follows the main thread can step
+    into it; deadlines are then not enforced. :meth:`close` (or leaving a ``with`` block, or
+    garbage collection) stops the rank threads.
+    """
+
+    def __init__(
+        self,
+        resource_pool: ResourcePool | None = None,
+        cls_with_init: ClassWithInitArgs[W] | None = None,
+        name_prefix: str | None = None,
+        *,
+        default_timeout: float | None = None,
+        concurrent: bool = False,
+        inline: bool | None = None,
+    ) -> None:
+        super().__init__(resource_pool, name_prefix=name_prefix, default_timeout=default_timeout)
+        where = f"{type(self).__name__}"
+        cia = cls_with_init
+        if not isinstance(cia, ClassWithInitArgs):
+            raise ConfigTypeError(
+                f"{where}: cls_with_init must be a ClassWithInitArgs, got {type(cia).__qualname__}"
+            )
+        if resource_pool is None:
+            raise InvalidConfigError(
+                f"{where}: needs a ResourcePool (detached workers exist only on Ray)"
+            )
+        if resource_pool.world_size == 0:
+            raise ResourcePoolError(
+                f"{where}: the resource pool has no processes ({resource_pool})"
+            )
+        for flag_name, flag in (("concurrent", concurrent), ("inline", inline)):
+            if flag is not None and not isinstance(flag, bool):
+                raise ConfigTypeError(f"{where}: {flag_name} must be a bool, got {flag!r}")
+        inline = _env_flag("SC_LOCAL_INLINE") if inline is None else inline
+        self._cls_with_init = cia
+        self._worker_cls = unwrap_worker_cls(cia.cls)
+        self.fused_worker_used = cia.fused_worker_used
+        world_size = resource_pool.world_size
+        base_env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("MASTER_ADDR", "MASTER_PORT", "SC_RENDEZVOUS")
+        }
+        local_sizes = resource_pool.local_world_size_list()
+        local_ranks = resource_pool.local_rank_list()
+        envs = [
+            {
+                **base_env,
+                "WORLD_SIZE": str(world_size),
+                "RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(local_sizes[rank]),
+                "LOCAL_RANK": str(local_ranks[rank]),
+                "WG_PREFIX": self.name_prefix,
+                "WG_BACKEND": "local",
+            }
+            for rank in range(world_size)
+        ]
+        backend = self._local = LocalBackend(
+            self.name_prefix, envs, concurrent=concurrent, inline=inline
+        )
+        self._finalizer = weakref.finalize(self, _close_runners, backend.runners)
+        # Not ``cls_with_init()``: a backend's subclass (sc-ray's) may create an actor there.
+        factory = functools.partial(self._worker_cls, *cia.args, **cia.kwargs)
+        for rank in range(world_size):
+            outcome = backend.construct(rank, factory)
+            if outcome.error is not None:
+                backend.close()
+                raise WorkerError.from_exception(
+                    f"{getattr(cia.cls, '__qualname__', cia.cls)}.__init__",
+                    rank,
+                    outcome.error,
+                    remote_traceback=outcome.traceback,
+                )
+            backend.workers.append(outcome.value)
+            self._workers.append(outcome.value)
+            self._worker_names.append(f"{self.name_prefix}_rank{rank}")
+        self._master_addr = envs[0].get("MASTER_ADDR")
+        self._master_port = envs[0].get("MASTER_PORT")
+        logger.debug(
+            "local worker group %s: %d workers of %s built (inline=%s, concurrent=%s)",
+            self.name_prefix,
+            world_size,
+            self._worker_cls,
+            inline,
+            concurrent,
+        )
+        self._attach_backend(backend)
+        worker_cls = self._worker_cls
+        self._bind_worker_method(
+            worker_cls if isinstance(worker_cls, type) else type(self._workers[0])
+        )
 
     def kill_worker(self, rank: int) -> None:
         """Simulate the death of ``rank``'s process: its calls now fail with
@@ -406,18 +435,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
                 f"{type(self).__name__}.kill_worker: rank must be an int in "
                 f"[0, {self.world_size}), got {rank!r}"
             )
-        self._killed.add(rank)
-
-    def close(self) -> None:
-        """Stop the rank threads (also done when the group is garbage collected). Groups
-        from :meth:`spawn` share them, and stop working too."""
-        _close_runners(self._runners)
-
-    def __enter__(self: _LWG) -> _LWG:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._local.killed.add(rank)
 
 
 def _close_runners(runners: list[_RankRunner]) -> None:

@@ -58,6 +58,21 @@ class ResourcePool:
         )
         self.n_gpus_per_node = _positive_int("ResourcePool", "n_gpus_per_node", n_gpus_per_node)
 
+    def _sc_acquire(self) -> None:
+        """A worker group starts using the pool."""
+        self.__dict__["_sc_users"] = self.__dict__.get("_sc_users", 0) + 1
+
+    def _sc_release_user(self) -> None:
+        """A worker group stopped using the pool (it was closed); the last one releases it."""
+        users = max(0, self.__dict__.get("_sc_users", 0) - 1)
+        self.__dict__["_sc_users"] = users
+        if users == 0:
+            self.release()
+
+    def release(self) -> None:
+        """Free what the pool holds (nothing for an in-process pool; a Ray pool removes its
+        placement groups). Called when the last worker group using the pool is closed."""
+
     def add_node(self, process_count: int) -> None:
         """Append a node running ``process_count`` workers."""
         self._store.append(_positive_int("ResourcePool.add_node", "process_count", process_count))

@@ -76,6 +76,11 @@ class CallSpan:
     error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    @property
+    def recording(self) -> bool:
+        """Whether this span records (``False`` for the shared span of unobserved calls)."""
+        return True
+
     @contextlib.contextmanager
     def phase(self, name: str, rank: int | None = None) -> Iterator[None]:
         """Record the time spent in the ``with`` block as phase ``name``."""
@@ -107,6 +112,39 @@ class CallSpan:
         if error is not None:
             self.error = f"{type(error).__qualname__}: {error}".splitlines()[0]
         _notify(self)
+
+
+class _NullSpan(CallSpan):
+    """The span of a call made while nothing observes spans: it records nothing, so that
+    an unobserved call pays for no clock reads or locks."""
+
+    @property
+    def recording(self) -> bool:
+        return False
+
+    @contextlib.contextmanager
+    def phase(self, name: str, rank: int | None = None) -> Iterator[None]:
+        yield
+
+    def add_phase(self, name: str, start: float, end: float, rank: int | None = None) -> None:
+        return None
+
+    def add_bytes(self, put: int = 0, fetched: int = 0) -> None:
+        return None
+
+    def finish(self, error: BaseException | None = None) -> None:
+        return None
+
+
+#: Shared by every call made while no observer is registered.
+NULL_SPAN: CallSpan = _NullSpan(group="", method="", blocking=True, ranks=(), call_id=0)
+
+
+def new_span(group: str, method: str, blocking: bool, ranks: tuple[int, ...]) -> CallSpan:
+    """A recording span when an observer is registered, else :data:`NULL_SPAN`."""
+    if not _observers:
+        return NULL_SPAN
+    return CallSpan(group=group, method=method, blocking=blocking, ranks=ranks)
 
 
 SpanObserver = Callable[[CallSpan], None]

@@ -1,91 +1,50 @@
-"""``WorkerGroup``: binds registered worker methods as distributed calls; the backend contract.
+"""``WorkerGroup``: the contract every backend's group keeps; it *holds* a backend.
 
-A backend subclasses :class:`WorkerGroup`, fills ``self._workers`` (one handle per rank, in
-rank order), calls ``self._bind_worker_method(worker_cls)`` at the end of its constructor,
-and implements three hooks:
+A group binds every ``@register``-ed method of its worker class as an attribute (verl's
+behaviour; ``_binding.py``), runs each call through the pipeline (``_pipeline.py``: dispatch
+→ execute → wait or pending → collect), tracks dead and busy ranks (``_liveness.py``) and
+makes one group per role of a colocated class (``_colocate.py``). What runs the workers is a
+:class:`~sc_core.Backend` (``_backend.py``): a backend's group builds its workers, then calls
+``self._attach_backend(backend)`` and ``self._bind_worker_method(worker_cls)``.
 
-``_execute_rank_async(rank, method_name, args, kwargs) -> handle``
-    Start ``method_name(*args, **kwargs)`` on rank ``rank`` and return at once with a
-    backend handle (a Ray ``ObjectRef``, a ``concurrent.futures.Future``...).
-``_wait(handles, call) -> list``
-    Wait for the handles (one per rank in ``call.ranks``, in that order) and return their
-    values, within ``call.remaining()`` seconds. Map failures to sc-core errors:
-    :class:`~sc_core.WorkerError` for an exception in a worker (the lowest failing rank
-    reported, the others listed), :class:`~sc_core.WorkerDiedError` for a dead worker (also
-    call ``self._mark_workers_dead(ranks)``), :class:`~sc_core.CallTimeoutError` naming the
-    ranks that had not answered at the deadline.
-``_is_worker_alive(worker) -> bool``
-    Whether the worker behind one entry of ``self._workers`` is still running.
-
-and may override ``_pending_outputs(handles, call) -> list`` (turn handles into futures for
-non-blocking calls; the default waits and wraps the values in
-:class:`~sc_core.LazyFuture`), ``execute_all_async`` / ``execute_rank_zero_async`` (the
-defaults call ``_execute_rank_async`` per rank) and ``_shallow_copy`` (used by ``spawn``).
+Every group has :meth:`WorkerGroup.close` (idempotent, also as a context manager); a closed
+group's calls raise :class:`~sc_core.WorkerGroupClosedError`. A pool is released with the
+last group that uses it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import enum
 import logging
 import os
 import secrets
-import signal
 import threading
-import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import replace
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Generic,
-    Literal,
-    NoReturn,
-    ParamSpec,
-    TypeVar,
-    cast,
-    overload,
-)
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
-from sc_dispatch import (
-    DispatchError,
-    DispatchModeSpec,
-    Execute,
-    RegisterAttrs,
-    RegisteredMethod,
-    get_predefined_execute_fn,
-    get_register_attrs,
-    pop_padding_size,
-    resolve_dispatch_mode,
-    unpad_output,
-)
+from sc_dispatch import Execute, RegisteredMethod
 
-from ._busy import AbandonedCall, BusyRanks, describe_busy
-from ._call import Call, CallOptions, active_call, check_timeout
+from . import _colocate, _pipeline
+from ._backend import Backend
+from ._binding import MethodProxy, bind_worker_methods, set_bound_method, unbind_all
+from ._busy import AbandonedCall
+from ._call import check_timeout
 from ._errors import (
     BackendNotImplementedError,
-    CallTimeoutError,
     ConfigTypeError,
     InvalidConfigError,
-    MethodCollisionError,
     UnknownMethodError,
-    UnknownRoleError,
-    WorkerDiedError,
-    WorkerError,
+    WorkerGroupClosedError,
     WorkerGroupError,
 )
-from ._future import LazyFuture
+from ._hook_backend import HookBackend, has_hooks
+from ._liveness import Liveness
 from ._resource import ResourcePool
 
 __all__ = ["MethodProxy", "WorkerGroup"]
 
 logger = logging.getLogger("sc_core.worker_group")
 
-P = ParamSpec("P")
 Q = ParamSpec("Q")
-R = TypeVar("R")
 C = TypeVar("C")
 WG = TypeVar("WG", bound="WorkerGroup")
 
@@ -99,19 +58,6 @@ if TYPE_CHECKING:
     W = _TypeVarWithDefault("W", default=Any)
 else:
     W = TypeVar("W")
-
-#: Attribute of a colocated worker class mapping each role to ``{plain: prefixed}`` names.
-COLOCATED_METHODS_ATTR = "__sc_colocated_methods__"
-
-#: ``_fuw_execute("{role}_fwmn_{method}", ...)`` runs ``method`` of role ``role`` (verl's form).
-FUSED_METHOD_SEPARATOR = "_fwmn_"
-
-
-class _Keep(enum.Enum):
-    KEEP = "keep"
-
-
-KEEP = _Keep.KEEP
 
 
 def _env_float(name: str) -> float | None:
@@ -129,102 +75,14 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-class MethodProxy(Generic[P, R]):
-    """A worker method bound on a worker group: calling it runs the distributed call.
-
-    ``proxy.options(timeout=..., blocking=...)`` returns a proxy with per-call overrides.
-    ``method_name`` is the name the workers run; ``__name__`` the name on the group (they
-    differ for the plain-name aliases of :meth:`WorkerGroup.spawn`).
-    """
-
-    def __init__(
-        self,
-        group: WorkerGroup,
-        name: str,
-        method_name: str,
-        attrs: RegisterAttrs,
-        spec: DispatchModeSpec,
-        options: CallOptions = CallOptions(),  # noqa: B008 - frozen, shared on purpose
-        doc: str | None = None,
-    ) -> None:
-        self._group = group
-        self.method_name = method_name
-        self.attrs = attrs
-        self.spec = spec
-        self.call_options = options
-        self.__name__ = name
-        self.__qualname__ = f"{type(group).__name__}.{name}"
-        self.__doc__ = doc
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return cast("R", self._group._call_method(self, args, kwargs))
-
-    @overload
-    def options(
-        self,
-        *,
-        timeout: float | _Keep | None = KEEP,
-        blocking: Literal[True] | _Keep = KEEP,
-    ) -> MethodProxy[P, R]: ...
-
-    @overload
-    def options(
-        self,
-        *,
-        timeout: float | _Keep | None = KEEP,
-        blocking: bool | _Keep | None = KEEP,
-    ) -> MethodProxy[P, Any]: ...
-
-    def options(
-        self,
-        *,
-        timeout: float | _Keep | None = KEEP,
-        blocking: bool | _Keep | None = KEEP,
-    ) -> MethodProxy[P, Any]:
-        """A proxy whose calls use ``timeout`` seconds (``None``: no limit) and ``blocking``
-        instead of the defaults; arguments left out keep their current setting.
-
-        For the type checker the proxy keeps its result type unless ``blocking`` may be
-        false (``blocking=False`` or ``None``, which restores the registered default):
-        then a call returns futures, typed ``Any``."""
-        where = f"{self.__qualname__}.options"
-        opts = self.call_options
-        if timeout is not KEEP:
-            opts = replace(opts, timeout=check_timeout(where, timeout), has_timeout=True)
-        if blocking is not KEEP:
-            if blocking is not None and not isinstance(blocking, bool):
-                raise ConfigTypeError(
-                    f"{where}: blocking must be a bool or None, "
-                    f"got {type(blocking).__qualname__} {blocking!r}"
-                )
-            opts = replace(opts, blocking=blocking)
-        return self._rebind(self._group, self.__name__, opts)
-
-    def _rebind(
-        self, group: WorkerGroup, name: str, options: CallOptions | None = None
-    ) -> MethodProxy[P, R]:
-        """The same method bound on ``group`` as ``name`` (with ``options``, if given)."""
-        opts = self.call_options if options is None else options
-        return MethodProxy(group, name, self.method_name, self.attrs, self.spec, opts, self.__doc__)
-
-    def __repr__(self) -> str:
-        target = "" if self.method_name == self.__name__ else f" -> {self.method_name}"
-        return (
-            f"<bound worker method {self.__qualname__}{target} dispatch={self.spec.name} "
-            f"execute={self.attrs.execute_mode.name} blocking={self.attrs.blocking}>"
-        )
-
-
-class _Liveness:
-    """Which ranks are known dead, and which are busy with an abandoned call; shared by a
-    group and the groups spawned from it."""
+class _Lifecycle:
+    """Whether a set of workers was closed; shared by a group and the groups spawned from it."""
 
     def __init__(self) -> None:
+        self.closed = False
         self.lock = threading.Lock()
-        self.dead: dict[int, str] = {}
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.busy = BusyRanks()
+        #: The pool whose share the workers hold, released once when they are closed.
+        self.pool: ResourcePool | None = None
 
 
 class WorkerGroup(Generic[W]):
@@ -282,59 +140,53 @@ class WorkerGroup(Generic[W]):
         self._master_addr: str | None = None
         self._master_port: str | None = None
         self._user_defined_cls: type | None = None
-        self._liveness = _Liveness()
+        self._liveness = Liveness()
+        self._lifecycle = _Lifecycle()
+        self._sc_backend_impl: Backend | None = None
         # The role of a group made by spawn_fused: its calls go through _fuw_execute.
         self._fused_role: str | None = None
         self.wg_dict: dict[str, WorkerGroup] | None = None
         self._spawned_from: WorkerGroup | None = None
 
-    # --- the backend hooks -----------------------------------------------------------------
+    # --- the backend ----------------------------------------------------------------------
 
-    # A full backend implements the three hooks below. A group that only binds methods with
-    # its own ``func_generator`` (verl's extension point) needs none of them; calling one it
-    # lacks is a BackendNotImplementedError naming the hook and the class.
+    def _attach_backend(self, backend: Backend, *, pool_acquired: bool = False) -> None:
+        """Run this group's calls on ``backend`` (called once by a backend's constructor,
+        after its workers exist). The group takes a share of its resource pool, released on
+        :meth:`close`, unless the backend took it already (``pool_acquired``)."""
+        if not isinstance(backend, Backend):
+            raise ConfigTypeError(
+                f"{type(self).__name__}._attach_backend: {type(backend).__qualname__} does not "
+                "implement sc_core.Backend (start, wait, pending, is_done, cancel, is_alive, close)"
+            )
+        self._sc_backend_impl = backend
+        pool = self._resource_pool
+        if pool is not None and not pool_acquired:
+            pool._sc_acquire()
+        self._lifecycle.pool = pool
 
-    def _execute_rank_async(
-        self, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """Start ``method_name(*args, **kwargs)`` on ``rank``; return a backend handle."""
-        raise self._missing_hook("_execute_rank_async")
-
-    def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
-        """The values behind ``handles`` (one per rank of ``call.ranks``), waited for within
-        the call's deadline; failures raised as sc-core errors."""
-        raise self._missing_hook("_wait")
-
-    def _is_worker_alive(self, worker: Any) -> bool:
-        """Whether the worker behind one entry of ``self._workers`` is running."""
-        raise self._missing_hook("_is_worker_alive")
-
-    def _handle_done(self, handle: Any) -> bool:
-        """Whether the call behind ``handle`` has finished (a backend that cannot tell says
-        ``True``: its ranks are never reported busy)."""
-        return True
-
-    def _cancel_handle(self, handle: Any) -> bool:
-        """Try to stop the call behind ``handle``; whether the backend could ask for it."""
-        return False
-
-    def _missing_hook(self, hook: str) -> BackendNotImplementedError:
-        return BackendNotImplementedError(
-            f"{type(self).__qualname__} does not implement the backend hook {hook}; a worker "
-            "group that runs calls itself implements _execute_rank_async, _wait and "
-            "_is_worker_alive (see sc_core.WorkerGroup)"
-        )
-
-    def _pending_outputs(self, handles: Sequence[Any], call: Call) -> list[Any]:
-        """For a non-blocking call: one future per handle that ``collect_fn`` can join.
-
-        The default waits (within the deadline) and wraps each value in a finished
-        :class:`~sc_core.LazyFuture`; a backend with real futures overrides it.
-        """
-        return [
-            LazyFuture.completed(v, f"{call.method_name} rank {r}")
-            for r, v in zip(call.ranks, self._wait(handles, call), strict=True)
-        ]
+    def _sc_backend(self, method_name: str) -> Backend:
+        """The backend that runs ``method_name``; a clear error when the group is closed,
+        has no backend or no workers."""
+        if self._lifecycle.closed:
+            raise WorkerGroupClosedError(
+                f"{type(self).__name__} {self.name_prefix!r}.{method_name}: the worker group "
+                "was closed; create a new group"
+            )
+        backend = self._sc_backend_impl
+        if backend is None:
+            if not has_hooks(self):
+                raise BackendNotImplementedError(
+                    f"{type(self).__qualname__}.{method_name}: the group has no backend; a "
+                    "backend's group attaches one with _attach_backend(backend) (see "
+                    "sc_core.Backend)"
+                )
+            backend = self._sc_backend_impl = HookBackend(self)
+        if not self._workers:
+            raise WorkerGroupError(
+                f"{type(self).__name__}.{method_name}: the worker group has no workers"
+            )
+        return backend
 
     # --- verl's execute API ----------------------------------------------------------------
 
@@ -352,61 +204,44 @@ class WorkerGroup(Generic[W]):
     def worker_names(self) -> list[str]:
         return list(self._worker_names)
 
-    def _per_rank_arguments(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-        """verl's rule: when every argument is a list of world-size entries, rank ``i`` gets
-        entry ``i`` of each; otherwise every rank gets all the arguments."""
-        n = self.world_size
-        if self._is_per_rank(args, kwargs):
-            return [
-                (tuple(a[i] for a in args), {k: v[i] for k, v in kwargs.items()}) for i in range(n)
-            ]
-        return [(args, kwargs)] * n
+    def _new_call(self, method_name: str, rank_zero: bool, blocking: bool) -> Any:
+        mode = Execute.RANK_ZERO if rank_zero else Execute.ALL
+        return _pipeline.new_call(self, method_name, mode, blocking, self.default_timeout)
 
-    def _is_per_rank(self, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-        """Whether every argument is a list of world-size entries (verl's split rule)."""
-        n = self.world_size
-        return all(isinstance(v, list) and len(v) == n for v in (*args, *kwargs.values()))
+    def _start_raw(
+        self, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool
+    ) -> Any:
+        call = self._new_call(method_name, rank_zero, blocking=False)
+        target, args = _pipeline.route(self, method_name, args, kwargs, len(call.ranks))
+        rank_args = (
+            [(args, kwargs)]
+            if rank_zero
+            else _pipeline.per_rank_arguments(len(call.ranks), args, kwargs)
+        )
+        return _pipeline.start(self, call, target, rank_args)
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Start ``method_name`` on every rank (arguments split by :meth:`_per_rank_arguments`);
-        return one backend handle per rank."""
-        self._require_workers(method_name)
-        return [
-            self._execute_rank_async(rank, method_name, a, k)
-            for rank, (a, k) in enumerate(self._per_rank_arguments(args, kwargs))
-        ]
+        """Start ``method_name`` on every rank and return one backend handle per rank. When
+        every argument is a list of world-size entries, rank ``i`` gets entry ``i`` of each;
+        otherwise every rank gets all the arguments (verl's rule)."""
+        return list(self._start_raw(method_name, args, kwargs, rank_zero=False).rank_handles)
 
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Start ``method_name`` on rank 0 only; return its backend handle."""
-        self._require_workers(method_name)
-        return self._execute_rank_async(0, method_name, args, kwargs)
-
-    def _route(
-        self, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool
-    ) -> tuple[str, tuple[Any, ...]]:
-        """The worker method a bound call runs, and its positional arguments: in a group
-        made by :meth:`spawn_fused`, ``_fuw_execute`` with ``"{role}_fwmn_{method}"`` first
-        (one copy per rank when the arguments are per-rank lists)."""
-        if self._fused_role is None:
-            return method_name, args
-        target = f"{self._fused_role}{FUSED_METHOD_SEPARATOR}{method_name}"
-        per_rank = not rank_zero and self._is_per_rank(args, kwargs)
-        first: Any = [target] * self.world_size if per_rank else target
-        return self.fused_worker_execute_fn_name, (first, *args)
+        return self._start_raw(method_name, args, kwargs, rank_zero=True).rank_handles[0]
 
     def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``method_name`` on every rank and return the per-rank results."""
-        call = self._new_call(method_name, Execute.ALL, True, self.default_timeout)
-        return self._run_raw(call, lambda: self.execute_all_async(method_name, *args, **kwargs))
+        call = self._new_call(method_name, False, blocking=True)
+        target, args = _pipeline.route(self, method_name, args, kwargs, len(call.ranks))
+        rank_args = _pipeline.per_rank_arguments(len(call.ranks), args, kwargs)
+        return _pipeline.run_raw(self, call, target, rank_args)
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method_name`` on rank 0 and return its result."""
-        call = self._new_call(method_name, Execute.RANK_ZERO, True, self.default_timeout)
-        return self._run_raw(
-            call, lambda: [self.execute_rank_zero_async(method_name, *args, **kwargs)]
-        )[0]
+        call = self._new_call(method_name, True, blocking=True)
+        target, args = _pipeline.route(self, method_name, args, kwargs, 1)
+        return _pipeline.run_raw(self, call, target, [(args, kwargs)])[0]
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Same as :meth:`execute_all_async` (verl's alias): one backend handle per rank."""
@@ -416,44 +251,7 @@ class WorkerGroup(Generic[W]):
         """Same as :meth:`execute_rank_zero_async` (verl's alias): rank 0's backend handle."""
         return self.execute_rank_zero_async(method_name, *args, **kwargs)
 
-    def _run_raw(self, call: Call, start: Callable[[], list[Any]]) -> list[Any]:
-        with self._running(call):
-            with call.span.phase("execute"):
-                handles = start()
-            with call.span.phase("wait"):
-                return self._checked_wait(handles, call)
-
-    @contextlib.contextmanager
-    def _running(self, call: Call) -> Iterator[None]:
-        """Make ``call`` current, refuse it if it touches dead ranks, and finish its span
-        (with the error, if any) when it ends."""
-        error: BaseException | None = None
-        waiting_behind = self._liveness.busy.current(self._handle_done, call.ranks)
-        if waiting_behind:
-            logger.warning(
-                "worker group %s: %s waits on ranks %s, %s",
-                self.name_prefix,
-                call.method_name,
-                sorted(waiting_behind),
-                describe_busy(waiting_behind),
-            )
-        try:
-            with active_call(call):
-                self._check_alive(call)
-                yield
-        except BaseException as exc:
-            error = exc
-            if waiting_behind and isinstance(exc, CallTimeoutError):
-                _add_note(
-                    exc,
-                    f"When this call started, ranks {sorted(waiting_behind)} were "
-                    f"{describe_busy(waiting_behind)}.",
-                )
-            raise
-        finally:
-            call.span.finish(error)
-
-    # --- binding -----------------------------------------------------------------------
+    # --- binding (see _binding.py) ---------------------------------------------------------
 
     def _bind_worker_method(
         self, user_defined_cls: type, func_generator: Callable[..., Any] | None = None
@@ -465,67 +263,15 @@ class WorkerGroup(Generic[W]):
         blocking=...)`` instead of a :class:`MethodProxy`. A name already taken on the group
         is a :class:`~sc_core.MethodCollisionError`. Returns the bound names.
         """
-        if not isinstance(user_defined_cls, type):
-            raise ConfigTypeError(
-                f"{type(self).__name__}._bind_worker_method: expected a class, "
-                f"got {type(user_defined_cls).__qualname__} {user_defined_cls!r}"
-            )
-        self._user_defined_cls = user_defined_cls
-        bound: list[str] = []
-        for method_name in dir(user_defined_cls):
-            try:
-                method = getattr(user_defined_cls, method_name)
-            except Exception:  # a descriptor that fails on the class is no registered method
-                continue
-            attrs = get_register_attrs(method) if callable(method) else None
-            if attrs is None:
-                continue
-            spec = resolve_dispatch_mode(attrs.dispatch_mode)
-            execute_fn_name = get_predefined_execute_fn(attrs.execute_mode)["execute_fn_name"]
-            proxy: Any
-            if func_generator is None:
-                proxy = MethodProxy(
-                    self,
-                    method_name,
-                    method_name,
-                    attrs,
-                    spec,
-                    doc=getattr(method, "__doc__", None),
-                )
-            else:
-                proxy = func_generator(
-                    self,
-                    method_name,
-                    dispatch_fn=spec.dispatch_fn,
-                    collect_fn=spec.collect_fn,
-                    execute_fn=getattr(self, execute_fn_name),
-                    blocking=attrs.blocking,
-                )
-            self._set_bound_method(method_name, proxy, source=user_defined_cls)
-            bound.append(method_name)
-        return bound
+        return bind_worker_methods(self, user_defined_cls, func_generator)
 
     def _set_bound_method(
         self, name: str, proxy: Any, *, source: type | None = None, replace: bool = False
     ) -> None:
-        taken = name not in self._bound_methods and (
-            name in self.__dict__ or hasattr(type(self), name)
-        )
-        if taken or (name in self._bound_methods and not replace):
-            where = f"worker class {source.__qualname__}" if source is not None else "spawn"
-            raise MethodCollisionError(
-                f"{type(self).__name__}._bind_worker_method: {where} registers a method named "
-                f"{name!r}, which is already an attribute of the worker group "
-                f"({type(self).__name__}.{name}); rename the worker method"
-            )
-        setattr(self, name, proxy)
-        self._bound_methods[name] = proxy
+        set_bound_method(self, name, proxy, source=source, replace=replace)
 
     def _unbind_all(self) -> None:
-        """Remove every bound method from this group."""
-        for name in self._bound_methods:
-            self.__dict__.pop(name, None)
-        self._bound_methods = {}
+        unbind_all(self)
 
     @property
     def bound_method_names(self) -> list[str]:
@@ -581,159 +327,39 @@ class WorkerGroup(Generic[W]):
             f"bound methods: {sorted(bound)}"
         )
 
-    # --- one call ------------------------------------------------------------------------
-
-    def _new_call(
-        self,
-        method_name: str,
-        execute_mode: Execute,
-        blocking: bool,
-        timeout: float | None,
-        joins_shards: bool = False,
-    ) -> Call:
-        ranks = (0,) if execute_mode is Execute.RANK_ZERO else tuple(range(self.world_size))
-        return Call(
-            group=self.name_prefix,
-            method_name=method_name,
-            ranks=ranks,
-            execute_mode=execute_mode,
-            blocking=blocking,
-            timeout=timeout,
-            joins_shards=joins_shards,
-        )
-
-    def _require_workers(self, method_name: str) -> None:
-        if not self._workers:
-            raise WorkerGroupError(
-                f"{type(self).__name__}.{method_name}: the worker group has no workers"
-            )
-
-    def _call_method(
-        self, proxy: MethodProxy[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """Dispatch, execute, wait (or not) and collect one call of a bound method."""
-        opts = proxy.call_options
-        attrs = proxy.attrs
-        spec = proxy.spec
-        name = proxy.method_name
-        blocking = attrs.blocking if opts.blocking is None else opts.blocking
-        timeout = opts.timeout if opts.has_timeout else self.default_timeout
-        rank_zero = attrs.execute_mode is Execute.RANK_ZERO
-        self._require_workers(name)
-        call = self._new_call(name, attrs.execute_mode, blocking, timeout, spec.joins_shards)
-        with self._running(call):
-            with call.span.phase("dispatch"):
-                try:
-                    d_args, d_kwargs = spec.dispatch_fn(self, *args, **kwargs)
-                except DispatchError as exc:
-                    _reraise_with_method(exc, proxy.__qualname__)
-                d_kwargs = dict(d_kwargs)
-                pad = pop_padding_size(d_kwargs)
-            with call.span.phase("execute"):
-                target, d_args = self._route(name, tuple(d_args), d_kwargs, rank_zero)
-                if rank_zero:
-                    handles = [self.execute_rank_zero_async(target, *d_args, **d_kwargs)]
-                else:
-                    handles = list(self.execute_all_async(target, *d_args, **d_kwargs))
-            if blocking:
-                with call.span.phase("wait"):
-                    outputs = self._checked_wait(handles, call)
-            else:
-                outputs = self._pending_outputs(handles, call)
-            with call.span.phase("collect"):
-                try:
-                    result = spec.collect_fn(self, outputs[0] if rank_zero else outputs)
-                    if pad and spec.unpad_output:
-                        result = unpad_output(result, pad)
-                except DispatchError as exc:
-                    _reraise_with_method(exc, proxy.__qualname__)
-            return result
-
-    def _checked_wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
-        try:
-            outputs = self._wait(handles, call)
-        except (CallTimeoutError, WorkerDiedError, WorkerError) as exc:
-            self._give_up(call, handles, exc)
-            raise
-        if len(outputs) != len(handles):
-            raise WorkerGroupError(
-                f"{type(self).__name__}._wait returned {len(outputs)} outputs for "
-                f"{len(handles)} handles in {call.method_name}"
-            )
-        return outputs
-
-    def _give_up(self, call: Call, handles: Sequence[Any], exc: BaseException) -> None:
-        """The group stops waiting for ``call``: cancel what the backend can, remember the
-        ranks still running it, and say so in ``exc``'s message."""
-        busy = self._liveness.busy
-        for rank, handle in zip(call.ranks, handles, strict=False):
-            if self._handle_done(handle):
-                continue
-            busy.record(rank, call.method_name, handle, self._cancel_handle(handle))
-        still = busy.current(self._handle_done, call.ranks)
-        if still:
-            _add_note(exc, f"Ranks {sorted(still)} are {describe_busy(still)}.")
-            logger.warning(
-                "worker group %s: %s: ranks %s %s",
-                self.name_prefix,
-                call.method_name,
-                sorted(still),
-                describe_busy(still),
-            )
+    # --- liveness (see _liveness.py) ---------------------------------------------------------
 
     @property
     def busy_ranks(self) -> dict[int, AbandonedCall]:
         """The ranks still running a call the group gave up on (after a deadline, a worker
         death or another rank's failure), with what they run; their next call waits."""
-        return self._liveness.busy.current(self._handle_done)
-
-    # --- liveness ------------------------------------------------------------------------
+        backend = self._sc_backend_impl
+        is_done: Callable[[Any], bool] = (lambda _h: True) if backend is None else backend.is_done
+        return self._liveness.busy.current(is_done)
 
     @property
     def dead_ranks(self) -> list[int]:
         """Ranks known to be dead, sorted."""
-        with self._liveness.lock:
-            return sorted(self._liveness.dead)
+        return self._liveness.dead_ranks()
 
     def _mark_workers_dead(self, ranks: Iterable[int], reason: str = "") -> None:
         """Record dead ranks; later calls touching them raise WorkerDiedError at once."""
-        with self._liveness.lock:
-            for rank in ranks:
-                self._liveness.dead.setdefault(rank, reason)
+        self._liveness.mark_dead(ranks, reason)
 
-    def _check_alive(self, call: Call) -> None:
-        with self._liveness.lock:
-            dead = {r: self._liveness.dead[r] for r in call.ranks if r in self._liveness.dead}
-        if dead:
-            reasons = sorted(set(dead.values()) - {""})
-            raise WorkerDiedError(call.method_name, list(dead), "; ".join(reasons))
+    def _rank_alive(self, rank: int) -> bool:
+        return self._sc_backend("is_alive").is_alive(rank)
 
     def check_worker_aliveness(self) -> list[int]:
         """Ask the backend about every rank not yet known dead; record and return the ranks
         found dead now."""
-        known = set(self.dead_ranks)
-        newly = [
-            rank
-            for rank, worker in enumerate(self._workers)
-            if rank not in known and not self._is_worker_alive(worker)
-        ]
-        if newly:
-            self._mark_workers_dead(newly, "found by the aliveness check")
-        return newly
+        return self._liveness.find_dead(self.world_size, self._rank_alive)
 
     def _block_until_all_workers_alive(self, timeout: float | None = None) -> None:
-        """Wait until every worker is alive; :class:`WorkerDiedError` after ``timeout``
-        seconds (default ``SC_WORKER_START_TIMEOUT``, else 300)."""
+        """Wait until every worker is alive; :class:`~sc_core.WorkerDiedError` after
+        ``timeout`` seconds (default ``SC_WORKER_START_TIMEOUT``, else 300)."""
         if timeout is None:
             timeout = _env_float("SC_WORKER_START_TIMEOUT") or 300.0
-        deadline = time.monotonic() + timeout
-        while True:
-            down = [r for r, w in enumerate(self._workers) if not self._is_worker_alive(w)]
-            if not down:
-                return
-            if time.monotonic() >= deadline:
-                raise WorkerDiedError(None, down, f"not alive {timeout}s after start")
-            time.sleep(min(0.05, timeout))
+        self._liveness.wait_all_alive(self.world_size, self._rank_alive, timeout)
 
     def start_worker_aliveness_check(
         self, every_n_seconds: float = 1, *, abort_on_death: bool | None = None
@@ -747,59 +373,21 @@ class WorkerGroup(Generic[W]):
         """
         interval = check_timeout("start_worker_aliveness_check: every_n_seconds", every_n_seconds)
         abort = _env_flag("SC_ABORT_ON_WORKER_DEATH") if abort_on_death is None else abort_on_death
-        liveness = self._liveness
-        if liveness.thread is not None and liveness.thread.is_alive():
+        if self._liveness.monitoring:
             return
         self._block_until_all_workers_alive()
-        liveness.stop.clear()
-        group_ref = weakref.ref(self)
-
-        def loop() -> None:
-            while not liveness.stop.wait(interval):
-                group = group_ref()
-                if group is None:
-                    return
-                newly = group.check_worker_aliveness()
-                if newly:
-                    logger.error(
-                        "worker group %s: ranks %s are no longer alive", group.name_prefix, newly
-                    )
-                    if abort:
-                        signal.raise_signal(signal.SIGABRT)
-                if len(group.dead_ranks) == group.world_size:
-                    return
-                del group
-
-        liveness.thread = threading.Thread(
-            target=loop, name=f"sc-aliveness-{self.name_prefix}", daemon=True
-        )
-        liveness.thread.start()
+        self._liveness.start_monitor(self, cast(float, interval), abort)
 
     def stop_worker_aliveness_check(self) -> None:
         """Stop the thread started by :meth:`start_worker_aliveness_check`."""
-        self._liveness.stop.set()
-        thread = self._liveness.thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-        self._liveness.thread = None
+        self._liveness.stop_monitor()
 
-    # --- colocation ------------------------------------------------------------------------
+    # --- colocation (see _colocate.py) -------------------------------------------------------
 
     def _shallow_copy(self: WG) -> WG:
         """A group sharing this group's workers, with its own mesh caches and the same
-        proxies rebound to it. Backends override it to copy or reset their own state."""
-        new = copy.copy(self)
-        new._unbind_all()
-        new._dispatch_info = {}
-        new._collect_info = {}
-        new.wg_dict = None
-        # The group that owns the workers may close them when it is garbage-collected (the
-        # local backend's finalizer does): a spawned group keeps it alive while in use.
-        new._spawned_from = self
-        for name, proxy in self._bound_methods.items():
-            rebound = proxy._rebind(new, name) if isinstance(proxy, MethodProxy) else proxy
-            new._set_bound_method(name, rebound)
-        return new
+        proxies rebound to it."""
+        return _colocate.shallow_copy(self)
 
     def spawn(self: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
         """One group per role of a colocated worker class, sharing this group's workers.
@@ -807,38 +395,7 @@ class WorkerGroup(Generic[W]):
         In the group of role ``r`` the role's methods (bound here as ``r_method``) are also
         bound under their plain names (``method``), as in verl.
         """
-        roles: dict[str, dict[str, str]] | None = getattr(
-            self._user_defined_cls, COLOCATED_METHODS_ATTR, None
-        )
-        if isinstance(prefix_set, str):
-            raise ConfigTypeError(
-                f"{type(self).__name__}.spawn: prefix_set must be a collection of role names, "
-                f"got the string {prefix_set!r}"
-            )
-        result: dict[str, WG] = {}
-        for prefix in prefix_set:
-            if roles is not None:
-                if prefix not in roles:
-                    raise UnknownRoleError(
-                        f"{type(self).__name__}.spawn: unknown role {prefix!r}; the colocated "
-                        f"worker class has roles {sorted(roles)}"
-                    )
-                mapping = dict(roles[prefix])
-            else:
-                head = f"{prefix}_"
-                mapping = {n[len(head) :]: n for n in self._bound_methods if n.startswith(head)}
-                if not mapping:
-                    raise UnknownRoleError(
-                        f"{type(self).__name__}.spawn: no bound method starts with {head!r}; "
-                        f"bound: {self.bound_method_names}"
-                    )
-            new = self._shallow_copy()
-            for plain, prefixed in mapping.items():
-                proxy = new._bound_methods[prefixed]
-                alias = proxy._rebind(new, plain) if isinstance(proxy, MethodProxy) else proxy
-                new._set_bound_method(plain, alias, replace=True)
-            result[prefix] = new
-        return result
+        return _colocate.spawn(self, prefix_set)
 
     def spawn_fused(self: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
         """One group per role of a fused worker class (``create_colocated_worker_cls_fused``).
@@ -846,62 +403,42 @@ class WorkerGroup(Generic[W]):
         The group of role ``r`` binds the registered methods of ``r``'s own class under their
         plain names and sends every call through the fused worker's ``_fuw_execute``.
         """
-        raw: dict[str, type] | None = getattr(self._user_defined_cls, "raw_cls_dict", None)
-        if not getattr(self._user_defined_cls, "is_fused_worker", False) or raw is None:
-            raise ConfigTypeError(
-                f"{type(self).__name__}.spawn_fused: the worker class "
-                f"{getattr(self._user_defined_cls, '__qualname__', None)} is not a fused "
-                "worker; build it with create_colocated_worker_cls_fused"
-            )
-        if isinstance(prefix_set, str):
-            raise ConfigTypeError(
-                f"{type(self).__name__}.spawn_fused: prefix_set must be a collection of role "
-                f"names, got the string {prefix_set!r}"
-            )
-        result: dict[str, WG] = {}
-        for prefix in prefix_set:
-            if prefix not in raw:
-                raise UnknownRoleError(
-                    f"{type(self).__name__}.spawn_fused: unknown role {prefix!r}; the fused "
-                    f"worker class has roles {sorted(raw)}"
-                )
-            new = self._shallow_copy()
-            new._unbind_all()
-            new._fused_role = prefix
-            new._bind_worker_method(raw[prefix])
-            result[prefix] = new
-        return result
+        return _colocate.spawn_fused(self, prefix_set)
 
     def fuse(self, prefix_set: Iterable[str]) -> None:
         """Make each role's :meth:`spawn_fused` group an attribute: ``wg.actor.update(...)``.
 
         A role named like an attribute of the group is a :class:`~sc_core.MethodCollisionError`.
         """
-        if self.wg_dict is None:
-            self.wg_dict = dict(self.spawn_fused(prefix_set))
-        for role, group in self.wg_dict.items():
-            if self.__dict__.get(role) is group:
-                continue
-            if role in self.__dict__ or hasattr(type(self), role):
-                raise MethodCollisionError(
-                    f"{type(self).__name__}.fuse: role {role!r} is already an attribute of the "
-                    "worker group; rename the role"
-                )
-            setattr(self, role, group)
+        _colocate.fuse(self, prefix_set)
 
+    # --- lifecycle -----------------------------------------------------------------------------
 
-def _add_note(exc: BaseException, note: str) -> None:
-    """Append ``note`` to ``exc``'s message (Python 3.10 has no ``add_note``)."""
-    if note in str(exc):
-        return
-    first = str(exc.args[0]) if exc.args else ""
-    exc.args = (f"{first}\n{note}" if first else note, *exc.args[1:])
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called on this group or one it shares workers with."""
+        return self._lifecycle.closed
 
+    def close(self) -> None:
+        """Stop the workers (the backend's ``close``), the aliveness thread, and release this
+        group's share of its resource pool (the last group using a pool releases it). Groups
+        spawned from this one share its workers and are closed with it. Later calls raise
+        :class:`~sc_core.WorkerGroupClosedError`; closing again does nothing."""
+        with self._lifecycle.lock:
+            if self._lifecycle.closed:
+                return
+            self._lifecycle.closed = True
+        try:
+            self._liveness.stop_monitor()
+            if self._sc_backend_impl is not None:
+                self._sc_backend_impl.close()
+        finally:
+            pool, self._lifecycle.pool = self._lifecycle.pool, None
+            if pool is not None:
+                pool._sc_release_user()
 
-def _reraise_with_method(exc: DispatchError, qualname: str) -> NoReturn:
-    """Raise the same dispatch error with the bound method's name in front of its message."""
-    try:
-        renamed = type(exc)(f"{qualname}: {exc}")
-    except Exception:  # an exotic subclass with another constructor: keep the original
-        raise exc from None
-    raise renamed from exc
+    def __enter__(self: WG) -> WG:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

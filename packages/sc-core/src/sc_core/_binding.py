@@ -1,0 +1,207 @@
+"""Binding: each ``@register``-ed method of a worker class becomes a method of the group.
+
+verl binds by attribute, and so does sc: after binding, ``wg.generate`` is a
+:class:`MethodProxy` stored on the group instance (or whatever verl's ``func_generator``
+hook returned). Every binding goes through :func:`set_bound_method`, which refuses a name the
+group already uses; the group keeps the bound names in ``_bound_methods``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
+
+from sc_dispatch import (
+    DispatchModeSpec,
+    RegisterAttrs,
+    get_predefined_execute_fn,
+    get_register_attrs,
+    resolve_dispatch_mode,
+)
+
+from ._call import CallOptions, check_timeout
+from ._errors import ConfigTypeError, MethodCollisionError
+from ._pipeline import run_call
+
+if TYPE_CHECKING:
+    from ._worker_group import WorkerGroup
+
+__all__ = ["KEEP", "MethodProxy", "bind_worker_methods", "set_bound_method", "unbind_all"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Keep(enum.Enum):
+    KEEP = "keep"
+
+
+KEEP = _Keep.KEEP
+
+
+class MethodProxy(Generic[P, R]):
+    """A worker method bound on a worker group: calling it runs the distributed call.
+
+    ``proxy.options(timeout=..., blocking=...)`` returns a proxy with per-call overrides.
+    ``method_name`` is the name the workers run; ``__name__`` the name on the group (they
+    differ for the plain-name aliases of :meth:`WorkerGroup.spawn`).
+    """
+
+    def __init__(
+        self,
+        group: WorkerGroup,
+        name: str,
+        method_name: str,
+        attrs: RegisterAttrs,
+        spec: DispatchModeSpec,
+        options: CallOptions = CallOptions(),  # noqa: B008 - frozen, shared on purpose
+        doc: str | None = None,
+    ) -> None:
+        self._group = group
+        self.method_name = method_name
+        self.attrs = attrs
+        self.spec = spec
+        self.call_options = options
+        self.__name__ = name
+        self.__qualname__ = f"{type(group).__name__}.{name}"
+        self.__doc__ = doc
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return cast("R", run_call(self._group, self, args, kwargs))
+
+    @overload
+    def options(
+        self,
+        *,
+        timeout: float | _Keep | None = KEEP,
+        blocking: Literal[True] | _Keep = KEEP,
+    ) -> MethodProxy[P, R]: ...
+
+    @overload
+    def options(
+        self,
+        *,
+        timeout: float | _Keep | None = KEEP,
+        blocking: bool | _Keep | None = KEEP,
+    ) -> MethodProxy[P, Any]: ...
+
+    def options(
+        self,
+        *,
+        timeout: float | _Keep | None = KEEP,
+        blocking: bool | _Keep | None = KEEP,
+    ) -> MethodProxy[P, Any]:
+        """A proxy whose calls use ``timeout`` seconds (``None``: no limit) and ``blocking``
+        instead of the defaults; arguments left out keep their current setting.
+
+        For the type checker the proxy keeps its result type unless ``blocking`` may be
+        false (``blocking=False`` or ``None``, which restores the registered default):
+        then a call returns futures, typed ``Any``."""
+        where = f"{self.__qualname__}.options"
+        opts = self.call_options
+        if timeout is not KEEP:
+            opts = replace(opts, timeout=check_timeout(where, timeout), has_timeout=True)
+        if blocking is not KEEP:
+            if blocking is not None and not isinstance(blocking, bool):
+                raise ConfigTypeError(
+                    f"{where}: blocking must be a bool or None, "
+                    f"got {type(blocking).__qualname__} {blocking!r}"
+                )
+            opts = replace(opts, blocking=blocking)
+        return self.rebind(self._group, self.__name__, opts)
+
+    def rebind(
+        self, group: WorkerGroup, name: str, options: CallOptions | None = None
+    ) -> MethodProxy[P, R]:
+        """The same method bound on ``group`` as ``name`` (with ``options``, if given)."""
+        opts = self.call_options if options is None else options
+        return MethodProxy(group, name, self.method_name, self.attrs, self.spec, opts, self.__doc__)
+
+    def __repr__(self) -> str:
+        target = "" if self.method_name == self.__name__ else f" -> {self.method_name}"
+        return (
+            f"<bound worker method {self.__qualname__}{target} dispatch={self.spec.name} "
+            f"execute={self.attrs.execute_mode.name} blocking={self.attrs.blocking}>"
+        )
+
+
+def bind_worker_methods(
+    group: WorkerGroup, user_defined_cls: type, func_generator: Callable[..., Any] | None = None
+) -> list[str]:
+    """Bind one proxy per ``@register``-ed method of ``user_defined_cls`` on ``group``.
+
+    With ``func_generator`` (verl's hook) the bound object is
+    ``func_generator(group, method_name, dispatch_fn=..., collect_fn=..., execute_fn=...,
+    blocking=...)`` instead of a :class:`MethodProxy`. Returns the bound names.
+    """
+    where = f"{type(group).__name__}._bind_worker_method"
+    if not isinstance(user_defined_cls, type):
+        raise ConfigTypeError(
+            f"{where}: expected a class, "
+            f"got {type(user_defined_cls).__qualname__} {user_defined_cls!r}"
+        )
+    group._user_defined_cls = user_defined_cls
+    bound: list[str] = []
+    for method_name in dir(user_defined_cls):
+        try:
+            method = getattr(user_defined_cls, method_name)
+        except Exception:  # a descriptor that fails on the class is no registered method
+            continue
+        attrs = get_register_attrs(method) if callable(method) else None
+        if attrs is None:
+            continue
+        spec = resolve_dispatch_mode(attrs.dispatch_mode)
+        # an execute mode without an execute function fails here, at binding
+        execute_fn_name = get_predefined_execute_fn(attrs.execute_mode)["execute_fn_name"]
+        proxy: Any
+        if func_generator is None:
+            proxy = MethodProxy(
+                group, method_name, method_name, attrs, spec, doc=getattr(method, "__doc__", None)
+            )
+        else:
+            proxy = func_generator(
+                group,
+                method_name,
+                dispatch_fn=spec.dispatch_fn,
+                collect_fn=spec.collect_fn,
+                execute_fn=getattr(group, execute_fn_name),
+                blocking=attrs.blocking,
+            )
+        set_bound_method(group, method_name, proxy, source=user_defined_cls)
+        bound.append(method_name)
+    return bound
+
+
+def set_bound_method(
+    group: WorkerGroup, name: str, proxy: Any, *, source: type | None = None, replace: bool = False
+) -> None:
+    """Make ``proxy`` the group's attribute ``name``; a name the group already uses (an
+    attribute of its class or instance, or a bound method unless ``replace``) is a
+    :class:`~sc_core.MethodCollisionError`."""
+    bound = group._bound_methods
+    taken = name not in bound and (name in group.__dict__ or hasattr(type(group), name))
+    if taken or (name in bound and not replace):
+        where = f"worker class {source.__qualname__}" if source is not None else "spawn"
+        raise MethodCollisionError(
+            f"{type(group).__name__}._bind_worker_method: {where} registers a method named "
+            f"{name!r}, which is already an attribute of the worker group "
+            f"({type(group).__name__}.{name}); rename the worker method"
+        )
+    setattr(group, name, proxy)
+    bound[name] = proxy
+
+
+def unbind_all(group: WorkerGroup) -> None:
+    """Remove every bound method from ``group``."""
+    for name in group._bound_methods:
+        group.__dict__.pop(name, None)
+    group._bound_methods = {}
+
+
+def rebind_all(source: WorkerGroup, target: WorkerGroup) -> None:
+    """Bind on ``target`` every method bound on ``source`` (proxies re-pointed at it)."""
+    for name, proxy in source._bound_methods.items():
+        rebound = proxy.rebind(target, name) if isinstance(proxy, MethodProxy) else proxy
+        set_bound_method(target, name, rebound)
