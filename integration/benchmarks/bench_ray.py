@@ -13,6 +13,9 @@ actors of the same cluster:
   (``--sizes-mib``) to 4 workers returning the same size, vs plain Ray with numpy shards
   (target >= 0.7x its throughput at 512 MiB) and vs the same trip with ``torch.save`` /
   ``torch.load`` serialization (target >= 5x); the largest size is reported as ``dp_proto``;
+* ``dp_workers``: ``DP_COMPUTE_PROTO`` of 16 MiB (``--dp-workers-mib``) on 2, 4 and 8 workers
+  (``--dp-workers``) vs plain Ray with numpy shards to as many bare actors (target <= 1.1x
+  its time): the fixed per-rank cost of a small data call;
 * ``chain``: two chained non-blocking calls over ``--chain-mib`` (256), from the 4 workers
   above to 3 others (a reshard); bytes the driver fetched and put, from the call spans
   (target: fetched < 1 MiB);
@@ -189,14 +192,15 @@ def bench_dp_proto(
 def _dp_proto_one(
     wg: RayWorkerGroup, bare: list[Any], mib: float, repeat: int, max_repeat: int
 ) -> dict[str, float]:
-    rows = _rows_for(mib, 4)
+    n_ranks = len(bare)
+    rows = _rows_for(mib, n_ranks)
     tensor = torch.rand(rows, WIDTH)
     nbytes = tensor.numel() * 4
     data = DataProto.from_dict({"x": tensor})
     array = tensor.numpy()
 
     def raw_numpy() -> None:
-        shards = np.array_split(array, 4)
+        shards = np.array_split(array, n_ranks)
         refs = [a.echo.remote(ray.put(s)) for a, s in zip(bare, shards, strict=True)]
         out = np.concatenate(ray.get(refs))
         if out.shape != array.shape:
@@ -204,7 +208,7 @@ def _dp_proto_one(
 
     def torch_save() -> None:
         blobs = []
-        for shard in torch.chunk(tensor, 4):
+        for shard in torch.chunk(tensor, n_ranks):
             buf = io.BytesIO()
             torch.save(shard.clone(), buf)
             blobs.append(buf.getvalue())
@@ -239,6 +243,27 @@ def _dp_proto_one(
         "target_min_vs_raw_numpy": 0.7,
         "target_min_vs_torch_save": 5.0,
     }
+
+
+def bench_dp_workers(workers: list[int], mib: float, repeat: int) -> list[dict[str, float]]:
+    """A small DataProto round trip on n workers vs numpy shards to n bare actors."""
+    rows_out = []
+    for n in workers:
+        bare = [BareArray.remote() for _ in range(n)]
+        ray.get([a.echo.remote(np.zeros(1)) for a in bare])
+        try:
+            with _group(ProtoWorker, n) as wg:
+                wg.echo(DataProto.from_dict({"x": torch.zeros(n, 2)}))
+                row = _dp_proto_one(wg, bare, mib, repeat, repeat)
+        finally:
+            for a in bare:
+                ray.kill(a)
+        row["workers"] = float(n)
+        row["ratio_time_vs_raw_numpy"] = row["sc_ray_s"] / row["raw_numpy_s"]
+        row["target_max_time_vs_raw_numpy"] = 1.1
+        print(f"dp_proto {mib:g} MiB x{n}: {row}", flush=True)
+        rows_out.append(row)
+    return rows_out
 
 
 def bench_chain(producer: RayWorkerGroup, mib: float) -> dict[str, Any]:
@@ -383,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         "--sizes-mib", type=_float_list, default=None, help="DP_COMPUTE_PROTO sweep: 16,64,256,512"
     )
     parser.add_argument("--mib", type=float, default=None, help="one size (old flag: --sizes-mib)")
+    parser.add_argument(
+        "--dp-workers", type=_int_list, default=None, help="small DataProto sweep: 2,4,8"
+    )
+    parser.add_argument("--dp-workers-mib", type=float, default=None, help="its size (16)")
     parser.add_argument("--chain-mib", type=float, default=None, help="chain size (256)")
     parser.add_argument("--startup-workers", type=int, default=None, help="start-up: 8 workers")
     parser.add_argument(
@@ -392,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noop-repeat", type=int, default=None, help="no-op calls timed (200)")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, few repeats")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["noop", "dp_proto", "chain", "startup"]
+        "--skip", nargs="*", default=[], choices=["noop", "dp_proto", "dp_workers", "chain", "startup"]
     )
     args = parser.parse_args(argv)
     q = args.quick
@@ -439,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
         if "noop" not in args.skip:
             results["noop_sweep"] = bench_noop(workers, noop_repeat)
             results["noop"] = results["noop_sweep"][-1]
+        if "dp_workers" not in args.skip:
+            dp_workers = sorted(set(args.dp_workers or ([2] if q else [2, 4, 8])))
+            dp_mib = args.dp_workers_mib or (1 if q else 16)
+            results["dp_workers"] = bench_dp_workers(dp_workers, dp_mib, 5 if q else 40)
         if "dp_proto" not in args.skip or "chain" not in args.skip:
             with _group(ProtoWorker, 4) as proto_wg:
                 if "dp_proto" not in args.skip:

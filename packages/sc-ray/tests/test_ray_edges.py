@@ -23,6 +23,7 @@ from sc_ray import (
     WorkerEnvError,
 )
 from sc_ray import _ray_api as rapi
+from sc_ray._actor_launch import check_worker_env
 from tensordict import TensorDict
 
 RAY_INIT: dict[str, Any] = {"num_cpus": 8, "namespace": "sc_ray_edges"}
@@ -187,4 +188,4 @@ def test_an_attached_group_releases_the_detached_pool(ray_cluster: None) -> None
 
 def test_sc_rendezvous_is_reserved(ray_cluster: None) -> None:
     with pytest.raises(WorkerEnvError, match="SC_RENDEZVOUS"):
-        RayWorkerGroup._check_worker_env({"SC_RENDEZVOUS": "evil.module:factory"})
+        check_worker_env({"SC_RENDEZVOUS": "evil.module:factory"})

@@ -23,6 +23,7 @@ from sc_ray import (
     ScRayError,
     WorkerEnvError,
 )
+from sc_ray._actor_launch import check_worker_env
 from sc_ray._class_with_init import merge_options
 from sc_ray._nbytes import estimate_nbytes, is_bulk
 
@@ -95,10 +96,10 @@ def test_bulk_detection_and_byte_estimates() -> None:
 
 def test_arguments_checked_before_touching_ray() -> None:
     with pytest.raises(WorkerEnvError, match="WORLD_SIZE"):
-        RayWorkerGroup._check_worker_env({"WORLD_SIZE": "2"})
+        check_worker_env({"WORLD_SIZE": "2"})
     with pytest.raises(WorkerEnvError, match="str"):
-        RayWorkerGroup._check_worker_env({"A": 1})  # type: ignore[dict-item]
-    assert RayWorkerGroup._check_worker_env({"A": "1"}) == {"A": "1"}
+        check_worker_env({"A": 1})  # type: ignore[dict-item]
+    assert check_worker_env({"A": "1"}) == {"A": "1"}
     assert "MASTER_PORT" in RESERVED_ENV_VARS
     with pytest.raises(sc_core.InvalidConfigError, match="ray_cls_with_init"):
         RayWorkerGroup(RayResourcePool([1], use_gpu=False))

@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 import ray
-from sc_core import CallTimeoutError, Worker, WorkerDiedError, WorkerError, WorkerGroupError
+from sc_core import (
+    CallTimeoutError,
+    Worker,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupClosedError,
+)
 from sc_dispatch import Dispatch, Execute, register
 from sc_ray import (
     DetachedWorkerError,
@@ -241,13 +247,30 @@ def test_shutdown_refuses_later_calls() -> None:
     workers = wg.workers
     wg.shutdown()
     wg.shutdown()  # twice is fine
-    with pytest.raises(WorkerGroupError, match="shut down"):
+    with pytest.raises(WorkerGroupClosedError, match="was closed"):
         wg.execute_all("times", 1)
+    with pytest.raises(WorkerGroupClosedError, match=r"\.times: the worker group was closed"):
+        wg.times(1)
+    assert wg.closed
     assert pool.pgs is None
     deadline = time.monotonic() + 10
     while any(rapi.actor_state(w) != "DEAD" for w in workers):
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_the_last_group_in_a_pool_releases_it_and_groups_are_context_managers() -> None:
+    pool = RayResourcePool([2], use_gpu=False, max_colocate_count=2)
+    first = RayWorkerGroup(pool, RayClassWithInitArgs(Tiny))
+    with RayWorkerGroup(pool, RayClassWithInitArgs(Tiny, scale=2)) as second:
+        assert second.times(1) == [2, 3]
+        first.close()
+        first.close()  # twice is a no-op
+        assert pool.pgs is not None  # still used by the second group
+        assert second.times(2) == [4, 5]
+    assert [second.closed, pool.pgs] == [True, None]
+    with pytest.raises(WorkerGroupClosedError):
+        second.times(1)
 
 
 def test_detached_workers_and_from_detached() -> None:

@@ -114,7 +114,8 @@ def wait(group: WorkerGroup, handle: CallHandle) -> list[Any]:
         outputs = group._sc_backend(call.method_name).wait(handle)
     except (CallTimeoutError, WorkerDiedError, WorkerError) as exc:
         if isinstance(exc, WorkerDiedError):
-            group._liveness.mark_dead(exc.ranks, exc.reason or f"died during {call.method_name}")
+            reason = f"{exc.reason} during {call.method_name}" if exc.reason else ""
+            group._liveness.mark_dead(exc.ranks, reason or f"died during {call.method_name}")
         give_up(group, handle, exc)
         raise
     if len(outputs) != len(call.ranks):

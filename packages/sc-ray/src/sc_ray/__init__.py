@@ -7,6 +7,7 @@ Ray's loosely typed API is confined to one private module; importing ``sc_ray`` 
 import torch or sc-protocol (they are imported when a DataProto is handled).
 """
 
+from ._adapters import register_adapters
 from ._class_with_init import RayClassWithInitArgs
 from ._colocate import create_colocated_worker_cls, create_colocated_worker_cls_fused
 from ._errors import (
@@ -28,6 +29,8 @@ from ._resource_pool import (
     split_resource_pool,
 )
 from ._worker_group import RESERVED_ENV_VARS, RayWorkerGroup
+
+register_adapters()
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,8 @@ values: a tiny metadata reference (the row count of a DataProto result) and the 
 reference. Nothing is fetched when the call returns. The collect function of a splitting
 mode joins the per-rank futures with :class:`RayFuture`'s shard adapter into one
 ``sc_protocol.DataProtoFuture`` (:class:`RayDataProtoFuture`, built in
-:mod:`sc_ray._proto_futures`, which imports sc-protocol only then).
+:mod:`sc_ray._proto_futures`, which imports sc-protocol only then); the adapters live in
+:mod:`sc_ray._adapters`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sc_core import CallTimeoutError, WorkerDiedError, WorkerError
-from sc_dispatch import register_future_resolver, register_future_type, register_shardable
 
 from . import _ray_api as rapi
-from ._nbytes import is_data_proto
+from ._wire import is_data_proto
 
 __all__ = ["Deadline", "RayFuture", "await_with_deadline", "resolve_refs", "row_meta"]
 
@@ -163,70 +163,3 @@ class RayFuture:
 
     def __repr__(self) -> str:
         return f"<RayFuture {self.method} rank {self.rank}>"
-
-
-def _to_proto(parts: Sequence[RayFuture]) -> Any:
-    from ._proto_futures import RayDataProtoFuture
-
-    return RayDataProtoFuture.from_rank_futures(list(parts))
-
-
-class _RayFutureAdapter:
-    """Joining per-rank futures gives one DataProtoFuture; nothing is fetched."""
-
-    def length(self, obj: RayFuture) -> int:
-        return len(_to_proto([obj]))
-
-    def chunk(self, obj: RayFuture, chunks: int) -> list[Any]:
-        return list(_to_proto([obj]).chunk(chunks))
-
-    def concat(self, parts: Sequence[RayFuture]) -> Any:
-        return _to_proto(parts)
-
-    def pad(self, obj: RayFuture, pad_size: int) -> Any:
-        return _to_proto([obj]).pad(pad_size)
-
-    def unpad(self, obj: RayFuture, pad_size: int) -> Any:
-        return _to_proto([obj]).unpad(pad_size)
-
-    def auto_padding(self, obj: RayFuture) -> bool:
-        from sc_protocol import DataProtoConfig
-
-        return bool(DataProtoConfig.auto_padding)
-
-
-def _raw_future(refs: Sequence[Any]) -> Any:
-    from sc_protocol import DataProtoFuture
-
-    return DataProtoFuture(futures=list(refs))
-
-
-class _ObjectRefAdapter:
-    """Plain Ray object references (a verl-style non-blocking call's, or a user's): joining
-    them gives a ``DataProtoFuture`` whose row counts are not known, as in verl."""
-
-    def length(self, obj: rapi.ObjectRef) -> None:
-        return None
-
-    def chunk(self, obj: rapi.ObjectRef, chunks: int) -> list[Any]:
-        return list(_raw_future([obj]).chunk(chunks))
-
-    def concat(self, parts: Sequence[rapi.ObjectRef]) -> Any:
-        return _raw_future(parts)
-
-    def pad(self, obj: rapi.ObjectRef, pad_size: int) -> Any:
-        return _raw_future([obj]).pad(pad_size)
-
-    def unpad(self, obj: rapi.ObjectRef, pad_size: int) -> Any:
-        return _raw_future([obj]).unpad(pad_size)
-
-    def auto_padding(self, obj: rapi.ObjectRef) -> bool:
-        from sc_protocol import DataProtoConfig
-
-        return bool(DataProtoConfig.auto_padding)
-
-
-register_future_type(RayFuture)
-register_shardable(RayFuture, _RayFutureAdapter())
-register_shardable(rapi.ObjectRef, _ObjectRefAdapter())
-register_future_resolver(rapi.ObjectRef, resolve_refs)

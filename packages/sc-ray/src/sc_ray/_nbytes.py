@@ -1,62 +1,65 @@
-"""Byte estimates for call spans, without importing torch, numpy or sc-protocol."""
+"""What is worth putting into the object store once, and roughly how many bytes it holds.
+
+Types are told apart with ``isinstance`` against the classes of modules already loaded in
+this process (``sys.modules``): a process that never imported torch holds no tensor, so
+``import sc_ray`` imports neither torch, numpy nor sc-protocol. Byte counts of containers a
+shard adapter knows (a DataProto) come from sc-dispatch's adapter registry
+(:func:`sc_dispatch.payload_nbytes`), falling back to the loaded array types here.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ._wire import is_tensordict
+from ._wire import is_data_proto, is_tensordict
 
-__all__ = ["estimate_nbytes", "is_bulk", "is_data_proto"]
+__all__ = ["INLINE_LIMIT", "estimate_nbytes", "is_bulk"]
 
-_BULK_MODULES = ("sc_protocol", "torch", "numpy", "tensordict")
 #: Plain bytes objects at least this large are put into the object store once per call.
 INLINE_LIMIT = 100 * 1024
 
 
-def is_data_proto(obj: object) -> bool:
-    """Whether ``obj`` is an sc-protocol DataProto, told without importing sc-protocol."""
-    kind = type(obj)
-    return kind.__name__ == "DataProto" and kind.__module__.startswith("sc_protocol")
+def _array_types() -> tuple[type, ...]:
+    """``torch.Tensor`` and ``numpy.ndarray``, if those modules are loaded."""
+    found: list[type] = []
+    torch: Any = sys.modules.get("torch")
+    if torch is not None and isinstance(getattr(torch, "Tensor", None), type):
+        found.append(torch.Tensor)
+    numpy: Any = sys.modules.get("numpy")
+    if numpy is not None and isinstance(getattr(numpy, "ndarray", None), type):
+        found.append(numpy.ndarray)
+    return tuple(found)
 
 
-def _tensor_bytes(value: Any) -> int:
+def _array_bytes(value: Any) -> int:
     n = getattr(value, "nbytes", None)
     if isinstance(n, int):
         return n
-    try:
-        return int(value.numel()) * int(value.element_size())
-    except Exception:
-        return 0
+    return int(value.numel()) * int(value.element_size())
 
 
 def estimate_nbytes(obj: object, _depth: int = 0) -> int:
-    """Roughly the payload bytes of ``obj``: tensors, arrays, DataProtos, bytes, containers."""
+    """Roughly the payload bytes of ``obj``: tensors, arrays, DataProtos, TensorDicts, bytes
+    and containers of them (0 for anything else)."""
     if _depth > 4 or obj is None:
         return 0
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return len(obj)
+    arrays = _array_types()
+    if arrays and isinstance(obj, arrays):
+        return _array_bytes(obj)
     if is_data_proto(obj):
-        total = 0
-        batch = getattr(obj, "batch", None)
-        if batch is not None:
-            try:
-                for leaf in batch.values(include_nested=True, leaves_only=True):
-                    total += _tensor_bytes(leaf)
-            except Exception:
-                total += 0
+        batch: Any = getattr(obj, "batch", None)
         extra = getattr(obj, "non_tensor_batch", None)
+        total = estimate_nbytes(batch, _depth + 1) if batch is not None else 0
         if isinstance(extra, Mapping):
             total += sum(estimate_nbytes(v, _depth + 1) for v in extra.values())
         return total
     if is_tensordict(obj):
-        try:
-            leaves = obj.values(include_nested=True, leaves_only=True)  # type: ignore[attr-defined]  # a TensorDict
-            return sum(_tensor_bytes(leaf) for leaf in leaves)
-        except Exception:
-            return 0
-    if type(obj).__module__.startswith(("torch", "numpy")):
-        return _tensor_bytes(obj)
+        leaves: Any = obj.values(include_nested=True, leaves_only=True)  # type: ignore[attr-defined]  # a TensorDict
+        return sum(_array_bytes(leaf) for leaf in leaves)
     if isinstance(obj, (list, tuple)):
         return sum(estimate_nbytes(v, _depth + 1) for v in obj[:1000])
     if isinstance(obj, Mapping):
@@ -66,10 +69,8 @@ def estimate_nbytes(obj: object, _depth: int = 0) -> int:
 
 def is_bulk(obj: object) -> bool:
     """Whether ``obj`` is worth putting into the object store once and passing by reference:
-    DataProtos, tensors, arrays, TensorDicts and large bytes (futures never are)."""
+    DataProtos, tensors, arrays, TensorDicts and large bytes."""
     if isinstance(obj, (bytes, bytearray)):
         return len(obj) >= INLINE_LIMIT
-    kind = type(obj)
-    if kind.__name__.endswith("Future"):
-        return False
-    return kind.__module__.startswith(_BULK_MODULES)
+    arrays = _array_types()
+    return (bool(arrays) and isinstance(obj, arrays)) or is_data_proto(obj) or is_tensordict(obj)

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _ray_api as rapi
 
-__all__ = ["ensure_tensordict_wire", "is_tensordict"]
+__all__ = ["ensure_tensordict_wire", "is_data_proto", "is_tensordict"]
 
 _lock = threading.Lock()
 _registered = threading.Event()
@@ -30,6 +30,14 @@ def is_tensordict(value: object) -> bool:
     module = sys.modules.get("tensordict")
     base: Any = getattr(module, "TensorDictBase", None) if module is not None else None
     return base is not None and isinstance(value, base)
+
+
+def is_data_proto(value: object) -> bool:
+    """Whether ``value`` is an sc-protocol ``DataProto`` (sc-protocol need not be imported:
+    if it is not, nothing in this process is one)."""
+    module = sys.modules.get("sc_protocol")
+    cls: Any = getattr(module, "DataProto", None) if module is not None else None
+    return cls is not None and isinstance(value, cls)
 
 
 def ensure_tensordict_wire() -> None:

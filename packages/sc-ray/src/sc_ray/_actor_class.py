@@ -1,0 +1,176 @@
+"""The class sc-ray runs as an actor: the user's worker class plus sc-ray's entry points.
+
+:func:`actor_class` subclasses the worker class (the user's own class stays untouched) with
+
+* a constructor keyword ``_sc_env`` whose variables go into ``os.environ`` before the
+  worker's own constructor runs (cheaper than a Ray ``runtime_env`` per rank, which would
+  start a fresh worker process per distinct environment);
+* one *twin* ``_sc_m_<name>`` per registered method (and the fused ``_fuw_execute``): it
+  runs the method and turns an exception into a :class:`~sc_core.WorkerError` naming the
+  method and the rank (and still an instance of the original exception's class), so that
+  ``ray.get`` on a call's references raises it too. A twin is called like the method itself,
+  so a call carries no extra argument;
+* ``_sc_call(name, ...)``, the same for any other method (verl's ``execute_all_async`` may
+  name one that is not registered);
+* ``_sc_call_with_meta(name, ...)``, the same returning ``(row_count, value)``, so that a
+  non-blocking call of a splitting mode knows its shards' row counts without fetching them.
+
+Entry points are ``async`` only if the class already has ``async`` methods (Ray then runs
+the actor as an async actor anyway).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from sc_core import WorkerError
+from sc_dispatch import get_register_attrs
+
+from ._futures import row_meta
+from ._wire import ensure_tensordict_wire, is_tensordict
+
+__all__ = ["CALL_METHOD", "ENV_KWARG", "META_METHOD", "TWIN_PREFIX", "actor_class", "twin_names"]
+
+CALL_METHOD = "_sc_call"
+META_METHOD = "_sc_call_with_meta"
+ENV_KWARG = "_sc_env"
+TWIN_PREFIX = "_sc_m_"
+#: The attribute of an actor class listing the methods that have twins.
+TWINS_ATTR = "_sc_twinned_methods"
+
+
+def _worker_error(instance: Any, name: str, exc: Exception) -> WorkerError:
+    """The error a worker raises for a method that raised ``exc``: names the method and the
+    rank, and is an instance of ``type(exc)`` too (see :class:`sc_core.WorkerError`)."""
+    rank = instance.__dict__.get("_rank")
+    if not isinstance(rank, int):
+        raw = os.environ.get("RANK", "")
+        rank = int(raw) if raw.isdigit() else -1
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb  # skip the wrapper
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return WorkerError.from_exception(name, rank, exc, remote_traceback=text)
+
+
+def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
+    """An entry point running method ``name`` (or, with ``name=None``, the method named by
+    the first argument), converting its exception."""
+    if is_async:
+
+        async def run_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            method, args = (args[0], args[1:]) if name is None else (name, args)
+            try:
+                out = getattr(self, method)(*args, **kwargs)
+                if inspect.isawaitable(out):
+                    out = await out
+            except Exception as exc:
+                raise _worker_error(self, method, exc) from exc
+            if is_tensordict(out):
+                ensure_tensordict_wire()
+            return out
+
+        return run_async
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method, args = (args[0], args[1:]) if name is None else (name, args)
+        try:
+            out = getattr(self, method)(*args, **kwargs)
+        except Exception as exc:
+            raise _worker_error(self, method, exc) from exc
+        if is_tensordict(out):
+            ensure_tensordict_wire()
+        return out
+
+    return run
+
+
+def _with_meta(call: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    if is_async:
+
+        async def with_meta_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = await call(self, *args, **kwargs)
+            return row_meta(out), out
+
+        return with_meta_async
+
+    def with_meta(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = call(self, *args, **kwargs)
+        return row_meta(out), out
+
+    return with_meta
+
+
+def _registered_names(cls: type) -> list[str]:
+    names = []
+    for name in dir(cls):
+        try:
+            attr = getattr(cls, name)
+        except Exception:  # a descriptor that fails on the class is no registered method
+            continue
+        if callable(attr) and get_register_attrs(attr) is not None:
+            names.append(name)
+    if callable(getattr(cls, "_fuw_execute", None)):
+        names.append("_fuw_execute")
+    return names
+
+
+def twin_names(actor_cls: type) -> frozenset[str]:
+    """The methods of an actor class built by :func:`actor_class` that have twins."""
+    return cast("frozenset[str]", getattr(actor_cls, TWINS_ATTR, frozenset()))
+
+
+def actor_class(cls: type) -> type:
+    """``cls`` with sc-ray's entry points (see the module docstring)."""
+    roles: Mapping[str, type] = getattr(cls, "raw_cls_dict", None) or {}
+    has_async = any(
+        inspect.iscoroutinefunction(getattr(klass, name, None))
+        for klass in (cls, *roles.values())
+        for name in dir(klass)
+        if not name.startswith("__")
+    )
+    namespace: dict[str, Any] = {}
+    if has_async and getattr(cls, "is_fused_worker", False):
+        # A fused worker's _fuw_execute is plain; make it await async role methods.
+        fused_execute = cast(Any, cls)._fuw_execute
+
+        async def _fuw_execute(self: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:
+            out = fused_execute(self, method_name, *args, **kwargs)
+            if inspect.isawaitable(out):
+                out = await out
+            return out
+
+        namespace["_fuw_execute"] = _fuw_execute
+    call = _entry(None, has_async)
+    call.__name__ = CALL_METHOD
+    meta = _with_meta(call, has_async)
+    meta.__name__ = META_METHOD
+    twinned = _registered_names(cls)
+    for name in twinned:
+        twin = _entry(name, has_async)
+        twin.__name__ = f"{TWIN_PREFIX}{name}"
+        namespace[twin.__name__] = twin
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        env = kwargs.pop(ENV_KWARG, None)
+        if env:
+            os.environ.update(env)
+        cast(Any, cls).__init__(self, *args, **kwargs)
+
+    namespace.update(
+        {
+            CALL_METHOD: call,
+            META_METHOD: meta,
+            TWINS_ATTR: frozenset(twinned),
+            "_sc_framework_class": True,
+            "__init__": __init__,
+            "__module__": cls.__module__,
+            "__doc__": cls.__doc__,
+        }
+    )
+    sub = type(cls.__name__, (cls,), namespace)
+    sub.__qualname__ = cls.__qualname__
+    return sub

@@ -1,0 +1,195 @@
+"""Placing a worker group's actors: environments, the rendezvous address, creation.
+
+:func:`launch_actors` creates one actor per bundle slot of a placed pool, each with its
+environment (WORLD_SIZE, RANK, ... and the user's ``worker_env``), all at once; the caller
+waits for their constructors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sc_core import InvalidConfigError
+
+from . import _ray_api as rapi
+from ._class_with_init import RayClassWithInitArgs, merge_options
+from ._errors import ResourcePoolError, WorkerEnvError
+from ._resource_pool import BundleSlot, RayResourcePool
+
+__all__ = [
+    "RESERVED_ENV_VARS",
+    "Launched",
+    "check_worker_env",
+    "launch_actors",
+    "start_timeout",
+]
+
+#: Variables the worker group sets for every actor; ``worker_env`` may not set them.
+RESERVED_ENV_VARS = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_RANK",
+    "WG_PREFIX",
+    "WG_BACKEND",
+    "RAY_LOCAL_WORLD_SIZE",
+    "RAY_LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    # A rendezvous factory imported and called in every worker: code from the environment,
+    # so users may not set it through worker_env / runtime_env (a backend sets it itself).
+    "SC_RENDEZVOUS",
+)
+
+
+def start_timeout(given: float | None, fallback: float) -> float:
+    """The seconds to wait for the actors' constructors: ``given``, else
+    ``SC_WORKER_START_TIMEOUT``, else ``fallback``."""
+    if given is not None:
+        value: float | None = float(given)
+    else:
+        raw = os.environ.get("SC_WORKER_START_TIMEOUT", "").strip()
+        try:
+            value = float(raw) if raw else float(fallback)
+        except ValueError:
+            raise InvalidConfigError(
+                f"SC_WORKER_START_TIMEOUT must be a number of seconds, got {raw!r}"
+            ) from None
+    if value is None or not value > 0:
+        raise InvalidConfigError(f"RayWorkerGroup: start_timeout must be positive, got {value!r}")
+    return value
+
+
+def check_worker_env(worker_env: Mapping[str, str] | None) -> dict[str, str]:
+    """``worker_env`` as a dict, refused if it sets a reserved variable or a non-str."""
+    if worker_env is None:
+        return {}
+    if not isinstance(worker_env, Mapping):
+        raise WorkerEnvError(
+            f"RayWorkerGroup: worker_env must be a mapping of str to str, got "
+            f"{type(worker_env).__qualname__}"
+        )
+    bad = sorted(k for k in worker_env if k in RESERVED_ENV_VARS)
+    if bad:
+        raise WorkerEnvError(
+            f"RayWorkerGroup: worker_env sets {bad}, which the worker group sets for each "
+            f"worker ({', '.join(RESERVED_ENV_VARS)}); pass master_addr/master_port to "
+            "choose the rendezvous address"
+        )
+    wrong = {
+        k: v for k, v in worker_env.items() if not isinstance(k, str) or not isinstance(v, str)
+    }
+    if wrong:
+        raise WorkerEnvError(f"RayWorkerGroup: worker_env values must be str, got {wrong!r}")
+    return dict(worker_env)
+
+
+def _discover_master(
+    slot: BundleSlot, master_addr: str | None, master_port: int | str | None, timeout: float
+) -> tuple[str, str]:
+    node_id = rapi.placement_group_bundle_nodes(slot.placement_group)[slot.bundle_index]
+    if master_addr is None:
+        nodes = {n.node_id: n for n in rapi.list_nodes()}
+        node = nodes.get(node_id)
+        master_addr = node.ip if node is not None else rapi.node_ip_address()
+    if master_port is None:
+        if node_id == rapi.current_node_id():
+            master_port = rapi.find_free_port()
+        else:
+            ref = rapi.run_task(
+                rapi.find_free_port,
+                {"num_cpus": 0, "scheduling_strategy": rapi.node_affinity(node_id)},
+            )
+            master_port = int(rapi.get([ref], timeout_s=timeout)[0])
+    return str(master_addr), str(master_port)
+
+
+def _check_fits(pool: RayResourcePool, cls: RayClassWithInitArgs) -> None:
+    bundle = pool.bundle()
+    asked = {"CPU": cls._options.get("num_cpus"), "GPU": cls._options.get("num_gpus")}
+    for key, value in asked.items():
+        if value is None:
+            continue
+        have = bundle.get(key, 0.0)
+        if float(value) > have:
+            raise ResourcePoolError(
+                f"RayWorkerGroup: {cls.worker_cls.__qualname__} asks {key}={value} per "
+                f"actor, but each bundle of pool {pool.store} holds {have:g} "
+                f"(bundle {bundle}); lower the option or raise num_cpus_per_process"
+            )
+
+
+@dataclass
+class Launched:
+    """The actors of a group, in rank order, and where rank 0 listens."""
+
+    workers: list[rapi.ActorHandle]
+    names: list[str]
+    master_addr: str
+    master_port: str
+
+
+def launch_actors(
+    pool: RayResourcePool,
+    cia: RayClassWithInitArgs,
+    actor_cls: type,
+    *,
+    name_prefix: str,
+    worker_env: Mapping[str, str],
+    master_addr: str | None,
+    master_port: int | str | None,
+    detached: bool,
+    timeout: float,
+    created: list[rapi.ActorHandle],
+) -> Launched:
+    """Create one actor of ``actor_cls`` per bundle slot of the placed ``pool``. Every actor
+    created is appended to ``created`` at once, so the caller can kill them on a failure."""
+    slots = pool.bundle_slots()
+    addr, port = _discover_master(slots[0], master_addr, master_port, timeout)
+    class_name = cia.worker_cls.__name__
+    decorated = rapi.remote_class_options(cia.cls)
+    if decorated:
+        cia._options = merge_options(decorated, cia._options)
+    remote_cls = rapi.remote_class(actor_cls)
+    _check_fits(pool, cia)
+    user_env = (cia._options.get("runtime_env") or {}).get("env_vars") or {}
+    clash = sorted(k for k in user_env if k in RESERVED_ENV_VARS)
+    if clash:
+        raise WorkerEnvError(
+            f"RayWorkerGroup: the runtime_env of {class_name} sets {clash}, which the "
+            f"worker group sets for each worker ({', '.join(RESERVED_ENV_VARS)})"
+        )
+    share = pool.actor_resources()
+    world = len(slots)
+    names: list[str] = []
+    for rank, slot in enumerate(slots):
+        env = {
+            "WORLD_SIZE": str(world),
+            "RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(slot.local_world_size),
+            "LOCAL_RANK": str(slot.local_rank),
+            "WG_PREFIX": name_prefix,
+            "WG_BACKEND": "ray",
+            "RAY_LOCAL_WORLD_SIZE": str(slot.local_world_size),
+            "RAY_LOCAL_RANK": str(slot.local_rank),
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": port,
+            **worker_env,
+        }
+        name = f"{name_prefix}{class_name}_{slot.node_index}:{slot.local_rank}"
+        options = cia.actor_options(
+            slot.placement_group,
+            slot.bundle_index,
+            use_gpu=pool.use_gpu,
+            num_gpus=share.get("num_gpus", share.get(pool.device_resource, 0.0)),
+            device_name=pool.device_name,
+            num_cpus=share["num_cpus"],
+            name=name,
+            lifetime="detached" if detached else None,
+        )
+        kwargs = {**cia.kwargs, "_sc_env": env}
+        created.append(rapi.create_actor(remote_cls, options, cia.args, kwargs))
+        names.append(name)
+    return Launched(list(created), names, addr, port)

@@ -1,0 +1,305 @@
+"""``RayBackend``: sc-core's :class:`~sc_core.Backend` over one Ray actor per rank.
+
+:meth:`RayBackend.start` puts each distinct large argument (a DataProto, a tensor, an
+array...) into the object store once, in parallel, gives every rank that receives it the same
+reference, and submits one actor method per rank: the method's twin (``_sc_m_<name>``, see
+``_actor_class.py``), or, for a non-blocking call of a splitting mode, the entry point that
+also returns the shard's row count (its references travel in the call handle's ``state``).
+:meth:`RayBackend.wait` fetches the values within the call's deadline and maps failures to
+sc-core's errors as soon as one rank fails.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sc_core import Call, CallHandle, CallTimeoutError, RankArgs, WorkerDiedError, WorkerError
+from sc_dispatch import is_future
+
+from . import _ray_api as rapi
+from ._actor_class import CALL_METHOD, META_METHOD, TWIN_PREFIX
+from ._futures import Deadline, RayFuture, await_with_deadline
+from ._nbytes import estimate_nbytes, is_bulk
+from ._wire import ensure_tensordict_wire, is_tensordict
+
+__all__ = ["RayBackend"]
+
+logger = logging.getLogger("sc_ray")
+
+#: How often a blocking wait looks at the ranks that already answered (seconds): a failed
+#: or dead rank is reported within this long even while other ranks keep running.
+_POLL_S = 0.25
+
+_put_pool_lock = threading.Lock()
+_put_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _put_all(values: list[Any]) -> list[rapi.ObjectRef]:
+    """Put ``values`` into the object store (in parallel when there are several)."""
+    global _put_pool
+    if len(values) == 1:
+        return [rapi.put(values[0])]
+    with _put_pool_lock:
+        if _put_pool is None:
+            _put_pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="sc-ray-put")
+        pool = _put_pool
+    return list(pool.map(rapi.put, values))
+
+
+class RayBackend:
+    """Runs calls on ``workers`` (Ray actor handles, in rank order)."""
+
+    def __init__(
+        self,
+        name_prefix: str,
+        workers: list[rapi.ActorHandle],
+        twins: frozenset[str],
+        *,
+        release_attached_pgs: bool,
+        probe_timeout: float,
+    ) -> None:
+        self.name_prefix = name_prefix
+        self.workers = workers
+        self._twins = twins
+        #: A group attached with from_detached has no pool object: the placement groups its
+        #: actors run in are found through the actors (before they are killed) on close.
+        self.release_attached_pgs = release_attached_pgs
+        self._probe_timeout = probe_timeout
+        self._closed = False
+
+    # --- start -----------------------------------------------------------------------------
+
+    def _put_shared(self, rank_args: Sequence[RankArgs], call: Call) -> Sequence[RankArgs]:
+        distinct: list[Any] = []
+        for args, kwargs in rank_args:
+            for value in (*args, *kwargs.values()):
+                if (
+                    not any(value is seen for seen in distinct)
+                    and not is_future(value)
+                    and is_bulk(value)
+                ):
+                    distinct.append(value)
+        if not distinct:
+            return rank_args
+        if any(is_tensordict(v) for v in distinct):
+            ensure_tensordict_wire()
+        refs = _put_all(distinct)
+        if call.span.recording:
+            call.span.add_bytes(put=sum(estimate_nbytes(v) for v in distinct))
+
+        def swap(value: Any) -> Any:
+            for seen, ref in zip(distinct, refs, strict=True):
+                if value is seen:
+                    return ref
+            return value
+
+        return [
+            (tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()})
+            for args, kwargs in rank_args
+        ]
+
+    def start(self, call: Call, method_name: str, rank_args: Sequence[RankArgs]) -> CallHandle:
+        rank_args = self._put_shared(rank_args, call)
+        workers = self.workers
+        if not call.blocking and call.joins_shards:
+            values: list[Any] = []
+            metas: list[Any] = []
+            for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True):
+                meta, value = rapi.call_actor_multi(
+                    workers[rank], META_METHOD, (method_name, *args), kwargs, 2
+                )
+                metas.append(meta)
+                values.append(value)
+            return CallHandle(call, values, metas)
+        if method_name in self._twins:
+            twin = f"{TWIN_PREFIX}{method_name}"
+            refs = [
+                rapi.call_actor(workers[rank], twin, args, kwargs)
+                for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True)
+            ]
+        else:
+            refs = [
+                rapi.call_actor(workers[rank], CALL_METHOD, (method_name, *args), kwargs)
+                for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True)
+            ]
+        return CallHandle(call, refs)
+
+    # --- wait ------------------------------------------------------------------------------
+
+    def wait(self, handle: CallHandle) -> list[Any]:
+        call = handle.call
+        return self.wait_refs(
+            handle.rank_handles, call.ranks, call.method_name, call.deadline, call.timeout, call
+        )
+
+    def wait_refs(
+        self,
+        refs: Sequence[rapi.ObjectRef],
+        ranks: Sequence[int],
+        method: str,
+        deadline: float | None,
+        timeout: float | None,
+        call: Call | None,
+    ) -> list[Any]:
+        """The values of ``refs`` (one per rank in ``ranks``); raises as soon as a rank
+        fails, or when the deadline passes.
+
+        The common case, every rank answering within a poll interval, costs one ``ray.get``;
+        otherwise the ranks are polled with ``ray.wait`` so that a failure is reported while
+        other ranks still run."""
+        start = time.time()
+        first = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
+        try:
+            got = rapi.get(refs, timeout_s=first)
+        except Exception:  # a timeout or a failure: find out rank by rank below
+            pass
+        else:
+            self._record(call, ranks, range(len(refs)), got, start)
+            return got
+        pending: dict[int, rapi.ObjectRef] = dict(enumerate(refs))
+        values: list[Any] = [None] * len(refs)
+        while pending:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            slice_s = _POLL_S if remaining is None else min(_POLL_S, remaining)
+            ready, _ = rapi.wait(list(pending.values()), len(pending), slice_s)
+            if ready:
+                ready_ids = {id(r) for r in ready}
+                done = [i for i, r in pending.items() if id(r) in ready_ids]
+                self._collect(done, pending, values, ranks, method, call, start)
+            elif remaining is not None and remaining <= 0:
+                waiting = [ranks[i] for i in sorted(pending)]
+                raise CallTimeoutError(method, waiting, timeout)
+        return values
+
+    @staticmethod
+    def _record(
+        call: Call | None, ranks: Sequence[int], done: Sequence[int], got: list[Any], start: float
+    ) -> None:
+        if call is None or not call.span.recording:
+            return
+        now = time.time()
+        for i in done:
+            call.span.add_phase("execute", start, now, ranks[i])
+        call.span.add_bytes(fetched=sum(estimate_nbytes(v) for v in got))
+
+    def _collect(
+        self,
+        done: list[int],
+        pending: dict[int, rapi.ObjectRef],
+        values: list[Any],
+        ranks: Sequence[int],
+        method: str,
+        call: Call | None,
+        start: float,
+    ) -> None:
+        try:
+            got = rapi.get([pending[i] for i in done])
+        except Exception:
+            got = None
+        if got is not None:
+            for i, value in zip(done, got, strict=True):
+                values[i] = value
+                del pending[i]
+            self._record(call, ranks, done, got, start)
+            return
+        failures: dict[int, rapi.RemoteFailure] = {}
+        for i in done:
+            try:
+                values[i] = rapi.get([pending[i]])[0]
+            except Exception as exc:
+                failures[ranks[i]] = rapi.classify_failure(exc)
+            del pending[i]
+        _raise_failures(failures, method)
+
+    # --- non-blocking calls ------------------------------------------------------------------
+
+    def pending(self, handle: CallHandle) -> list[Any]:
+        """Non-blocking calls return Ray object references, as in verl; splitting modes get
+        futures that also know their row counts (joined into a DataProtoFuture).
+
+        A call with a deadline keeps it however its result is consumed: the futures' ``get``
+        (also inside a consumer worker) raises ``CallTimeoutError`` once it has passed, and
+        the references of the other modes are those of small tasks that wait for the value
+        until the deadline, so that ``ray.get`` raises it too."""
+        call = handle.call
+        remaining = call.remaining()
+        deadline = (
+            None
+            if remaining is None or call.timeout is None
+            else Deadline(time.time() + remaining, call.timeout, call.method_name, call.ranks)
+        )
+        if handle.state is None:
+            if deadline is None:
+                return list(handle.rank_handles)
+            return [
+                rapi.run_task(
+                    await_with_deadline,
+                    {"num_cpus": 0, "max_retries": 0},
+                    ([ref], deadline, rank),
+                )
+                for rank, ref in zip(call.ranks, handle.rank_handles, strict=True)
+            ]
+        return [
+            RayFuture(ref, meta, call.method_name, rank, deadline)
+            for rank, ref, meta in zip(call.ranks, handle.rank_handles, handle.state, strict=True)
+        ]
+
+    # --- the rest of the contract ---------------------------------------------------------------
+
+    def is_done(self, rank_handle: Any) -> bool:
+        return not rapi.is_object_ref(rank_handle) or rapi.is_ready(rank_handle)
+
+    def cancel(self, rank_handle: Any) -> bool:
+        return rapi.is_object_ref(rank_handle) and rapi.cancel(rank_handle)
+
+    def is_alive(self, rank: int) -> bool:
+        return rapi.actor_state(self.workers[rank]) != "DEAD"
+
+    def close(self) -> None:
+        """Kill every actor (detached ones too); a group attached with ``from_detached``
+        also removes the placement groups its actors ran in, unless told not to."""
+        if self._closed:
+            return
+        self._closed = True
+        attached: dict[str, rapi.PlacementGroup] = {}
+        if self.release_attached_pgs:
+            for worker in self.workers:
+                try:
+                    pg = rapi.actor_placement_group(worker, timeout_s=self._probe_timeout)
+                except Exception:  # a dead actor has nothing to ask; its group may still
+                    continue
+                if pg is not None:
+                    attached[rapi.placement_group_id(pg)] = pg
+        for worker in self.workers:
+            rapi.kill(worker)
+        for pg in attached.values():
+            rapi.remove_placement_group(pg)
+            logger.info(
+                "released placement group %s of an attached group", rapi.placement_group_id(pg)
+            )
+
+
+def _raise_failures(failures: Mapping[int, rapi.RemoteFailure], method: str) -> None:
+    died = sorted(r for r, f in failures.items() if f.kind == "died")
+    if died:
+        reason = failures[died[0]].cause_type
+        raise WorkerDiedError(method, died, reason) from failures[died[0]].cause
+    first = min(failures)
+    failure = failures[first]
+    others = sorted(r for r in failures if r != first)
+    if isinstance(failure.cause, WorkerError):  # raised by the worker's entry point
+        raise failure.cause.with_other_failed_ranks(others) from failure.cause.cause
+    raise WorkerError(
+        method,
+        first,
+        failure.cause_type,
+        str(failure.cause),
+        failure.traceback,
+        other_failed_ranks=others,
+        cause=failure.cause,
+    ) from failure.cause
