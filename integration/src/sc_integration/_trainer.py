@@ -156,7 +156,8 @@ class RayPPOTrainer:
         critic = self._workers("critic_wg").critic
         if critic is None:
             raise TrainerStateError(
-                f"RayPPOTrainer.critic_wg: algorithm {self.config.algorithm!r} runs no critic"
+                "RayPPOTrainer.critic_wg: role_worker_mapping has no Role.Critic (algorithm "
+                f"{self.config.algorithm!r} runs no critic)"
             )
         return critic
 
@@ -165,8 +166,14 @@ class RayPPOTrainer:
         groups, self._groups = self._groups, None
         if groups is None:
             return
+        failure: BaseException | None = None
         for group in reversed(groups.owned):
-            self.backend.close_group(group)
+            try:
+                self.backend.close_group(group)
+            except BaseException as exc:  # close the others, then report the first failure
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     # -------------------------------------------------------------------- data
     def _prompt_batch(self, texts: np.ndarray, uid_prefix: str, meta: dict[str, Any]) -> DataProto:
