@@ -421,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noop-repeat", type=int, default=None, help="no-op calls timed (200)")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, few repeats")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["noop", "dp_proto", "dp_workers", "chain", "startup"]
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["noop", "dp_proto", "dp_workers", "chain", "startup"],
     )
     args = parser.parse_args(argv)
     q = args.quick

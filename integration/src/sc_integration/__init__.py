@@ -11,16 +11,20 @@ from ._backends import LocalBackend, RayBackend, WorkerBackend, make_backend
 from ._balance import balanced_order, shard_token_sums
 from ._config import ALGORITHMS, BACKENDS, Algorithm, Backend, TrainerConfig
 from ._errors import (
+    BackendMismatchError,
     CheckpointError,
     IntegrationError,
     TaskError,
     TrainerConfigError,
+    TrainerStateError,
     TrainingDivergedError,
     WorkerOutputError,
 )
-from ._output import PLOT_PANELS, RunOutput, read_metrics, resolve_checkpoint
+from ._output import PLOT_PANELS, RunOutput, check_resumable, read_metrics, resolve_checkpoint
+from ._roles import Role
+from ._runner import TaskRunner
 from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
-from ._trainer import RayPPOTrainer, Role, RunResult, TaskRunner, check_resumable
+from ._trainer import RayPPOTrainer, RunResult
 
 __all__ = [
     "ALGORITHMS",
@@ -29,6 +33,7 @@ __all__ = [
     "TASK_MODES",
     "Algorithm",
     "Backend",
+    "BackendMismatchError",
     "CharTokenizer",
     "CheckpointError",
     "IntegrationError",
@@ -45,6 +50,7 @@ __all__ = [
     "TaskRunner",
     "TrainerConfig",
     "TrainerConfigError",
+    "TrainerStateError",
     "TrainingDivergedError",
     "WorkerBackend",
     "WorkerOutputError",

@@ -2,7 +2,12 @@
 
 The trainer is written once against the verl-named API (resource pool manager, class with
 init args, colocated worker class, worker group with ``spawn``); a :class:`WorkerBackend`
-supplies the backend's versions of those pieces and starts and stops what it needs.
+supplies the backend's versions of those pieces and starts and stops what it needs. The
+pieces are typed by the worker class (``worker_group(pool, ClassWithInitArgs[W]) ->
+WorkerGroup[W]``), so the trainer's calls are checked (``sc_core.mypy_plugin``). The local
+backend uses sc-core's ``ResourcePoolManager`` as it is, the Ray backend sc-ray's
+specialisation of it; a piece of one backend given to the other is a
+:class:`BackendMismatchError`.
 """
 
 from __future__ import annotations
@@ -11,14 +16,26 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from sc_core import (
+    ClassWithInitArgs,
+    LocalWorkerGroup,
+    ResourcePool,
+    ResourcePoolManager,
+    Worker,
+    WorkerGroup,
+    create_colocated_worker_cls,
+)
 
 from ._config import TrainerConfig
-from ._errors import TrainerConfigError
+from ._errors import BackendMismatchError, TrainerConfigError
 
 __all__ = ["LocalBackend", "RayBackend", "WorkerBackend", "make_backend"]
 
 logger = logging.getLogger(__name__)
+
+W = TypeVar("W")
 
 #: Environment of every worker process: one intra-op thread each (the machine is small and
 #: shared; several single-threaded workers beat one oversubscribed pool).
@@ -26,7 +43,7 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 
 class WorkerBackend(Protocol):
-    """What the trainer needs from a backend."""
+    """What the trainer needs from a backend: verl's pieces, typed by the worker class."""
 
     name: str
 
@@ -35,20 +52,19 @@ class WorkerBackend(Protocol):
 
     def resource_pool_manager(
         self, spec: Mapping[str, Sequence[int]], mapping: Mapping[Any, str]
-    ) -> Any:
-        """A manager with ``create_resource_pool()`` and ``get_resource_pool(role)``."""
+    ) -> ResourcePoolManager:
+        """The backend's ``ResourcePoolManager`` of pools ``spec`` for roles ``mapping``."""
 
-    def class_with_init(self, cls: type, **kwargs: Any) -> Any:
+    def class_with_init(self, cls: type[W], **kwargs: Any) -> ClassWithInitArgs[W]:
         """The backend's ``ClassWithInitArgs`` for ``cls(**kwargs)``."""
 
-    def create_colocated_worker_cls(self, class_dict: Mapping[str, Any]) -> Any:
+    def create_colocated_worker_cls(
+        self, class_dict: Mapping[str, ClassWithInitArgs[Any]]
+    ) -> ClassWithInitArgs[Worker]:
         """One class holding every role of ``class_dict`` (one process per rank)."""
 
-    def worker_group(self, pool: Any, cls_with_init: Any) -> Any:
-        """A worker group of ``cls_with_init`` on ``pool``."""
-
-    def close_group(self, group: Any) -> None:
-        """Stop the workers of ``group`` (and release its resources)."""
+    def worker_group(self, pool: ResourcePool, cls: ClassWithInitArgs[W]) -> WorkerGroup[W]:
+        """A worker group of ``cls`` on ``pool`` (both made by this backend)."""
 
 
 class RayBackend:
@@ -84,48 +100,41 @@ class RayBackend:
 
     def resource_pool_manager(
         self, spec: Mapping[str, Sequence[int]], mapping: Mapping[Any, str]
-    ) -> Any:
-        from sc_ray import ResourcePoolManager
+    ) -> ResourcePoolManager:
+        from sc_ray import ResourcePoolManager as RayResourcePoolManager
 
-        return ResourcePoolManager(spec, mapping, use_gpu=False)
+        return RayResourcePoolManager(spec, mapping, use_gpu=False)
 
-    def class_with_init(self, cls: type, **kwargs: Any) -> Any:
-        import ray
+    def class_with_init(self, cls: type[W], **kwargs: Any) -> ClassWithInitArgs[W]:
         from sc_ray import RayClassWithInitArgs
 
-        return RayClassWithInitArgs(ray.remote(cls), **kwargs)
+        # A plain class: sc-ray makes it a Ray actor class when it creates the actors.
+        return RayClassWithInitArgs(cls, **kwargs)
 
-    def create_colocated_worker_cls(self, class_dict: Mapping[str, Any]) -> Any:
+    def create_colocated_worker_cls(
+        self, class_dict: Mapping[str, ClassWithInitArgs[Any]]
+    ) -> ClassWithInitArgs[Worker]:
         from sc_ray import create_colocated_worker_cls
 
         return create_colocated_worker_cls(class_dict=dict(class_dict))
 
-    def worker_group(self, pool: Any, cls_with_init: Any) -> Any:
-        from sc_ray import RayWorkerGroup
+    def worker_group(self, pool: ResourcePool, cls: ClassWithInitArgs[W]) -> WorkerGroup[W]:
+        from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-        return RayWorkerGroup(
-            resource_pool=pool, ray_cls_with_init=cls_with_init, worker_env=dict(WORKER_ENV)
+        if not isinstance(pool, RayResourcePool):
+            raise BackendMismatchError(
+                f"RayBackend.worker_group: pool must be a RayResourcePool (from this backend's "
+                f"resource_pool_manager), got {pool!r}"
+            )
+        if not isinstance(cls, RayClassWithInitArgs):
+            raise BackendMismatchError(
+                f"RayBackend.worker_group: cls must be a RayClassWithInitArgs (from this "
+                f"backend's class_with_init), got {cls!r}"
+            )
+        group: WorkerGroup[W] = RayWorkerGroup(
+            resource_pool=pool, ray_cls_with_init=cls, worker_env=dict(WORKER_ENV)
         )
-
-    def close_group(self, group: Any) -> None:
-        group.shutdown()
-
-
-class _LocalPoolManager:
-    """The in-process counterpart of sc-ray's ``ResourcePoolManager``."""
-
-    def __init__(self, spec: Mapping[str, Sequence[int]], mapping: Mapping[Any, str]) -> None:
-        self.spec = {k: list(v) for k, v in spec.items()}
-        self.mapping = dict(mapping)
-        self.pools: dict[str, Any] = {}
-
-    def create_resource_pool(self) -> None:
-        from sc_core import ResourcePool
-
-        self.pools = {name: ResourcePool(counts) for name, counts in self.spec.items()}
-
-    def get_resource_pool(self, role: Any) -> Any:
-        return self.pools[self.mapping[role]]
+        return group
 
 
 class LocalBackend:
@@ -146,26 +155,19 @@ class LocalBackend:
 
     def resource_pool_manager(
         self, spec: Mapping[str, Sequence[int]], mapping: Mapping[Any, str]
-    ) -> Any:
-        return _LocalPoolManager(spec, mapping)
+    ) -> ResourcePoolManager:
+        return ResourcePoolManager(spec, mapping)
 
-    def class_with_init(self, cls: type, **kwargs: Any) -> Any:
-        from sc_core import ClassWithInitArgs
-
+    def class_with_init(self, cls: type[W], **kwargs: Any) -> ClassWithInitArgs[W]:
         return ClassWithInitArgs(cls, **kwargs)
 
-    def create_colocated_worker_cls(self, class_dict: Mapping[str, Any]) -> Any:
-        from sc_core import create_colocated_worker_cls
-
+    def create_colocated_worker_cls(
+        self, class_dict: Mapping[str, ClassWithInitArgs[Any]]
+    ) -> ClassWithInitArgs[Worker]:
         return create_colocated_worker_cls(class_dict=dict(class_dict))
 
-    def worker_group(self, pool: Any, cls_with_init: Any) -> Any:
-        from sc_core import LocalWorkerGroup
-
-        return LocalWorkerGroup(resource_pool=pool, cls_with_init=cls_with_init)
-
-    def close_group(self, group: Any) -> None:
-        group.close()
+    def worker_group(self, pool: ResourcePool, cls: ClassWithInitArgs[W]) -> WorkerGroup[W]:
+        return LocalWorkerGroup(resource_pool=pool, cls_with_init=cls)
 
 
 def make_backend(config: TrainerConfig) -> WorkerBackend:

@@ -11,8 +11,13 @@ exception it means, so callers may catch either::
     ├── CheckpointError (FileNotFoundError)   a checkpoint to resume from that is missing or
     │                                         incomplete
     ├── TrainingDivergedError (RuntimeError)  a loss or reward that is not finite
-    └── WorkerOutputError (RuntimeError)      a worker group returned a batch without the
-                                              columns the next stage reads
+    ├── WorkerOutputError (RuntimeError)      a worker group returned a batch without the
+    │                                         columns the next stage reads
+    ├── TrainerStateError (RuntimeError)      the trainer used before ``init_workers`` (or
+    │                                         after ``close``), or a spawned role group that
+    │                                         does not bind its role's methods
+    └── BackendMismatchError (TypeError)      a pool, class or group of one backend given to
+                                              another (a ``ResourcePool`` to the Ray backend)
 
 Messages name the method or option and the offending value.
 """
@@ -20,10 +25,12 @@ Messages name the method or option and the offending value.
 from __future__ import annotations
 
 __all__ = [
+    "BackendMismatchError",
     "CheckpointError",
     "IntegrationError",
     "TaskError",
     "TrainerConfigError",
+    "TrainerStateError",
     "TrainingDivergedError",
     "WorkerOutputError",
 ]
@@ -51,3 +58,13 @@ class TrainingDivergedError(IntegrationError, RuntimeError):
 
 class WorkerOutputError(IntegrationError, RuntimeError):
     """A worker group returned a batch without the columns the next stage reads."""
+
+
+class TrainerStateError(IntegrationError, RuntimeError):
+    """The trainer used in a state that cannot serve the request: its worker groups asked
+    for before ``init_workers`` or after ``close``, or a spawned role group that does not
+    bind the methods of its role's class."""
+
+
+class BackendMismatchError(IntegrationError, TypeError):
+    """A resource pool, worker class or worker group of one backend given to another."""

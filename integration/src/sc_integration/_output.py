@@ -18,12 +18,14 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ._config import TrainerConfig
 from ._errors import CheckpointError
 
-__all__ = ["PLOT_PANELS", "RunOutput", "read_metrics", "resolve_checkpoint"]
+__all__ = ["PLOT_PANELS", "RunOutput", "check_resumable", "read_metrics", "resolve_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,3 +180,37 @@ def _jsonable(value: Any) -> Any:
     if callable(item):
         return _jsonable(item())
     return str(value)
+
+
+#: Settings a resumed run must share with the run that wrote the checkpoint (the worker
+#: state is sharded per rank and shaped by the model and task).
+_RESUME_KEYS = (
+    "algorithm",
+    "workers_per_role",
+    "nnodes",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "task",
+)
+
+
+def check_resumable(folder: Path, config: TrainerConfig) -> int:
+    """The step the checkpoint in ``folder`` was taken at, if ``config`` can resume from it."""
+    try:
+        state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+        step = int(state["global_step"])
+        saved = dict(state["config"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"resume: cannot read {folder / TRAINER_STATE}: {err}") from err
+    now = asdict(config)
+    differ = {k: (saved.get(k), now[k]) for k in _RESUME_KEYS if saved.get(k) != now[k]}
+    if differ:
+        detail = ", ".join(f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in differ.items())
+        raise CheckpointError(f"resume: {folder} does not fit this run ({detail})")
+    if step >= config.steps:
+        raise CheckpointError(
+            f"resume: {folder} is at step {step}; ask for more steps than that, got "
+            f"steps={config.steps}"
+        )
+    return step

@@ -1,15 +1,16 @@
 """The reference PPO/GRPO trainer, in the single-controller style.
 
-:class:`TaskRunner` maps roles to worker classes and resource pools and builds a
-:class:`RayPPOTrainer`; ``init_workers`` turns the roles into worker groups (actor, rollout
-and reference colocated in one process per rank, the critic with them or in a pool of its
-own); ``fit`` is the training loop, written as plain sequential Python on the driver.
+:class:`RayPPOTrainer`'s ``init_workers`` turns the roles into typed worker groups (actor,
+rollout and reference colocated in one process per rank, the critic with them or in a pool
+of its own; see ``_roles``); ``fit`` is the training loop, written as plain sequential
+Python on the driver. Every worker call is checked by mypy with ``sc_core.mypy_plugin``:
+``self.actor_rollout_wg`` is a ``WorkerGroup[ActorRolloutRefWorker]``, so
+``self.actor_rollout_wg.compute_log_prob(batch)`` takes and returns a ``DataProto``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import logging
 import math
@@ -21,33 +22,24 @@ from typing import Any
 
 import numpy as np
 import torch
-from sc_core import SpanRecorder
+from sc_core import ResourcePoolManager, WorkerGroup
 from sc_protocol import DataProto
-from sc_workers import (
-    ActorConfig,
-    ActorRolloutRefConfig,
-    ActorRolloutRefWorker,
-    CriticConfig,
-    CriticWorker,
-    ModelConfig,
-    OptimConfig,
-    RefConfig,
-    RolloutConfig,
-)
+from sc_workers import ActorRolloutRefWorker, CriticWorker
 from sc_workers.algos import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     masked_mean,
 )
 
-from ._backends import WorkerBackend, make_backend
+from ._backends import WorkerBackend
 from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
-from ._errors import CheckpointError, TrainingDivergedError, WorkerOutputError
-from ._output import TRAINER_STATE, RunOutput, read_metrics, resolve_checkpoint
+from ._errors import TrainerStateError, TrainingDivergedError, WorkerOutputError
+from ._output import RunOutput, check_resumable, read_metrics
+from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
 from ._task import DigitsTask
 
-__all__ = ["RayPPOTrainer", "Role", "RunResult", "TaskRunner"]
+__all__ = ["TIMING_PREFIXES", "RayPPOTrainer", "RunResult"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +47,6 @@ ProgressFn = Callable[[int, Mapping[str, Any]], None]
 
 #: Metric keys that depend on wall time; everything else is a function of the seed.
 TIMING_PREFIXES = ("timing/", "perf/")
-
-
-class Role(enum.Enum):
-    """The roles of the RL dataflow that this trainer places (verl's names)."""
-
-    ActorRolloutRef = "actor_rollout_ref"
-    Critic = "critic"
 
 
 @dataclass
@@ -92,64 +77,6 @@ class _StageTimer:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
-def _worker_configs(
-    config: TrainerConfig, task: DigitsTask, dp_size: int
-) -> tuple[ActorRolloutRefConfig, CriticConfig]:
-    """The sc-workers configuration of the actor/rollout/ref and critic workers."""
-    tok = task.tokenizer
-    model = ModelConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        intermediate_size=4 * config.hidden_size,
-        max_position_embeddings=task.prompt_length + task.response_length,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        seed=config.seed,
-    )
-    n = config.responses_per_prompt
-    mini_prompts = config.prompts_per_step // config.ppo_mini_batches
-    micro = mini_prompts * n // dp_size  # one micro-batch per mini-batch: tiny model, few rows
-    rows_per_rank = config.rows_per_step // dp_size
-    actor_rollout_ref = ActorRolloutRefConfig(
-        model=model,
-        actor=ActorConfig(
-            ppo_mini_batch_size=mini_prompts,
-            ppo_micro_batch_size_per_gpu=micro,
-            ppo_epochs=config.ppo_epochs,
-            clip_ratio=config.clip_ratio,
-            entropy_coeff=config.entropy_coeff,
-            use_kl_loss=config.kl_coef > 0,
-            kl_loss_coef=config.kl_coef,
-            kl_loss_type="low_var_kl",
-            data_loader_seed=config.seed,
-            optim=OptimConfig(lr=config.actor_lr, weight_decay=0.0),
-        ),
-        rollout=RolloutConfig(
-            temperature=config.temperature,
-            response_length=task.response_length,
-            n=n,
-            log_prob_micro_batch_size_per_gpu=rows_per_rank,
-            seed=config.seed,
-        ),
-        ref=RefConfig(log_prob_micro_batch_size_per_gpu=rows_per_rank),
-        device="cpu",
-    )
-    critic = CriticConfig(
-        model=model,
-        ppo_mini_batch_size=mini_prompts,
-        ppo_micro_batch_size_per_gpu=micro,
-        forward_micro_batch_size_per_gpu=rows_per_rank,
-        ppo_epochs=config.ppo_epochs,
-        rollout_n=n,
-        data_loader_seed=config.seed,
-        optim=OptimConfig(lr=config.critic_lr, weight_decay=0.0),
-        device="cpu",
-    )
-    return actor_rollout_ref, critic
-
-
 class RayPPOTrainer:
     """The PPO/GRPO loop on the driver; every stage is one call on a worker group.
 
@@ -162,78 +89,91 @@ class RayPPOTrainer:
         config: TrainerConfig,
         task: DigitsTask,
         role_worker_mapping: Mapping[Role, type],
-        resource_pool_manager: Any,
+        resource_pool_manager: ResourcePoolManager,
         backend: WorkerBackend,
         output: RunOutput,
     ) -> None:
         self.config = config
         self.task = task
         self.role_worker_mapping = dict(role_worker_mapping)
+        self._classes = role_classes(self.role_worker_mapping)
         self.resource_pool_manager = resource_pool_manager
         self.backend = backend
         self.output = output
-        self.use_critic = Role.Critic in self.role_worker_mapping
+        self.use_critic = self._classes.critic is not None
         self.dp_size = config.workers_per_role
-        self.actor_rollout_ref_config, self.critic_config = _worker_configs(
+        self.actor_rollout_ref_config, self.critic_config = worker_configs(
             config, task, self.dp_size
         )
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
-        self.actor_rollout_wg: Any = None
-        self.ref_policy_wg: Any = None
-        self.critic_wg: Any = None
-        self._owned_groups: list[Any] = []
+        self._groups: TrainerGroups | None = None
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
-        """Create the resource pools, then one worker group per role.
+        """Create the resource pools, then one worker group per role, and load the models.
 
         The actor, its rollout and the reference model are one worker (role
-        ``actor_rollout_ref``), so they share a process per rank. Roles that share a pool
-        (the critic with ``colocate``) are fused into one class with
-        ``create_colocated_worker_cls``; ``spawn`` then gives one worker group per role over
-        the same processes.
+        ``actor_rollout_ref``), so they share a process per rank. A critic that shares their
+        pool (``colocate``) is fused with them into one class with
+        ``create_colocated_worker_cls``; ``spawn`` then gives one group per role over the
+        same processes (see :func:`~sc_integration._roles.build_worker_groups`).
         """
-        self.resource_pool_manager.create_resource_pool()
-        pool_to_classes: dict[Any, dict[str, Any]] = {}
-        role_kwargs: dict[Role, tuple[str, dict[str, Any]]] = {
-            Role.ActorRolloutRef: (
-                "actor_rollout",
-                {"config": self.actor_rollout_ref_config, "role": "actor_rollout_ref"},
-            ),
-            Role.Critic: ("critic", {"config": self.critic_config}),
-        }
-        for role, worker_cls in self.role_worker_mapping.items():
-            prefix, kwargs = role_kwargs[role]
-            pool = self.resource_pool_manager.get_resource_pool(role)
-            pool_to_classes.setdefault(pool, {})[prefix] = self.backend.class_with_init(
-                worker_cls, **kwargs
-            )
-        all_wg: dict[str, Any] = {}
-        for pool, class_dict in pool_to_classes.items():
-            if len(class_dict) == 1:
-                ((prefix, cls_with_init),) = class_dict.items()
-                all_wg[prefix] = self._own(self.backend.worker_group(pool, cls_with_init))
-            else:
-                colocated = self.backend.create_colocated_worker_cls(class_dict)
-                wg_dict = self._own(self.backend.worker_group(pool, colocated))
-                all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
-        self.actor_rollout_wg = all_wg["actor_rollout"]
-        self.ref_policy_wg = self.actor_rollout_wg  # the reference lives in the actor process
+        if self._groups is not None:
+            raise TrainerStateError("RayPPOTrainer.init_workers: the workers are already up")
+        self._groups = build_worker_groups(
+            self.backend,
+            self.resource_pool_manager,
+            self._classes,
+            self.actor_rollout_ref_config,
+            self.critic_config,
+        )
         self.actor_rollout_wg.init_model()
         if self.use_critic:
-            self.critic_wg = all_wg["critic"]
             self.critic_wg.init_model()
 
-    def _own(self, group: Any) -> Any:
-        """Keep ``group`` (it owns workers that spawned groups use) until :meth:`close`."""
-        self._owned_groups.append(group)
-        return group
+    def _workers(self, attribute: str) -> TrainerGroups:
+        if self._groups is None:
+            raise TrainerStateError(
+                f"RayPPOTrainer.{attribute}: no worker groups; call init_workers first (and "
+                "not after close)"
+            )
+        return self._groups
+
+    @property
+    def actor_rollout_wg(self) -> WorkerGroup[ActorRolloutRefWorker]:
+        """The actor/rollout/reference group (after :meth:`init_workers`)."""
+        return self._workers("actor_rollout_wg").actor_rollout
+
+    @property
+    def ref_policy_wg(self) -> WorkerGroup[ActorRolloutRefWorker]:
+        """The reference policy's group: the actor's, the reference lives in its process."""
+        return self._workers("ref_policy_wg").actor_rollout
+
+    @property
+    def critic_wg(self) -> WorkerGroup[CriticWorker]:
+        """The critic's group (PPO only, after :meth:`init_workers`)."""
+        critic = self._workers("critic_wg").critic
+        if critic is None:
+            raise TrainerStateError(
+                "RayPPOTrainer.critic_wg: role_worker_mapping has no Role.Critic (algorithm "
+                f"{self.config.algorithm!r} runs no critic)"
+            )
+        return critic
 
     def close(self) -> None:
         """Stop every worker (spawned role groups share the workers of the groups owned here)."""
-        while self._owned_groups:
-            self.backend.close_group(self._owned_groups.pop())
+        groups, self._groups = self._groups, None
+        if groups is None:
+            return
+        failure: BaseException | None = None
+        for group in reversed(groups.owned):
+            try:
+                group.close()
+            except BaseException as exc:  # close the others, then report the first failure
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     # -------------------------------------------------------------------- data
     def _prompt_batch(self, texts: np.ndarray, uid_prefix: str, meta: dict[str, Any]) -> DataProto:
@@ -413,40 +353,6 @@ class RayPPOTrainer:
         logger.info("resumed from %s at step %d", folder, step)
 
 
-#: Settings a resumed run must share with the run that wrote the checkpoint (the worker
-#: state is sharded per rank and shaped by the model and task).
-_RESUME_KEYS = (
-    "algorithm",
-    "workers_per_role",
-    "nnodes",
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "task",
-)
-
-
-def check_resumable(folder: Path, config: TrainerConfig) -> int:
-    """The step the checkpoint in ``folder`` was taken at, if ``config`` can resume from it."""
-    try:
-        state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
-        step = int(state["global_step"])
-        saved = dict(state["config"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"resume: cannot read {folder / TRAINER_STATE}: {err}") from err
-    now = asdict(config)
-    differ = {k: (saved.get(k), now[k]) for k in _RESUME_KEYS if saved.get(k) != now[k]}
-    if differ:
-        detail = ", ".join(f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in differ.items())
-        raise CheckpointError(f"resume: {folder} does not fit this run ({detail})")
-    if step >= config.steps:
-        raise CheckpointError(
-            f"resume: {folder} is at step {step}; ask for more steps than that, got "
-            f"steps={config.steps}"
-        )
-    return step
-
-
 _NEEDED = {
     "balance": ("attention_mask",),
     "reward": ("responses", "response_mask"),
@@ -484,69 +390,3 @@ def _check_finite(step: int, metrics: Mapping[str, Any]) -> None:
     }
     if bad:
         raise TrainingDivergedError(f"RayPPOTrainer.fit: step {step} has non-finite metrics {bad}")
-
-
-class TaskRunner:
-    """Assembles a run: roles → worker classes, roles → resource pools, then train.
-
-    ``run`` starts the backend (a local Ray cluster for ``backend="ray"``), builds the
-    trainer, calls ``init_workers`` and ``fit``, writes the plot and the trace, and stops the
-    backend again.
-    """
-
-    def __init__(self, config: TrainerConfig) -> None:
-        self.config = config
-
-    def role_worker_mapping(self) -> dict[Role, type]:
-        mapping: dict[Role, type] = {Role.ActorRolloutRef: ActorRolloutRefWorker}
-        if self.config.uses_critic:
-            mapping[Role.Critic] = CriticWorker
-        return mapping
-
-    def resource_pool_spec(self) -> tuple[dict[str, list[int]], dict[Role, str]]:
-        """Pools (processes per node) and the pool of each role."""
-        cfg = self.config
-        per_node = [cfg.workers_per_role // cfg.nnodes] * cfg.nnodes
-        spec = {"global_pool": per_node}
-        mapping = {Role.ActorRolloutRef: "global_pool"}
-        if self.config.uses_critic:
-            if self.config.colocate:
-                mapping[Role.Critic] = "global_pool"
-            else:
-                spec["critic_pool"] = list(per_node)
-                mapping[Role.Critic] = "critic_pool"
-        return spec, mapping
-
-    def build_trainer(self, backend: WorkerBackend) -> RayPPOTrainer:
-        """The trainer of this run on ``backend``; its workers start in ``init_workers``."""
-        cfg = self.config
-        spec, mapping = self.resource_pool_spec()
-        return RayPPOTrainer(
-            cfg,
-            DigitsTask(cfg.task),
-            self.role_worker_mapping(),
-            backend.resource_pool_manager(spec, mapping),
-            backend,
-            RunOutput(cfg.output_dir),
-        )
-
-    def run(
-        self, progress: ProgressFn | None = None, on_start: Callable[[int], None] | None = None
-    ) -> RunResult:
-        """Train as configured; ``progress(step, metrics)`` after every step."""
-        cfg = self.config
-        resume = None if cfg.resume_from is None else resolve_checkpoint(cfg.resume_from)
-        if resume is not None:
-            check_resumable(resume, cfg)  # before any worker starts
-        backend = make_backend(cfg)
-        recorder = SpanRecorder()
-        with backend.running(), recorder:
-            trainer = self.build_trainer(backend)
-            try:
-                trainer.init_workers()
-                result = trainer.fit(progress=progress, on_start=on_start, resume_from=resume)
-            finally:
-                trainer.close()
-                recorder.write_chrome_trace(trainer.output.trace_path)
-        trainer.output.write_plot(result.history)
-        return result

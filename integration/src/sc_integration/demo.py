@@ -18,8 +18,8 @@ from typing import Any
 
 from ._config import ALGORITHMS, BACKENDS, TrainerConfig
 from ._errors import IntegrationError
+from ._runner import TaskRunner
 from ._task import TASK_MODES, TaskConfig
-from ._trainer import TaskRunner
 
 __all__ = ["build_parser", "config_from_args", "main"]
 

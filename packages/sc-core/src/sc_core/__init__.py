@@ -5,7 +5,8 @@ group (:class:`LocalWorkerGroup` here, ``sc_ray.RayWorkerGroup`` on Ray) builds 
 instance per rank and binds each registered method as a distributed call:
 ``wg.compute(batch)`` splits ``batch``, runs ``compute`` on every worker and joins the
 results. :class:`WorkerGroup` is the base class of every backend; its module docstring is
-the backend contract. Depends on sc-dispatch only.
+the backend contract. :class:`ResourcePoolManager` keeps named pools for a trainer's roles.
+Depends on sc-dispatch only.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from ._errors import (
 )
 from ._future import LazyFuture
 from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
+from ._pool_manager import ResourcePoolManager
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._spans import (
     CallSpan,
@@ -114,6 +116,7 @@ __all__ = [
     "RendezvousTimeoutError",
     "ResourcePool",
     "ResourcePoolError",
+    "ResourcePoolManager",
     "ScCoreError",
     "SpanObserver",
     "SpanRecorder",

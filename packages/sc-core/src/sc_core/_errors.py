@@ -36,7 +36,8 @@ so callers may catch either::
     │                                          attribute the framework relies on (a worker
     │                                          group attribute, a reserved ``Worker`` name)
     ├── UnknownRoleError (KeyError)            ``spawn`` / ``spawn_fused`` of a role the
-    │                                          colocated class does not have
+    │                                          colocated class does not have, or a role a
+    │                                          ``ResourcePoolManager`` maps to no pool
     ├── WorkerEnvironmentError (ValueError)    a worker environment that cannot be used:
     │   │                                      RANK >= WORLD_SIZE, RANK="x", ...
     │   └── VisibleDevicesError                CUDA/HIP/ROCR_VISIBLE_DEVICES that disagree
@@ -369,7 +370,8 @@ class ColocationError(InvalidConfigError):
 
 
 class UnknownRoleError(ScCoreError, _KeyErrorMessage):
-    """A role that the colocated or fused worker class does not have."""
+    """A role that the colocated or fused worker class does not have, or that a
+    ``ResourcePoolManager`` maps to no pool."""
 
 
 class WorkerEnvironmentError(ScCoreError, ValueError):

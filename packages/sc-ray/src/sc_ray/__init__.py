@@ -2,7 +2,8 @@
 
 verl's Ray layer under the same names: :class:`RayResourcePool` (one placement group per
 node, ordered by node IP), :class:`RayClassWithInitArgs`, :class:`RayWorkerGroup`,
-:class:`ResourcePoolManager`, colocated and fused worker classes, split and merge of pools.
+:class:`ResourcePoolManager` (sc-core's manager building Ray pools, also named
+:class:`RayResourcePoolManager`), colocated and fused worker classes, split and merge of pools.
 Ray's loosely typed API is confined to one private module; importing ``sc_ray`` does not
 import torch or sc-protocol (they are imported when a DataProto is handled).
 """
@@ -19,18 +20,15 @@ from ._errors import (
     WorkerEnvError,
 )
 from ._futures import RayFuture
-from ._resource_pool import (
-    PLACEMENT_TIMEOUT_ENV,
-    RayResourcePool,
-    ResourcePoolManager,
-    SubRayResourcePool,
-    merge_resource_pool,
-    sort_placement_group_by_node_ip,
-    split_resource_pool,
-)
+from ._pool_manager import RayResourcePoolManager
+from ._resource_pool import PLACEMENT_TIMEOUT_ENV, RayResourcePool, sort_placement_group_by_node_ip
+from ._sub_pool import SubRayResourcePool, merge_resource_pool, split_resource_pool
 from ._worker_group import RESERVED_ENV_VARS, RayWorkerGroup
 
 register_adapters()
+
+#: verl's name: sc-ray's specialisation of :class:`sc_core.ResourcePoolManager`.
+ResourcePoolManager = RayResourcePoolManager
 
 __version__ = "0.1.0"
 
@@ -43,6 +41,7 @@ __all__ = [
     "RayClassWithInitArgs",
     "RayFuture",
     "RayResourcePool",
+    "RayResourcePoolManager",
     "RayWorkerGroup",
     "ResourcePoolError",
     "ResourcePoolManager",

@@ -14,23 +14,19 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from sc_core import ResourcePool, UnknownRoleError
+from sc_core import ResourcePool
 
 from . import _ray_api as rapi
 from ._errors import InsufficientResourcesError, PlacementTimeoutError, ResourcePoolError
 
 __all__ = [
     "DEFAULT_PLACEMENT_TIMEOUT_S",
+    "DEVICE_RESOURCE",
     "PLACEMENT_TIMEOUT_ENV",
     "BundleSlot",
     "RayResourcePool",
-    "ResourcePoolManager",
-    "SubRayResourcePool",
-    "merge_resource_pool",
     "sort_placement_group_by_node_ip",
-    "split_resource_pool",
 ]
 
 logger = logging.getLogger("sc_ray")
@@ -39,7 +35,8 @@ logger = logging.getLogger("sc_ray")
 PLACEMENT_TIMEOUT_ENV = "SC_RAY_PLACEMENT_TIMEOUT_S"
 DEFAULT_PLACEMENT_TIMEOUT_S = 300.0
 
-_DEVICE_RESOURCE = {"cuda": "GPU", "gpu": "GPU", "npu": "NPU"}
+#: Ray's resource name for each device name a pool accepts.
+DEVICE_RESOURCE = {"cuda": "GPU", "gpu": "GPU", "npu": "NPU"}
 
 
 def _default_placement_timeout() -> float:
@@ -99,17 +96,6 @@ class BundleSlot:
     local_world_size: int
 
 
-def _check_counts(process_on_nodes: Sequence[int]) -> list[int]:
-    counts = list(process_on_nodes)
-    bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 1]
-    if not counts or bad:
-        raise ResourcePoolError(
-            f"process_on_nodes must be a non-empty list of positive process counts per node, "
-            f"got {list(process_on_nodes)!r}"
-        )
-    return counts
-
-
 class RayResourcePool(ResourcePool):
     """Worker processes per node, reserved as one placement group per node.
 
@@ -146,9 +132,9 @@ class RayResourcePool(ResourcePool):
         check_capacity: bool = True,
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count, n_gpus_per_node)
-        if device_name.lower() not in _DEVICE_RESOURCE:
+        if device_name.lower() not in DEVICE_RESOURCE:
             raise ResourcePoolError(
-                f"device_name must be one of {sorted(_DEVICE_RESOURCE)}, got {device_name!r}"
+                f"device_name must be one of {sorted(DEVICE_RESOURCE)}, got {device_name!r}"
             )
         if not num_cpus_per_process > 0:
             raise ResourcePoolError(
@@ -183,7 +169,7 @@ class RayResourcePool(ResourcePool):
     @property
     def device_resource(self) -> str:
         """Ray's resource name for this pool's accelerator (``GPU`` or ``NPU``)."""
-        return _DEVICE_RESOURCE[self.device_name]
+        return DEVICE_RESOURCE[self.device_name]
 
     def bundle(self) -> dict[str, float]:
         """The resources one process's bundle reserves."""
@@ -216,9 +202,9 @@ class RayResourcePool(ResourcePool):
         if not self._store:
             raise ResourcePoolError("the resource pool has no nodes; give process_on_nodes")
         if device_name is not None and device_name.lower() != self.device_name:
-            if device_name.lower() not in _DEVICE_RESOURCE:
+            if device_name.lower() not in DEVICE_RESOURCE:
                 raise ResourcePoolError(
-                    f"device_name must be one of {sorted(_DEVICE_RESOURCE)}, got {device_name!r}"
+                    f"device_name must be one of {sorted(DEVICE_RESOURCE)}, got {device_name!r}"
                 )
             self.device_name = device_name.lower()
         if strategy not in ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"):
@@ -353,234 +339,3 @@ def _fmt(resources: Mapping[str, float]) -> str:
         if not k.startswith("node:") and "memory" not in k and "_group_" not in k
     }
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(keep.items())) + "}"
-
-
-class SubRayResourcePool(RayResourcePool):
-    """A contiguous slice of a placed pool's bundles (see :func:`split_resource_pool`).
-
-    It shares the placement groups of the root pool (the pool that was split first, also
-    when a sub-pool is split again): ranks ``0..subgroup_world_size-1`` run on the root's
-    bundles ``start_bundle_index ..`` (an index into the root's flat bundle order, as in
-    verl). Releasing a sub-pool does nothing: release the root.
-    """
-
-    parent: RayResourcePool
-    start_bundle_index: int
-
-    def __init__(
-        self,
-        placement_groups: Sequence[rapi.PlacementGroup],
-        start_bundle_index: int,
-        subgroup_world_size: int,
-        parent: RayResourcePool,
-    ) -> None:
-        if isinstance(parent, SubRayResourcePool):
-            start_bundle_index += parent.start_bundle_index
-            parent = parent.parent
-        super().__init__(
-            process_on_nodes=None,
-            use_gpu=parent.use_gpu,
-            name_prefix=parent.name_prefix,
-            max_colocate_count=parent.max_colocate_count,
-            detached=parent.detached,
-            accelerator_type=parent.accelerator_type,
-            device_name=parent.device_name,
-            num_cpus_per_process=parent.num_cpus_per_process,
-            placement_timeout_s=parent.placement_timeout_s,
-            n_gpus_per_node=parent.n_gpus_per_node,
-        )
-        self.parent = parent
-        self.pgs = list(placement_groups)
-        self.start_bundle_index = start_bundle_index
-        self.subgroup_world_size = subgroup_world_size
-        end = start_bundle_index + subgroup_world_size
-        self._slots = parent.bundle_slots()[start_bundle_index:end]
-        per_node: dict[int, int] = {}
-        for slot in self._slots:
-            per_node[slot.node_index] = per_node.get(slot.node_index, 0) + 1
-        self._store = [per_node[k] for k in sorted(per_node)]
-
-    @property
-    def world_size(self) -> int:
-        return self.subgroup_world_size
-
-    def get_placement_groups(
-        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
-    ) -> list[rapi.PlacementGroup]:
-        return list(self.pgs or [])
-
-    def bundle_slots(self) -> list[BundleSlot]:
-        out: list[BundleSlot] = []
-        seen: dict[int, int] = {}
-        counts: dict[int, int] = {}
-        for slot in self._slots:
-            counts[slot.node_index] = counts.get(slot.node_index, 0) + 1
-        node_order = {n: i for i, n in enumerate(sorted(counts))}
-        for slot in self._slots:
-            local = seen.get(slot.node_index, 0)
-            seen[slot.node_index] = local + 1
-            out.append(
-                BundleSlot(
-                    slot.placement_group,
-                    slot.bundle_index,
-                    node_order[slot.node_index],
-                    local,
-                    counts[slot.node_index],
-                )
-            )
-        return out
-
-    def release(self) -> None:
-        """A sub-pool does not own its placement groups; release the parent pool."""
-
-
-def split_resource_pool(
-    resource_pool: RayResourcePool, split_size: int | Sequence[int]
-) -> list[SubRayResourcePool]:
-    """Split a pool into consecutive sub-pools of ``split_size`` ranks each (an int: equal
-    parts; a list: those sizes, which must add up to the pool's world size)."""
-    world = resource_pool.world_size
-    if isinstance(split_size, int):
-        if isinstance(split_size, bool) or split_size < 1 or world % split_size:
-            raise ResourcePoolError(
-                f"split_resource_pool: split_size {split_size} must divide the pool's world "
-                f"size {world} (process_on_nodes={resource_pool.store})"
-            )
-        sizes = [split_size] * (world // split_size)
-    else:
-        sizes = list(split_size)
-        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes) or sum(sizes) != world:
-            raise ResourcePoolError(
-                f"split_resource_pool: sizes {sizes} must be positive and add up to the pool's "
-                f"world size {world} (process_on_nodes={resource_pool.store})"
-            )
-    pgs = resource_pool.get_placement_groups()
-    out: list[SubRayResourcePool] = []
-    start = 0
-    for size in sizes:
-        out.append(SubRayResourcePool(pgs, start, size, resource_pool))
-        start += size
-    return out
-
-
-def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResourcePool:
-    """A new, unplaced pool with the nodes of ``rp1`` then ``rp2``; both must be unplaced and
-    agree on ``use_gpu``, ``max_colocate_count``, device and CPUs per process."""
-    for label, a, b in (
-        ("use_gpu", rp1.use_gpu, rp2.use_gpu),
-        ("max_colocate_count", rp1.max_colocate_count, rp2.max_colocate_count),
-        ("device_name", rp1.device_name, rp2.device_name),
-        ("num_cpus_per_process", rp1.num_cpus_per_process, rp2.num_cpus_per_process),
-        ("detached", rp1.detached, rp2.detached),
-    ):
-        if a != b:
-            raise ResourcePoolError(f"merge_resource_pool: pools differ in {label}: {a!r} vs {b!r}")
-    if rp1.pgs is not None or rp2.pgs is not None:
-        raise ResourcePoolError(
-            f"merge_resource_pool: both pools must be unplaced, got {rp1!r} and {rp2!r}"
-        )
-    return RayResourcePool(
-        process_on_nodes=[*rp1.store, *rp2.store],
-        use_gpu=rp1.use_gpu,
-        name_prefix=rp1.name_prefix if rp1._name_prefix_given else None,
-        max_colocate_count=rp1.max_colocate_count,
-        detached=rp1.detached,
-        accelerator_type=rp1.accelerator_type,
-        device_name=rp1.device_name,
-        num_cpus_per_process=rp1.num_cpus_per_process,
-        placement_timeout_s=rp1.placement_timeout_s,
-        n_gpus_per_node=rp1.n_gpus_per_node,
-    )
-
-
-class ResourcePoolManager:
-    """Named pools and the roles that use them (verl's trainer-side helper).
-
-    ``resource_pool_spec`` maps a pool name to processes per node (``{"global_pool": [8,
-    8]}``); ``mapping`` maps a role to a pool name. :meth:`create_resource_pool` first checks
-    the cluster has the accelerators (or CPUs, with ``use_gpu=False``) the pools ask for.
-    """
-
-    def __init__(
-        self,
-        resource_pool_spec: Mapping[str, Sequence[int]],
-        mapping: Mapping[Any, str],
-        *,
-        use_gpu: bool = True,
-        max_colocate_count: int = 1,
-        device_name: str = "cuda",
-        placement_timeout_s: float | None = None,
-    ) -> None:
-        unknown = sorted({str(p) for p in mapping.values() if p not in resource_pool_spec})
-        if unknown:
-            raise ResourcePoolError(
-                f"ResourcePoolManager: mapping names pools {unknown} that resource_pool_spec "
-                f"does not define (defined: {sorted(resource_pool_spec)})"
-            )
-        self.resource_pool_spec = {k: _check_counts(v) for k, v in resource_pool_spec.items()}
-        self.mapping = dict(mapping)
-        self.use_gpu = use_gpu
-        self.max_colocate_count = max_colocate_count
-        self.device_name = device_name
-        self.placement_timeout_s = placement_timeout_s
-        self.resource_pool_dict: dict[str, RayResourcePool] = {}
-
-    def create_resource_pool(self) -> None:
-        """Check the cluster's capacity, then create (not yet place) every pool."""
-        self._check_resource_available()
-        for name, counts in self.resource_pool_spec.items():
-            self.resource_pool_dict[name] = RayResourcePool(
-                process_on_nodes=counts,
-                use_gpu=self.use_gpu,
-                max_colocate_count=self.max_colocate_count,
-                name_prefix=f"{name}_{uuid.uuid4().hex[:6]}_",
-                device_name=self.device_name,
-                placement_timeout_s=self.placement_timeout_s,
-            )
-
-    def get_resource_pool(self, role: Any) -> RayResourcePool:
-        """The pool that ``role`` runs on."""
-        if role not in self.mapping:
-            raise UnknownRoleError(
-                f"ResourcePoolManager.get_resource_pool: role {role!r} has no pool (mapped "
-                f"roles: {sorted(map(str, self.mapping))})"
-            )
-        name = self.mapping[role]
-        if name not in self.resource_pool_dict:
-            raise ResourcePoolError(
-                f"ResourcePoolManager: pool {name!r} is not created yet; call create_resource_pool"
-            )
-        return self.resource_pool_dict[name]
-
-    def get_n_gpus(self) -> int:
-        """The number of processes (one accelerator each) over all pools."""
-        return sum(sum(counts) for counts in self.resource_pool_spec.values())
-
-    def _check_resource_available(self) -> None:
-        resource = _DEVICE_RESOURCE.get(self.device_name.lower(), "GPU") if self.use_gpu else "CPU"
-        per_node = sorted(
-            (n.resources.get(resource, 0.0) for n in rapi.list_nodes() if n.alive), reverse=True
-        )
-        total_have = sum(per_node)
-        need = self.get_n_gpus()
-        if total_have < need:
-            raise ResourcePoolError(
-                f"ResourcePoolManager: pools {self.resource_pool_spec} ask {need} {resource} "
-                f"in all, the cluster has {total_have:g} (per node: {per_node})"
-            )
-        # Each pool's per-node counts must fit some node; check greedily, largest first.
-        free = list(per_node)
-        for name, counts in self.resource_pool_spec.items():
-            for count in sorted(counts, reverse=True):
-                free.sort(reverse=True)
-                if not free or free[0] < count:
-                    raise ResourcePoolError(
-                        f"ResourcePoolManager: pool {name!r} needs {count} {resource} on one "
-                        f"node; the nodes have {per_node} (free after other pools: {free})"
-                    )
-                free[0] -= count
-
-    def release(self) -> None:
-        """Release every pool's placement groups."""
-        for pool in self.resource_pool_dict.values():
-            pool.release()

@@ -1,0 +1,255 @@
+"""The roles of the RL dataflow: their worker configurations, classes and worker groups.
+
+:func:`worker_configs` turns the trainer's configuration into the sc-workers configuration
+of each role; :func:`role_classes` checks the role → worker class mapping a caller gives;
+:func:`build_worker_groups` creates the resource pools and one typed worker group per role.
+Roles mapped to the same pool run in one process per rank: their classes are colocated into
+one worker class, and :meth:`~sc_core.WorkerGroup.spawn` gives one group per role over the
+same workers. A spawned group is typed as the colocated class (``WorkerGroup[Worker]``);
+:func:`role_group` checks at run time that it binds every registered method of the role's
+own class before the checker is told so.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from sc_core import ClassWithInitArgs, ResourcePoolManager, Worker, WorkerGroup
+from sc_dispatch import get_register_attrs
+from sc_workers import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    ActorRolloutRefWorker,
+    CriticConfig,
+    CriticWorker,
+    ModelConfig,
+    OptimConfig,
+    RefConfig,
+    RolloutConfig,
+)
+
+from ._backends import WorkerBackend
+from ._config import TrainerConfig
+from ._errors import TrainerConfigError, TrainerStateError
+from ._task import DigitsTask
+
+__all__ = [
+    "Role",
+    "RoleClasses",
+    "TrainerGroups",
+    "build_worker_groups",
+    "registered_method_names",
+    "role_classes",
+    "role_group",
+    "worker_configs",
+]
+
+W = TypeVar("W")
+
+#: The prefix of each role's methods in a colocated worker class (verl's names).
+ACTOR_ROLLOUT = "actor_rollout"
+CRITIC = "critic"
+
+
+class Role(enum.Enum):
+    """The roles of the RL dataflow that this trainer places (verl's names)."""
+
+    ActorRolloutRef = "actor_rollout_ref"
+    Critic = "critic"
+
+
+def worker_configs(
+    config: TrainerConfig, task: DigitsTask, dp_size: int
+) -> tuple[ActorRolloutRefConfig, CriticConfig]:
+    """The sc-workers configuration of the actor/rollout/ref and critic workers."""
+    tok = task.tokenizer
+    model = ModelConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        intermediate_size=4 * config.hidden_size,
+        max_position_embeddings=task.prompt_length + task.response_length,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        seed=config.seed,
+    )
+    n = config.responses_per_prompt
+    mini_prompts = config.prompts_per_step // config.ppo_mini_batches
+    micro = mini_prompts * n // dp_size  # one micro-batch per mini-batch: tiny model, few rows
+    rows_per_rank = config.rows_per_step // dp_size
+    actor_rollout_ref = ActorRolloutRefConfig(
+        model=model,
+        actor=ActorConfig(
+            ppo_mini_batch_size=mini_prompts,
+            ppo_micro_batch_size_per_gpu=micro,
+            ppo_epochs=config.ppo_epochs,
+            clip_ratio=config.clip_ratio,
+            entropy_coeff=config.entropy_coeff,
+            use_kl_loss=config.kl_coef > 0,
+            kl_loss_coef=config.kl_coef,
+            kl_loss_type="low_var_kl",
+            data_loader_seed=config.seed,
+            optim=OptimConfig(lr=config.actor_lr, weight_decay=0.0),
+        ),
+        rollout=RolloutConfig(
+            temperature=config.temperature,
+            response_length=task.response_length,
+            n=n,
+            log_prob_micro_batch_size_per_gpu=rows_per_rank,
+            seed=config.seed,
+        ),
+        ref=RefConfig(log_prob_micro_batch_size_per_gpu=rows_per_rank),
+        device="cpu",
+    )
+    critic = CriticConfig(
+        model=model,
+        ppo_mini_batch_size=mini_prompts,
+        ppo_micro_batch_size_per_gpu=micro,
+        forward_micro_batch_size_per_gpu=rows_per_rank,
+        ppo_epochs=config.ppo_epochs,
+        rollout_n=n,
+        data_loader_seed=config.seed,
+        optim=OptimConfig(lr=config.critic_lr, weight_decay=0.0),
+        device="cpu",
+    )
+    return actor_rollout_ref, critic
+
+
+@dataclass(frozen=True)
+class RoleClasses:
+    """The worker class of each role: the actor's always, the critic's for PPO."""
+
+    actor_rollout_ref: type[ActorRolloutRefWorker]
+    critic: type[CriticWorker] | None
+
+
+def role_classes(mapping: Mapping[Role, type]) -> RoleClasses:
+    """Check a role → worker class mapping: ``Role.ActorRolloutRef`` must map to (a subclass
+    of) ``ActorRolloutRefWorker``, ``Role.Critic``, if present, to ``CriticWorker``."""
+    unknown = [role for role in mapping if not isinstance(role, Role)]
+    if unknown:
+        raise TrainerConfigError(
+            f"RayPPOTrainer: role_worker_mapping has keys {unknown!r} that are no Role "
+            f"(roles: {[r.name for r in Role]})"
+        )
+    if Role.ActorRolloutRef not in mapping:
+        raise TrainerConfigError(
+            f"RayPPOTrainer: role_worker_mapping needs Role.ActorRolloutRef, got roles "
+            f"{[r.name for r in mapping]}"
+        )
+    actor = _subclass(mapping[Role.ActorRolloutRef], ActorRolloutRefWorker, Role.ActorRolloutRef)
+    critic_cls = mapping.get(Role.Critic)
+    critic = None if critic_cls is None else _subclass(critic_cls, CriticWorker, Role.Critic)
+    return RoleClasses(actor, critic)
+
+
+def _subclass(cls: object, base: type[W], role: Role) -> type[W]:
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TrainerConfigError(
+            f"RayPPOTrainer: role_worker_mapping[Role.{role.name}] must be {base.__name__} or "
+            f"a subclass, got {cls!r}"
+        )
+    return cls
+
+
+def registered_method_names(cls: type) -> list[str]:
+    """The names of the ``@register``-ed methods of ``cls`` (inherited ones included)."""
+    names = []
+    for name in dir(cls):
+        try:
+            attr = getattr(cls, name)
+        except AttributeError:
+            continue
+        if callable(attr) and get_register_attrs(attr) is not None:
+            names.append(name)
+    return sorted(names)
+
+
+def role_group(
+    groups: Mapping[str, WorkerGroup[Worker]], role: str, cls_with_init: ClassWithInitArgs[W]
+) -> WorkerGroup[W]:
+    """The group that :meth:`~sc_core.WorkerGroup.spawn` made for ``role``, typed as a
+    group of the role's own class (``cls_with_init``, the class the role was colocated
+    from): a checked cast. The group must bind every registered method of that class under
+    its plain name, else :class:`TrainerStateError`."""
+    group = groups.get(role)
+    if group is None:
+        raise TrainerStateError(
+            f"RayPPOTrainer.init_workers: spawn made no group for role {role!r} "
+            f"(made: {sorted(groups)})"
+        )
+    worker_cls = getattr(cls_with_init.cls, "__ray_actor_class__", cls_with_init.cls)
+    if not isinstance(worker_cls, type):
+        raise TrainerStateError(
+            f"RayPPOTrainer.init_workers: role {role!r} was built from {worker_cls!r}, "
+            "which is not a class"
+        )
+    bound = set(group.bound_method_names)
+    missing = [name for name in registered_method_names(worker_cls) if name not in bound]
+    if missing:
+        raise TrainerStateError(
+            f"RayPPOTrainer.init_workers: the group spawned for role {role!r} does not bind "
+            f"{missing} of {worker_cls.__qualname__} (bound: {sorted(bound)})"
+        )
+    return cast("WorkerGroup[W]", group)
+
+
+@dataclass(frozen=True)
+class TrainerGroups:
+    """The worker group of each role, and the groups that own the workers (to close)."""
+
+    actor_rollout: WorkerGroup[ActorRolloutRefWorker]
+    critic: WorkerGroup[CriticWorker] | None
+    owned: tuple[WorkerGroup[Any], ...]
+
+
+def build_worker_groups(
+    backend: WorkerBackend,
+    manager: ResourcePoolManager,
+    classes: RoleClasses,
+    actor_config: ActorRolloutRefConfig,
+    critic_config: CriticConfig,
+) -> TrainerGroups:
+    """Create the pools of ``manager``, then one worker group per role on ``backend``.
+
+    The actor, its rollout and the reference model are one worker (role
+    ``actor_rollout_ref``), so they share a process per rank. A critic mapped to the same
+    pool is colocated with them (one class, :meth:`~sc_core.WorkerGroup.spawn` per role);
+    one in a pool of its own gets a group of its own.
+    """
+    manager.create_resource_pool()
+    actor_pool = manager.get_resource_pool(Role.ActorRolloutRef)
+    actor_cls = backend.class_with_init(
+        classes.actor_rollout_ref, config=actor_config, role=Role.ActorRolloutRef.value
+    )
+    if classes.critic is None:
+        actor = backend.worker_group(actor_pool, actor_cls)
+        return TrainerGroups(actor, None, (actor,))
+    critic_pool = manager.get_resource_pool(Role.Critic)
+    critic_cls = backend.class_with_init(classes.critic, config=critic_config)
+    if critic_pool is not actor_pool:
+        actor = backend.worker_group(actor_pool, actor_cls)
+        owned: list[WorkerGroup[Any]] = [actor]
+        try:
+            critic = backend.worker_group(critic_pool, critic_cls)
+        except BaseException:
+            actor.close()
+            raise
+        owned.append(critic)
+        return TrainerGroups(actor, critic, tuple(owned))
+    class_dict: dict[str, ClassWithInitArgs[Any]] = {ACTOR_ROLLOUT: actor_cls, CRITIC: critic_cls}
+    colocated = backend.worker_group(actor_pool, backend.create_colocated_worker_cls(class_dict))
+    try:
+        spawned = colocated.spawn(prefix_set=class_dict.keys())
+        return TrainerGroups(
+            role_group(spawned, ACTOR_ROLLOUT, actor_cls),
+            role_group(spawned, CRITIC, critic_cls),
+            (colocated,),
+        )
+    except BaseException:
+        colocated.close()
+        raise

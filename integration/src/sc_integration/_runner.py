@@ -1,0 +1,88 @@
+"""Assembling a run: roles to worker classes and pools, the backend, the trainer, the output.
+
+:class:`TaskRunner` is the driver's entry point (verl's name): it maps roles to worker classes
+and resource pools, starts the backend, builds the :class:`~sc_integration.RayPPOTrainer`,
+trains, and writes the plot and the call trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sc_core import SpanRecorder
+from sc_workers import ActorRolloutRefWorker, CriticWorker
+
+from ._backends import WorkerBackend, make_backend
+from ._config import TrainerConfig
+from ._output import RunOutput, check_resumable, resolve_checkpoint
+from ._roles import Role
+from ._task import DigitsTask
+from ._trainer import ProgressFn, RayPPOTrainer, RunResult
+
+__all__ = ["TaskRunner"]
+
+
+class TaskRunner:
+    """Assembles a run: roles → worker classes, roles → resource pools, then train.
+
+    ``run`` starts the backend (a local Ray cluster for ``backend="ray"``), builds the
+    trainer, calls ``init_workers`` and ``fit``, writes the plot and the trace, and stops the
+    backend again.
+    """
+
+    def __init__(self, config: TrainerConfig) -> None:
+        self.config = config
+
+    def role_worker_mapping(self) -> dict[Role, type]:
+        mapping: dict[Role, type] = {Role.ActorRolloutRef: ActorRolloutRefWorker}
+        if self.config.uses_critic:
+            mapping[Role.Critic] = CriticWorker
+        return mapping
+
+    def resource_pool_spec(self) -> tuple[dict[str, list[int]], dict[Role, str]]:
+        """Pools (processes per node) and the pool of each role."""
+        cfg = self.config
+        per_node = [cfg.workers_per_role // cfg.nnodes] * cfg.nnodes
+        spec = {"global_pool": per_node}
+        mapping = {Role.ActorRolloutRef: "global_pool"}
+        if self.config.uses_critic:
+            if self.config.colocate:
+                mapping[Role.Critic] = "global_pool"
+            else:
+                spec["critic_pool"] = list(per_node)
+                mapping[Role.Critic] = "critic_pool"
+        return spec, mapping
+
+    def build_trainer(self, backend: WorkerBackend) -> RayPPOTrainer:
+        """The trainer of this run on ``backend``; its workers start in ``init_workers``."""
+        cfg = self.config
+        spec, mapping = self.resource_pool_spec()
+        return RayPPOTrainer(
+            cfg,
+            DigitsTask(cfg.task),
+            self.role_worker_mapping(),
+            backend.resource_pool_manager(spec, mapping),
+            backend,
+            RunOutput(cfg.output_dir),
+        )
+
+    def run(
+        self, progress: ProgressFn | None = None, on_start: Callable[[int], None] | None = None
+    ) -> RunResult:
+        """Train as configured; ``progress(step, metrics)`` after every step."""
+        cfg = self.config
+        resume = None if cfg.resume_from is None else resolve_checkpoint(cfg.resume_from)
+        if resume is not None:
+            check_resumable(resume, cfg)  # before any worker starts
+        backend = make_backend(cfg)
+        recorder = SpanRecorder()
+        with backend.running(), recorder:
+            trainer = self.build_trainer(backend)
+            try:
+                trainer.init_workers()
+                result = trainer.fit(progress=progress, on_start=on_start, resume_from=resume)
+            finally:
+                trainer.close()
+                recorder.write_chrome_trace(trainer.output.trace_path)
+        trainer.output.write_plot(result.history)
+        return result
