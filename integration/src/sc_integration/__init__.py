@@ -11,8 +11,10 @@ from ._backends import LocalBackend, RayBackend, WorkerBackend, make_backend
 from ._balance import balanced_order, shard_token_sums
 from ._config import ALGORITHMS, BACKENDS, Algorithm, Backend, TrainerConfig
 from ._errors import (
-    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
     IntegrationError,
+    ScIntegrationError,
     TaskError,
     TrainerConfigError,
     TrainingDivergedError,
@@ -30,7 +32,8 @@ __all__ = [
     "Algorithm",
     "Backend",
     "CharTokenizer",
-    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
     "IntegrationError",
     "LocalBackend",
     "RayBackend",
@@ -38,6 +41,7 @@ __all__ = [
     "DigitsTask",
     "Role",
     "RunResult",
+    "ScIntegrationError",
     "RunOutput",
     "TaskConfig",
     "TaskError",

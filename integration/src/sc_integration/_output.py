@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._errors import CheckpointError
+from ._errors import CheckpointNotFoundError
 
 __all__ = ["PLOT_PANELS", "RunOutput", "read_metrics", "resolve_checkpoint"]
 
@@ -70,10 +70,10 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
             candidate = root / f"{_STEP_PREFIX}{step}"
             if (candidate / TRAINER_STATE).is_file():
                 return candidate
-            raise CheckpointError(
+            raise CheckpointNotFoundError(
                 f"resume: {latest} names step {step!r}, but {candidate} has no {TRAINER_STATE}"
             )
-    raise CheckpointError(
+    raise CheckpointNotFoundError(
         f"resume: {p} is neither a checkpoint folder (with {TRAINER_STATE}) nor an output "
         f"or checkpoints folder with a '{_LATEST}' file"
     )

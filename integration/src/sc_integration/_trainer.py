@@ -43,7 +43,12 @@ from sc_workers.algos import (
 from ._backends import WorkerBackend, make_backend
 from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
-from ._errors import CheckpointError, TrainingDivergedError, WorkerOutputError
+from ._errors import (
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    TrainingDivergedError,
+    WorkerOutputError,
+)
 from ._output import TRAINER_STATE, RunOutput, read_metrics, resolve_checkpoint
 from ._task import DigitsTask
 
@@ -433,14 +438,16 @@ def check_resumable(folder: Path, config: TrainerConfig) -> int:
         step = int(state["global_step"])
         saved = dict(state["config"])
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"resume: cannot read {folder / TRAINER_STATE}: {err}") from err
+        raise CheckpointNotFoundError(
+            f"resume: cannot read {folder / TRAINER_STATE}: {err}"
+        ) from err
     now = asdict(config)
     differ = {k: (saved.get(k), now[k]) for k in _RESUME_KEYS if saved.get(k) != now[k]}
     if differ:
         detail = ", ".join(f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in differ.items())
-        raise CheckpointError(f"resume: {folder} does not fit this run ({detail})")
+        raise CheckpointMismatchError(f"resume: {folder} does not fit this run ({detail})")
     if step >= config.steps:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"resume: {folder} is at step {step}; ask for more steps than that, got "
             f"steps={config.steps}"
         )

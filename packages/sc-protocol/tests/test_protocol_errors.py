@@ -20,8 +20,8 @@ from sc_protocol import (
     KeyConflictError,
     KeyMismatchError,
     MissingKeyError,
-    ProtocolError,
     ProtocolTypeError,
+    ScProtocolError,
     SerializationError,
     UnknownRowCountError,
     collate_fn,
@@ -69,10 +69,10 @@ def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
 
 def test_tree_is_documented_and_rooted() -> None:
     doc = errors_module.__doc__ or ""
-    for exc in [ProtocolError, *ALL_ERRORS]:
+    for exc in [ScProtocolError, *ALL_ERRORS]:
         assert exc.__name__ in doc
-        assert issubclass(exc, ProtocolError)
-    assert ProtocolError.__bases__ == (Exception,)
+        assert issubclass(exc, ScProtocolError)
+    assert ScProtocolError.__bases__ == (Exception,)
     assert issubclass(UnknownRowCountError, FutureError)
     assert IndexOutOfRange.__name__ == "IndexOutOfRangeError"
 

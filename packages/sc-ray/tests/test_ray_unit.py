@@ -18,8 +18,8 @@ from sc_ray import (
     PlacementTimeoutError,
     RayClassWithInitArgs,
     RayResourcePool,
+    RayResourcePoolError,
     RayWorkerGroup,
-    ResourcePoolError,
     ScRayError,
     WorkerEnvError,
 )
@@ -49,7 +49,7 @@ def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
 @pytest.mark.parametrize(
     ("exc", "meaning"),
     [
-        (ResourcePoolError, ValueError),
+        (RayResourcePoolError, ValueError),
         (InsufficientResourcesError, ValueError),
         (PlacementTimeoutError, TimeoutError),
         (WorkerEnvError, ValueError),
@@ -63,9 +63,9 @@ def test_each_error_means_exactly_one_builtin(exc: type[Exception], meaning: typ
 
 
 def test_exception_tree() -> None:
-    assert issubclass(ResourcePoolError, sc_core.ResourcePoolError)
-    assert issubclass(InsufficientResourcesError, ResourcePoolError)
-    assert not issubclass(PlacementTimeoutError, ResourcePoolError)
+    assert issubclass(RayResourcePoolError, sc_core.ResourcePoolError)
+    assert issubclass(InsufficientResourcesError, RayResourcePoolError)
+    assert not issubclass(PlacementTimeoutError, RayResourcePoolError)
     assert ScRayError.__bases__ == (Exception,)
 
 
@@ -126,6 +126,6 @@ def test_class_with_init_args_unwraps_and_validates() -> None:
     cls = RayClassWithInitArgs(sc_core.Worker)
     assert cls.worker_cls is sc_core.Worker
     assert cls.options == {}
-    with pytest.raises(ResourcePoolError, match="bad entry"):
+    with pytest.raises(RayResourcePoolError, match="bad entry"):
         cls.set_additional_resource({"a": True})
     assert "Worker" in repr(cls)

@@ -26,6 +26,7 @@ from ._errors import (
     MissingKeyError,
     ProtocolError,
     ProtocolTypeError,
+    ScProtocolError,
     SerializationError,
     UnknownRowCountError,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "MissingKeyError",
     "ProtocolError",
     "ProtocolTypeError",
+    "ScProtocolError",
     "Resolver",
     "SerializationError",
     "ShardSlice",

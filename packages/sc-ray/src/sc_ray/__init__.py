@@ -13,7 +13,7 @@ from ._errors import (
     DetachedWorkerError,
     InsufficientResourcesError,
     PlacementTimeoutError,
-    ResourcePoolError,
+    RayResourcePoolError,
     ScRayError,
     WorkerEnvError,
 )
@@ -41,7 +41,7 @@ __all__ = [
     "RayFuture",
     "RayResourcePool",
     "RayWorkerGroup",
-    "ResourcePoolError",
+    "RayResourcePoolError",
     "ResourcePoolManager",
     "ScRayError",
     "SubRayResourcePool",

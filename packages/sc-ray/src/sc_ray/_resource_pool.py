@@ -19,7 +19,7 @@ from typing import Any
 from sc_core import ResourcePool, UnknownRoleError
 
 from . import _ray_api as rapi
-from ._errors import InsufficientResourcesError, PlacementTimeoutError, ResourcePoolError
+from ._errors import InsufficientResourcesError, PlacementTimeoutError, RayResourcePoolError
 
 __all__ = [
     "DEFAULT_PLACEMENT_TIMEOUT_S",
@@ -49,11 +49,11 @@ def _default_placement_timeout() -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ResourcePoolError(
+        raise RayResourcePoolError(
             f"{PLACEMENT_TIMEOUT_ENV} must be a number of seconds, got {raw!r}"
         ) from None
     if value <= 0:
-        raise ResourcePoolError(f"{PLACEMENT_TIMEOUT_ENV} must be positive, got {raw!r}")
+        raise RayResourcePoolError(f"{PLACEMENT_TIMEOUT_ENV} must be positive, got {raw!r}")
     return value
 
 
@@ -103,7 +103,7 @@ def _check_counts(process_on_nodes: Sequence[int]) -> list[int]:
     counts = list(process_on_nodes)
     bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 1]
     if not counts or bad:
-        raise ResourcePoolError(
+        raise RayResourcePoolError(
             f"process_on_nodes must be a non-empty list of positive process counts per node, "
             f"got {list(process_on_nodes)!r}"
         )
@@ -147,15 +147,15 @@ class RayResourcePool(ResourcePool):
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count, n_gpus_per_node)
         if device_name.lower() not in _DEVICE_RESOURCE:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"device_name must be one of {sorted(_DEVICE_RESOURCE)}, got {device_name!r}"
             )
         if not num_cpus_per_process > 0:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"num_cpus_per_process must be positive, got {num_cpus_per_process!r}"
             )
         if placement_timeout_s is not None and not placement_timeout_s > 0:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"placement_timeout_s must be positive, got {placement_timeout_s!r}"
             )
         self.use_gpu = bool(use_gpu)
@@ -173,7 +173,7 @@ class RayResourcePool(ResourcePool):
     def add_node(self, process_count: int) -> None:
         """Append a node running ``process_count`` processes (before placement only)."""
         if self.pgs is not None:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"add_node({process_count!r}): the pool is already placed on {self._store}"
             )
         super().add_node(process_count)
@@ -214,19 +214,19 @@ class RayResourcePool(ResourcePool):
         if self.pgs is not None:
             return self.pgs
         if not self._store:
-            raise ResourcePoolError("the resource pool has no nodes; give process_on_nodes")
+            raise RayResourcePoolError("the resource pool has no nodes; give process_on_nodes")
         if device_name is not None and device_name.lower() != self.device_name:
             if device_name.lower() not in _DEVICE_RESOURCE:
-                raise ResourcePoolError(
+                raise RayResourcePoolError(
                     f"device_name must be one of {sorted(_DEVICE_RESOURCE)}, got {device_name!r}"
                 )
             self.device_name = device_name.lower()
         if strategy not in ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"):
-            raise ResourcePoolError(f"unknown placement strategy {strategy!r}")
+            raise RayResourcePoolError(f"unknown placement strategy {strategy!r}")
         names = self._pg_names(name)
         taken = [n for n in names if rapi.get_placement_group(n) is not None]
         if taken:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"placement group name(s) {taken} already exist in this Ray namespace; give the "
                 "pool a distinct name_prefix or release the other pool"
             )
@@ -252,10 +252,10 @@ class RayResourcePool(ResourcePool):
         except BaseException as exc:
             for pg in created:
                 rapi.remove_placement_group(pg)
-            if isinstance(exc, (ResourcePoolError, PlacementTimeoutError)):
+            if isinstance(exc, (RayResourcePoolError, PlacementTimeoutError)):
                 raise
             if isinstance(exc, Exception):
-                raise ResourcePoolError(
+                raise RayResourcePoolError(
                     f"placing pool {self._store} with bundles {bundle} failed: {exc}"
                 ) from exc
             raise
@@ -442,7 +442,7 @@ def split_resource_pool(
     world = resource_pool.world_size
     if isinstance(split_size, int):
         if isinstance(split_size, bool) or split_size < 1 or world % split_size:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"split_resource_pool: split_size {split_size} must divide the pool's world "
                 f"size {world} (process_on_nodes={resource_pool.store})"
             )
@@ -450,7 +450,7 @@ def split_resource_pool(
     else:
         sizes = list(split_size)
         if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes) or sum(sizes) != world:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"split_resource_pool: sizes {sizes} must be positive and add up to the pool's "
                 f"world size {world} (process_on_nodes={resource_pool.store})"
             )
@@ -474,9 +474,11 @@ def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResour
         ("detached", rp1.detached, rp2.detached),
     ):
         if a != b:
-            raise ResourcePoolError(f"merge_resource_pool: pools differ in {label}: {a!r} vs {b!r}")
+            raise RayResourcePoolError(
+                f"merge_resource_pool: pools differ in {label}: {a!r} vs {b!r}"
+            )
     if rp1.pgs is not None or rp2.pgs is not None:
-        raise ResourcePoolError(
+        raise RayResourcePoolError(
             f"merge_resource_pool: both pools must be unplaced, got {rp1!r} and {rp2!r}"
         )
     return RayResourcePool(
@@ -513,7 +515,7 @@ class ResourcePoolManager:
     ) -> None:
         unknown = sorted({str(p) for p in mapping.values() if p not in resource_pool_spec})
         if unknown:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"ResourcePoolManager: mapping names pools {unknown} that resource_pool_spec "
                 f"does not define (defined: {sorted(resource_pool_spec)})"
             )
@@ -547,7 +549,7 @@ class ResourcePoolManager:
             )
         name = self.mapping[role]
         if name not in self.resource_pool_dict:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"ResourcePoolManager: pool {name!r} is not created yet; call create_resource_pool"
             )
         return self.resource_pool_dict[name]
@@ -564,7 +566,7 @@ class ResourcePoolManager:
         total_have = sum(per_node)
         need = self.get_n_gpus()
         if total_have < need:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"ResourcePoolManager: pools {self.resource_pool_spec} ask {need} {resource} "
                 f"in all, the cluster has {total_have:g} (per node: {per_node})"
             )
@@ -574,7 +576,7 @@ class ResourcePoolManager:
             for count in sorted(counts, reverse=True):
                 free.sort(reverse=True)
                 if not free or free[0] < count:
-                    raise ResourcePoolError(
+                    raise RayResourcePoolError(
                         f"ResourcePoolManager: pool {name!r} needs {count} {resource} on one "
                         f"node; the nodes have {per_node} (free after other pools: {free})"
                     )

@@ -38,7 +38,7 @@ from sc_dispatch import is_future
 
 from . import _ray_api as rapi
 from ._class_with_init import RayClassWithInitArgs, merge_options
-from ._errors import DetachedWorkerError, ResourcePoolError, WorkerEnvError
+from ._errors import DetachedWorkerError, RayResourcePoolError, WorkerEnvError
 from ._futures import Deadline, RayFuture, await_with_deadline, row_meta
 from ._nbytes import estimate_nbytes, is_bulk
 from ._resource_pool import BundleSlot, RayResourcePool
@@ -426,7 +426,7 @@ class RayWorkerGroup(WorkerGroup[W]):
                 continue
             have = bundle.get(key, 0.0)
             if float(value) > have:
-                raise ResourcePoolError(
+                raise RayResourcePoolError(
                     f"RayWorkerGroup: {cls.worker_cls.__qualname__} asks {key}={value} per "
                     f"actor, but each bundle of pool {pool.store} holds {have:g} "
                     f"(bundle {bundle}); lower the option or raise num_cpus_per_process"
