@@ -21,10 +21,12 @@ from ._errors import (
     WorkerOutputError,
 )
 from ._output import PLOT_PANELS, RunOutput, read_metrics, resolve_checkpoint
+from ._settings import SETTINGS
 from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
 from ._trainer import RayPPOTrainer, Role, RunResult, TaskRunner, check_resumable
 
 __all__ = [
+    "SETTINGS",
     "ALGORITHMS",
     "BACKENDS",
     "PLOT_PANELS",

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ._config import TrainerConfig
 from ._errors import TrainerConfigError
+from ._settings import WORKER_LOGS
 
 __all__ = ["LocalBackend", "RayBackend", "WorkerBackend", "make_backend"]
 
@@ -73,7 +74,7 @@ class RayBackend:
             ray.init(
                 num_cpus=self.num_cpus,
                 include_dashboard=False,
-                log_to_driver=os.environ.get("SC_DEMO_WORKER_LOGS", "0") == "1",
+                log_to_driver=WORKER_LOGS.get(),
             )
             started = True
         try:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import sc_core
 from sc_core import UnknownRoleError
+from sc_dispatch import SettingValueError
 from sc_ray import (
     InsufficientResourcesError,
     PlacementTimeoutError,
@@ -140,7 +141,7 @@ def test_placement_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         holder.release()
     monkeypatch.setenv("SC_RAY_PLACEMENT_TIMEOUT_S", "soon")
-    with pytest.raises(RayResourcePoolError, match="soon"):
+    with pytest.raises(SettingValueError, match="SC_RAY_PLACEMENT_TIMEOUT_S='soon'"):
         RayResourcePool([1], use_gpu=False).get_placement_groups()
 
 

@@ -36,7 +36,7 @@ __all__ = [
     "parse_str",
 ]
 
-T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 _log = logging.getLogger("sc_dispatch.settings")
 
@@ -105,7 +105,7 @@ def _warn_once(alias: str, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class Setting(Generic[T]):
+class Setting(Generic[T_co]):
     """One environment variable: its name, parser, default, documentation and former names.
 
     ``parse`` is one of :func:`parse_bool`, :func:`parse_seconds`, :func:`parse_int`,
@@ -115,8 +115,8 @@ class Setting(Generic[T]):
     """
 
     name: str
-    parse: Callable[[str], T]
-    default: T
+    parse: Callable[[str], T_co]
+    default: T_co
     doc: str
     deprecated: tuple[str, ...] = ()
 
@@ -172,7 +172,7 @@ class Setting(Generic[T]):
                 return variable, value
         return None
 
-    def get(self, env: Mapping[str, str] | None = None) -> T:
+    def get(self, env: Mapping[str, str] | None = None) -> T_co:
         """The parsed value from ``env`` (default ``os.environ``), or ``default`` when unset.
 
         Raises :class:`~sc_dispatch.SettingValueError` naming the variable and its value when

@@ -27,6 +27,7 @@ from ._resource_pool import (
     sort_placement_group_by_node_ip,
     split_resource_pool,
 )
+from ._settings import SETTINGS
 from ._worker_group import RESERVED_ENV_VARS, RayWorkerGroup
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PLACEMENT_TIMEOUT_ENV",
     "RESERVED_ENV_VARS",
+    "SETTINGS",
     "DetachedWorkerError",
     "InsufficientResourcesError",
     "PlacementTimeoutError",

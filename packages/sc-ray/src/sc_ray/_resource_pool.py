@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from sc_core import ResourcePool, UnknownRoleError
 
 from . import _ray_api as rapi
 from ._errors import InsufficientResourcesError, PlacementTimeoutError, RayResourcePoolError
+from ._settings import PLACEMENT_TIMEOUT
 
 __all__ = [
     "DEFAULT_PLACEMENT_TIMEOUT_S",
@@ -35,26 +35,12 @@ __all__ = [
 
 logger = logging.getLogger("sc_ray")
 
-#: Seconds to wait for a pool's placement groups when the pool does not say.
-PLACEMENT_TIMEOUT_ENV = "SC_RAY_PLACEMENT_TIMEOUT_S"
-DEFAULT_PLACEMENT_TIMEOUT_S = 300.0
+#: The variable giving the seconds to wait for a pool's placement groups when the pool does
+#: not say, and its default (both from :data:`sc_ray._settings.PLACEMENT_TIMEOUT`).
+PLACEMENT_TIMEOUT_ENV = PLACEMENT_TIMEOUT.name
+DEFAULT_PLACEMENT_TIMEOUT_S = PLACEMENT_TIMEOUT.default
 
 _DEVICE_RESOURCE = {"cuda": "GPU", "gpu": "GPU", "npu": "NPU"}
-
-
-def _default_placement_timeout() -> float:
-    raw = os.environ.get(PLACEMENT_TIMEOUT_ENV)
-    if raw is None:
-        return DEFAULT_PLACEMENT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise RayResourcePoolError(
-            f"{PLACEMENT_TIMEOUT_ENV} must be a number of seconds, got {raw!r}"
-        ) from None
-    if value <= 0:
-        raise RayResourcePoolError(f"{PLACEMENT_TIMEOUT_ENV} must be positive, got {raw!r}")
-    return value
 
 
 def _ip_key(ip: str) -> tuple[int, int, str]:
@@ -236,7 +222,7 @@ class RayResourcePool(ResourcePool):
         timeout = (
             self.placement_timeout_s
             if self.placement_timeout_s is not None
-            else _default_placement_timeout()
+            else PLACEMENT_TIMEOUT.get()
         )
         created: list[rapi.PlacementGroup] = []
         try:

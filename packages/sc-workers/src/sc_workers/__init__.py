@@ -42,6 +42,7 @@ from ._errors import (
     WorkersError,
 )
 from ._hf_configs import hf_model_config, hf_worker_configs
+from ._settings import SETTINGS
 from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
 from .models import HFCausalLM, HFValueModel, TinyCausalLM, load_hf_tokenizer
 from .workers import ROLES, ActorRolloutRefWorker, CriticWorker, export_hf_checkpoint
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LOSS_AGG_MODES",
     "ROLES",
+    "SETTINGS",
     "ActorConfig",
     "ActorRolloutRefConfig",
     "ActorRolloutRefWorker",
