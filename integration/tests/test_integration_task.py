@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_integration import (
     CharTokenizer,
-    CheckpointError,
+    CheckpointNotFoundError,
     DigitsTask,
     RunOutput,
     TaskConfig,
@@ -181,11 +181,11 @@ def test_output_folder_metrics_checkpoint_and_plot(tmp_path: Path) -> None:
 
 
 def test_resolve_checkpoint_errors(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="neither a checkpoint folder"):
+    with pytest.raises(CheckpointNotFoundError, match="neither a checkpoint folder"):
         resolve_checkpoint(tmp_path)
     out = RunOutput(tmp_path / "run")
     (out.checkpoint_root / "latest").write_text("7\n")
-    with pytest.raises(CheckpointError, match="step '7'"):
+    with pytest.raises(CheckpointNotFoundError, match="step '7'"):
         resolve_checkpoint(out.root)
 
 

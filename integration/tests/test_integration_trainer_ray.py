@@ -18,7 +18,7 @@ from _integration_runs import (
     run,
     tiny_config,
 )
-from sc_integration import CheckpointError, RunResult, TaskRunner, read_metrics
+from sc_integration import CheckpointMismatchError, RunResult, TaskRunner, read_metrics
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -89,10 +89,10 @@ def test_resume_equals_the_uninterrupted_run(ppo_dp2: RunResult, tmp_path: Path)
 
 def test_resume_refuses_a_checkpoint_of_another_shape(ppo_dp2: RunResult, tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, workers_per_role=1, resume_from=str(ppo_dp2.output.root))
-    with pytest.raises(CheckpointError, match="workers_per_role: checkpoint 2, this run 1"):
+    with pytest.raises(CheckpointMismatchError, match="workers_per_role: checkpoint 2, this run 1"):
         TaskRunner(cfg).run()
     done = tiny_config(tmp_path, workers_per_role=2, resume_from=str(ppo_dp2.output.root))
-    with pytest.raises(CheckpointError, match="at step 4"):
+    with pytest.raises(CheckpointMismatchError, match="at step 4"):
         TaskRunner(done).run()
 
 

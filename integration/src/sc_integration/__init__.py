@@ -12,8 +12,10 @@ from ._balance import balanced_order, shard_token_sums
 from ._config import ALGORITHMS, BACKENDS, Algorithm, Backend, TrainerConfig
 from ._errors import (
     BackendMismatchError,
-    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
     IntegrationError,
+    ScIntegrationError,
     TaskError,
     TrainerConfigError,
     TrainerStateError,
@@ -23,10 +25,12 @@ from ._errors import (
 from ._output import PLOT_PANELS, RunOutput, check_resumable, read_metrics, resolve_checkpoint
 from ._roles import Role
 from ._runner import TaskRunner
+from ._settings import SETTINGS
 from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
 from ._trainer import RayPPOTrainer, RunResult
 
 __all__ = [
+    "SETTINGS",
     "ALGORITHMS",
     "BACKENDS",
     "PLOT_PANELS",
@@ -35,7 +39,8 @@ __all__ = [
     "Backend",
     "BackendMismatchError",
     "CharTokenizer",
-    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
     "IntegrationError",
     "LocalBackend",
     "RayBackend",
@@ -43,6 +48,7 @@ __all__ = [
     "DigitsTask",
     "Role",
     "RunResult",
+    "ScIntegrationError",
     "RunOutput",
     "TaskConfig",
     "TaskError",

@@ -30,6 +30,7 @@ from sc_core import (
 
 from ._config import TrainerConfig
 from ._errors import BackendMismatchError, TrainerConfigError
+from ._settings import WORKER_LOGS
 
 __all__ = ["LocalBackend", "RayBackend", "WorkerBackend", "make_backend"]
 
@@ -89,7 +90,7 @@ class RayBackend:
             ray.init(
                 num_cpus=self.num_cpus,
                 include_dashboard=False,
-                log_to_driver=os.environ.get("SC_DEMO_WORKER_LOGS", "0") == "1",
+                log_to_driver=WORKER_LOGS.get(),
             )
             started = True
         try:

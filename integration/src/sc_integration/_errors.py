@@ -1,33 +1,41 @@
 """The exceptions sc-integration raises.
 
-Every error is raised explicitly (never through ``assert``) and subclasses the builtin
-exception it means, so callers may catch either::
+Every error is raised explicitly (never through ``assert``). Each class subclasses the
+package's base :class:`ScIntegrationError` and exactly one builtin exception, the one it
+means, so callers may catch either::
 
-    IntegrationError (Exception)              base class of everything below
-    ├── TrainerConfigError (ValueError)       a configuration value out of range, or two
-    │                                         values that do not fit together
-    ├── TaskError (ValueError)                a prompt, response or reward batch the toy task
-    │                                         cannot score: wrong shape, unknown token, ...
-    ├── CheckpointError (FileNotFoundError)   a checkpoint to resume from that is missing or
-    │                                         incomplete
-    ├── TrainingDivergedError (RuntimeError)  a loss or reward that is not finite
-    ├── WorkerOutputError (RuntimeError)      a worker group returned a batch without the
-    │                                         columns the next stage reads
-    ├── TrainerStateError (RuntimeError)      the trainer used before ``init_workers`` (or
-    │                                         after ``close``), or a spawned role group that
-    │                                         does not bind its role's methods
-    └── BackendMismatchError (TypeError)      a pool, class or group of one backend given to
-                                              another (a ``ResourcePool`` to the Ray backend)
+    ScIntegrationError (Exception)                  base class of everything below
+    ├── TrainerConfigError (ValueError)             a configuration value out of range, or
+    │                                               two values that do not fit together
+    ├── TaskError (ValueError)                      a prompt, response or reward batch the toy
+    │                                               task cannot score: wrong shape, unknown
+    │                                               token, ...
+    ├── CheckpointNotFoundError (FileNotFoundError) a checkpoint to resume from that is
+    │                                               missing, incomplete or unreadable
+    ├── CheckpointMismatchError (ValueError)        a checkpoint that does not fit this run:
+    │                                               another shape (workers per role, model
+    │                                               size, ...) or already at the last step
+    ├── TrainingDivergedError (RuntimeError)        a loss or reward that is not finite
+    ├── WorkerOutputError (RuntimeError)            a worker group returned a batch without
+    │                                               the columns the next stage reads
+    ├── TrainerStateError (RuntimeError)            the trainer used before ``init_workers``
+    │                                               (or after ``close``), or a spawned role
+    │                                               group that does not bind its role's methods
+    └── BackendMismatchError (TypeError)            a pool, class or group of one backend
+                                                    given to another
 
-Messages name the method or option and the offending value.
+``IntegrationError`` is the former name of :class:`ScIntegrationError`, kept as an alias (the
+same class). Messages name the method or option and the offending value.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "BackendMismatchError",
-    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
     "IntegrationError",
+    "ScIntegrationError",
     "TaskError",
     "TrainerConfigError",
     "TrainerStateError",
@@ -36,27 +44,34 @@ __all__ = [
 ]
 
 
-class IntegrationError(Exception):
+class ScIntegrationError(Exception):
     """Base class of every error raised by sc-integration."""
 
 
-class TrainerConfigError(IntegrationError, ValueError):
+IntegrationError = ScIntegrationError
+
+
+class TrainerConfigError(ScIntegrationError, ValueError):
     """A configuration value out of range, or two values that do not fit together."""
 
 
-class TaskError(IntegrationError, ValueError):
+class TaskError(ScIntegrationError, ValueError):
     """A batch the toy task cannot build or score."""
 
 
-class CheckpointError(IntegrationError, FileNotFoundError):
-    """A checkpoint to resume from that is missing or incomplete."""
+class CheckpointNotFoundError(ScIntegrationError, FileNotFoundError):
+    """A checkpoint to resume from that is missing, incomplete or unreadable."""
 
 
-class TrainingDivergedError(IntegrationError, RuntimeError):
+class CheckpointMismatchError(ScIntegrationError, ValueError):
+    """A checkpoint to resume from that does not fit this run's configuration."""
+
+
+class TrainingDivergedError(ScIntegrationError, RuntimeError):
     """A loss or reward that is not finite."""
 
 
-class WorkerOutputError(IntegrationError, RuntimeError):
+class WorkerOutputError(ScIntegrationError, RuntimeError):
     """A worker group returned a batch without the columns the next stage reads."""
 
 

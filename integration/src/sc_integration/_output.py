@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ._config import TrainerConfig
-from ._errors import CheckpointError
+from ._errors import CheckpointMismatchError, CheckpointNotFoundError
 
 __all__ = ["PLOT_PANELS", "RunOutput", "check_resumable", "read_metrics", "resolve_checkpoint"]
 
@@ -72,10 +72,10 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
             candidate = root / f"{_STEP_PREFIX}{step}"
             if (candidate / TRAINER_STATE).is_file():
                 return candidate
-            raise CheckpointError(
+            raise CheckpointNotFoundError(
                 f"resume: {latest} names step {step!r}, but {candidate} has no {TRAINER_STATE}"
             )
-    raise CheckpointError(
+    raise CheckpointNotFoundError(
         f"resume: {p} is neither a checkpoint folder (with {TRAINER_STATE}) nor an output "
         f"or checkpoints folder with a '{_LATEST}' file"
     )
@@ -202,14 +202,16 @@ def check_resumable(folder: Path, config: TrainerConfig) -> int:
         step = int(state["global_step"])
         saved = dict(state["config"])
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"resume: cannot read {folder / TRAINER_STATE}: {err}") from err
+        raise CheckpointNotFoundError(
+            f"resume: cannot read {folder / TRAINER_STATE}: {err}"
+        ) from err
     now = asdict(config)
     differ = {k: (saved.get(k), now[k]) for k in _RESUME_KEYS if saved.get(k) != now[k]}
     if differ:
         detail = ", ".join(f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in differ.items())
-        raise CheckpointError(f"resume: {folder} does not fit this run ({detail})")
+        raise CheckpointMismatchError(f"resume: {folder} does not fit this run ({detail})")
     if step >= config.steps:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"resume: {folder} is at step {step}; ask for more steps than that, got "
             f"steps={config.steps}"
         )

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._config import ALGORITHMS, BACKENDS, TrainerConfig
-from ._errors import IntegrationError
+from ._errors import ScIntegrationError
 from ._runner import TaskRunner
 from ._task import TASK_MODES, TaskConfig
 
@@ -260,13 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     try:
         config = config_from_args(args)
-    except IntegrationError as err:
+    except ScIntegrationError as err:
         build_parser().error(str(err))
     progress = _Progress(config.steps, enabled=args.progress)
     started = time.perf_counter()
     try:
         result = TaskRunner(config).run(progress=progress, on_start=progress.start_at)
-    except IntegrationError as err:
+    except ScIntegrationError as err:
         progress.close()
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
         return 1

@@ -10,7 +10,8 @@ import threading
 
 import pytest
 from _core_fakes import group
-from sc_core import CallTimeoutError, InvalidConfigError, LazyFuture
+from sc_core import CallTimeoutError, LazyFuture
+from sc_dispatch import SettingValueError
 
 
 def test_a_call_past_its_deadline_raises_naming_the_pending_ranks() -> None:
@@ -90,7 +91,7 @@ def test_default_timeout_of_the_group_and_from_the_environment(
         # Explicitly no deadline: waits for the release however long it takes.
         assert wg.wait_for.options(timeout=None)([0], release) == [0, 1]
         timer.join()
-    monkeypatch.setenv("SC_CALL_TIMEOUT", "0.05")
+    monkeypatch.setenv("SC_CORE_CALL_TIMEOUT_S", "0.05")
     release = threading.Event()
     with group((1,)) as wg:
         assert wg.default_timeout == 0.05
@@ -98,8 +99,8 @@ def test_default_timeout_of_the_group_and_from_the_environment(
             wg.wait_for([0], release)
         release.set()
     for bad in ("soon", "-1"):
-        monkeypatch.setenv("SC_CALL_TIMEOUT", bad)
-        with pytest.raises(InvalidConfigError, match="SC_CALL_TIMEOUT"), group((1,)):
+        monkeypatch.setenv("SC_CORE_CALL_TIMEOUT_S", bad)
+        with pytest.raises(SettingValueError, match="SC_CORE_CALL_TIMEOUT_S"), group((1,)):
             pass  # pragma: no cover
 
 

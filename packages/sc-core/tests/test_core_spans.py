@@ -148,7 +148,7 @@ def test_sc_trace_file_writes_a_trace_at_exit(tmp_path: Path) -> None:
         "wg = LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(W))\n"
         "assert wg.f() == [0, 1]\n"
     )
-    env = dict(os.environ, SC_TRACE_FILE=str(out))
+    env = dict(os.environ, SC_CORE_TRACE_FILE=str(out))
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
     events = json.loads(out.read_text())["traceEvents"]
     assert {e["cat"] for e in events} == {"dispatch", "execute", "wait", "collect"}

@@ -28,7 +28,7 @@ from sc_core import (
     worker_context,
     worker_environ,
 )
-from sc_dispatch import Dispatch, register
+from sc_dispatch import Dispatch, SettingValueError, register
 
 
 def make(env: MutableMapping[str, str], rendezvous: Rendezvous | None = None) -> Worker:
@@ -179,7 +179,7 @@ def test_a_rank_waits_for_rank_zero_across_threads() -> None:
 
 
 def test_rendezvous_timeout_and_incomplete_publication() -> None:
-    env = {"WORLD_SIZE": "2", "RANK": "1", "SC_RENDEZVOUS_TIMEOUT": "0.01"}
+    env = {"WORLD_SIZE": "2", "RANK": "1", "SC_CORE_RENDEZVOUS_TIMEOUT_S": "0.01"}
     with pytest.raises(RendezvousTimeoutError, match="did not publish"):
         make(dict(env), InProcessRendezvous())
     rdv = InProcessRendezvous()
@@ -188,8 +188,14 @@ def test_rendezvous_timeout_and_incomplete_publication() -> None:
         RendezvousError, match=r"rank 1\): rank 0 published .* without \['MASTER_PORT'\]"
     ):
         make(dict(env), rdv)
-    with pytest.raises(WorkerEnvironmentError, match="SC_RENDEZVOUS_TIMEOUT must be a number"):
-        make({**env, "SC_RENDEZVOUS_TIMEOUT": "soon"}, InProcessRendezvous())
+    with pytest.raises(
+        SettingValueError,
+        match=r"rank 1\): environment variable SC_CORE_RENDEZVOUS_TIMEOUT_S='soon'",
+    ):
+        make({**env, "SC_CORE_RENDEZVOUS_TIMEOUT_S": "soon"}, InProcessRendezvous())
+    old = {"WORLD_SIZE": "2", "RANK": "1", "SC_RENDEZVOUS_TIMEOUT": "0.01"}  # former name
+    with pytest.raises(RendezvousTimeoutError, match="did not publish"):
+        make(old, InProcessRendezvous())
 
 
 class _Recorded(Rendezvous):

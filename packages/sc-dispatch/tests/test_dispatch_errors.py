@@ -11,11 +11,11 @@ from _dispatch_fakes import Batch, FakeWorkerGroup, unique_name
 from sc_dispatch import (
     Dispatch,
     DispatchArgumentError,
-    DispatchError,
     DispatchModeExistsError,
     InvalidDispatchModeError,
     MeshLayoutError,
     NotShardableError,
+    ScDispatchError,
     UnknownDispatchModeError,
 )
 
@@ -58,6 +58,8 @@ ALL_ERRORS = [
     (NotShardableError, TypeError),
     (MeshLayoutError, ValueError),
     (scd.DirectRolloutCallError, NotImplementedError),
+    (scd.SettingValueError, ValueError),
+    (scd.SettingDeclarationError, ValueError),
 ]
 
 
@@ -65,13 +67,13 @@ ALL_ERRORS = [
 def test_each_error_subclasses_exactly_the_builtin_it_means(
     exc: type[Exception], meaning: type[Exception]
 ) -> None:
-    assert issubclass(exc, DispatchError)
+    assert issubclass(exc, ScDispatchError)
     assert _meanings(exc) == [meaning]
 
 
 def test_the_base_class_means_no_builtin() -> None:
-    assert _meanings(DispatchError) == []
-    assert DispatchError.__bases__ == (Exception,)
+    assert _meanings(ScDispatchError) == []
+    assert ScDispatchError.__bases__ == (Exception,)
 
 
 def test_every_public_error_is_in_the_table() -> None:
@@ -80,13 +82,17 @@ def test_every_public_error_is_in_the_table() -> None:
         for name in scd.__all__
         if isinstance(getattr(scd, name), type) and issubclass(getattr(scd, name), BaseException)
     }
-    assert public == {DispatchError, *(e for e, _ in ALL_ERRORS)}
+    assert public == {ScDispatchError, *(e for e, _ in ALL_ERRORS)}
+
+
+def test_former_base_name_is_the_same_class() -> None:
+    assert scd.DispatchError is ScDispatchError
 
 
 def test_exception_tree_is_documented_in_one_docstring() -> None:
     doc = errors_module.__doc__ or ""
     for exc in (
-        DispatchError,
+        ScDispatchError,
         UnknownDispatchModeError,
         DispatchModeExistsError,
         InvalidDispatchModeError,
@@ -95,6 +101,8 @@ def test_exception_tree_is_documented_in_one_docstring() -> None:
         MeshLayoutError,
         scd.DispatchModeTypeError,
         scd.DirectRolloutCallError,
+        scd.SettingValueError,
+        scd.SettingDeclarationError,
     ):
         assert exc.__name__ in doc
 

@@ -17,13 +17,14 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from sc_protocol import DataProtoConfig  # noqa: E402
+from sc_protocol import SETTINGS, DataProtoConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _reset_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("SC_AUTO_PADDING", raising=False)
-    monkeypatch.delenv("SC_COPY_READONLY_BUFFERS", raising=False)
+    for setting in SETTINGS:
+        for name in setting.names:
+            monkeypatch.delenv(name, raising=False)
     DataProtoConfig.auto_padding = None
     DataProtoConfig.copy_readonly_buffers = None
     yield

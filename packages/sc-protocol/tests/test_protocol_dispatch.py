@@ -124,7 +124,7 @@ def test_global_auto_padding_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     wg = FakeWorkerGroup(4)
     with pytest.raises(DispatchArgumentError, match=r"3 rows does not divide evenly into 4"):
         dispatch_dp_compute_data_proto(wg, make_dp(3))
-    monkeypatch.setenv("SC_AUTO_PADDING", "1")
+    monkeypatch.setenv("SC_PROTOCOL_AUTO_PADDING", "1")
     args, kwargs = dispatch_dp_compute_data_proto(wg, make_dp(3))
     assert kwargs["_sc_padding_size"] == 1
     assert len(args[0]) == 4

@@ -22,7 +22,7 @@ from sc_protocol import (
     InvalidSizeError,
     KeyConflictError,
     KeyMismatchError,
-    ProtocolError,
+    ScProtocolError,
     SerializationError,
     union_tensor_dict,
 )
@@ -200,4 +200,4 @@ def test_temporaries_of_live_processes_and_other_names_are_kept(tmp_path: Path) 
 
 
 def test_errors_raised_here_are_protocol_errors() -> None:
-    assert issubclass(KeyMismatchError, ProtocolError)
+    assert issubclass(KeyMismatchError, ScProtocolError)

@@ -10,6 +10,7 @@ import pytest
 import sc_protocol._errors as errors_module
 import torch
 from _protocol_helpers import make_dp
+from sc_dispatch import SettingValueError
 from sc_protocol import (
     BatchSizeMismatchError,
     DataProto,
@@ -20,8 +21,8 @@ from sc_protocol import (
     KeyConflictError,
     KeyMismatchError,
     MissingKeyError,
-    ProtocolError,
     ProtocolTypeError,
+    ScProtocolError,
     SerializationError,
     UnknownRowCountError,
     collate_fn,
@@ -69,10 +70,10 @@ def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
 
 def test_tree_is_documented_and_rooted() -> None:
     doc = errors_module.__doc__ or ""
-    for exc in [ProtocolError, *ALL_ERRORS]:
+    for exc in [ScProtocolError, *ALL_ERRORS]:
         assert exc.__name__ in doc
-        assert issubclass(exc, ProtocolError)
-    assert ProtocolError.__bases__ == (Exception,)
+        assert issubclass(exc, ScProtocolError)
+    assert ScProtocolError.__bases__ == (Exception,)
     assert issubclass(UnknownRowCountError, FutureError)
     assert IndexOutOfRange.__name__ == "IndexOutOfRangeError"
 
@@ -441,8 +442,8 @@ def test_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         DataProtoConfig.auto_padding = "yes"  # type: ignore[assignment]
     with pytest.raises(ProtocolTypeError, match=r"copy_readonly_buffers must be a bool"):
         DataProtoConfig.copy_readonly_buffers = 1  # type: ignore[assignment]
-    monkeypatch.setenv("SC_AUTO_PADDING", "maybe")
+    monkeypatch.setenv("SC_PROTOCOL_AUTO_PADDING", "maybe")
     with pytest.raises(
-        ProtocolTypeError, match=re.escape("SC_AUTO_PADDING='maybe' is not a boolean")
+        SettingValueError, match=re.escape("SC_PROTOCOL_AUTO_PADDING='maybe' is not a valid bool")
     ):
         _ = DataProtoConfig.auto_padding

@@ -16,9 +16,16 @@ def test_padding_disabled_by_default() -> None:
     ("raw", "expected"), [("1", True), ("TRUE", True), ("on", True), ("0", False), ("", False)]
 )
 def test_env_switch(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
-    monkeypatch.setenv("SC_AUTO_PADDING", raw)
+    monkeypatch.setenv("SC_PROTOCOL_AUTO_PADDING", raw)
     assert DataProtoConfig.auto_padding is expected
     assert make_dp(2).is_padding_enabled() is expected
+
+
+def test_former_variable_name_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SC_AUTO_PADDING", "yes")
+    assert DataProtoConfig.auto_padding is True
+    monkeypatch.setenv("SC_PROTOCOL_AUTO_PADDING", "off")  # the current name wins
+    assert DataProtoConfig.auto_padding is False
 
 
 def _on() -> bool:
@@ -30,10 +37,10 @@ def test_env_turns_padding_on_even_after_assigning_false(monkeypatch: pytest.Mon
     """verl's rule: the environment variable OR the assigned value."""
     DataProtoConfig.auto_padding = False
     assert _on() is False
-    monkeypatch.setenv("SC_AUTO_PADDING", "1")
+    monkeypatch.setenv("SC_PROTOCOL_AUTO_PADDING", "1")
     assert make_dp(3).is_padding_enabled()
     assert _on() is True
-    monkeypatch.setenv("SC_AUTO_PADDING", "0")
+    monkeypatch.setenv("SC_PROTOCOL_AUTO_PADDING", "0")
     assert _on() is False
     DataProtoConfig.auto_padding = True
     assert _on() is True

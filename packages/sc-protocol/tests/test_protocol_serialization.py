@@ -135,7 +135,7 @@ def test_read_only_buffers_alias_without_warning() -> None:
 
 
 def test_read_only_buffers_copied_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SC_COPY_READONLY_BUFFERS", "1")
+    monkeypatch.setenv("SC_PROTOCOL_COPY_READONLY_BUFFERS", "1")
     assert DataProtoConfig.copy_readonly_buffers is True
     dp = make_dp(3)
     buffers: list[pickle.PickleBuffer] = []

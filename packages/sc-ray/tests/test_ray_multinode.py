@@ -12,8 +12,8 @@ from sc_ray import (
     InsufficientResourcesError,
     RayClassWithInitArgs,
     RayResourcePool,
+    RayResourcePoolError,
     RayWorkerGroup,
-    ResourcePoolError,
     ResourcePoolManager,
 )
 from sc_ray import _ray_api as rapi
@@ -63,7 +63,7 @@ def test_ranks_follow_node_order_and_stay_put(ray_cluster: list[str]) -> None:
 
 def test_pool_that_fits_no_single_node_is_refused(ray_cluster: list[str]) -> None:
     # 3 processes fit the cluster (4 CPUs) but no single node (2 CPUs each).
-    with pytest.raises(ResourcePoolError, match="on one node"):
+    with pytest.raises(RayResourcePoolError, match="on one node"):
         ResourcePoolManager({"p": [3]}, {"A": "p"}, use_gpu=False).create_resource_pool()
     pool = RayResourcePool([3], use_gpu=False, placement_timeout_s=60)
     with pytest.raises(

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import sc_core
 from sc_core import UnknownRoleError
+from sc_dispatch import SettingValueError
 from sc_ray import (
     InsufficientResourcesError,
     PlacementTimeoutError,
     RayClassWithInitArgs,
     RayResourcePool,
-    ResourcePoolError,
+    RayResourcePoolError,
     ResourcePoolManager,
     ScRayError,
     WorkerEnvError,
@@ -97,7 +98,7 @@ def test_pool_larger_than_the_cluster_fails_at_once_naming_ask_and_cluster() -> 
     assert "asks {CPU: 12}" in text
     assert "CPU: 8" in text  # what the cluster has
     assert isinstance(info.value, ValueError)
-    assert isinstance(info.value, ResourcePoolError)
+    assert isinstance(info.value, RayResourcePoolError)
     assert pool.pgs is None
     with pytest.raises(InsufficientResourcesError, match=r"asks \{CPU: 9, GPU: 9\}"):
         RayResourcePool([9], use_gpu=True, name_prefix="gpus_").get_placement_groups()
@@ -140,7 +141,7 @@ def test_placement_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         holder.release()
     monkeypatch.setenv("SC_RAY_PLACEMENT_TIMEOUT_S", "soon")
-    with pytest.raises(ResourcePoolError, match="soon"):
+    with pytest.raises(SettingValueError, match="SC_RAY_PLACEMENT_TIMEOUT_S='soon'"):
         RayResourcePool([1], use_gpu=False).get_placement_groups()
 
 
@@ -149,7 +150,7 @@ def test_taken_name_is_refused_clearly() -> None:
     try:
         first.get_placement_groups()
         second = RayResourcePool([1], use_gpu=False, name_prefix="dup_")
-        with pytest.raises(ResourcePoolError, match="already exist"):
+        with pytest.raises(RayResourcePoolError, match="already exist"):
             second.get_placement_groups()
     finally:
         first.release()
@@ -171,9 +172,9 @@ def test_bad_pool_arguments(kwargs: dict[str, Any], match: str) -> None:
 
 
 def test_empty_pool_and_bad_strategy() -> None:
-    with pytest.raises(ResourcePoolError, match="no nodes"):
+    with pytest.raises(RayResourcePoolError, match="no nodes"):
         RayResourcePool(use_gpu=False).get_placement_groups()
-    with pytest.raises(ResourcePoolError, match="strategy"):
+    with pytest.raises(RayResourcePoolError, match="strategy"):
         RayResourcePool([1], use_gpu=False).get_placement_groups(strategy="LOOSE")
 
 
@@ -184,7 +185,7 @@ def test_add_node_before_and_after_placement() -> None:
     assert pool.store == [1, 2]
     try:
         pool.get_placement_groups(strategy="PACK")
-        with pytest.raises(ResourcePoolError, match="already placed"):
+        with pytest.raises(RayResourcePoolError, match="already placed"):
             pool.add_node(1)
     finally:
         pool.release()
@@ -209,15 +210,15 @@ def test_split_and_merge() -> None:
         assert slots[0].bundle_index == 1
         uneven[1].release()  # a sub-pool does not own the groups
         assert all(state == "CREATED" for state in _states(merged))
-        with pytest.raises(ResourcePoolError, match="divide"):
+        with pytest.raises(RayResourcePoolError, match="divide"):
             split_resource_pool(merged, 3)
-        with pytest.raises(ResourcePoolError, match="add up"):
+        with pytest.raises(RayResourcePoolError, match="add up"):
             split_resource_pool(merged, [1, 1])
-        with pytest.raises(ResourcePoolError, match="unplaced"):
+        with pytest.raises(RayResourcePoolError, match="unplaced"):
             merge_resource_pool(merged, RayResourcePool([1], use_gpu=False))
     finally:
         merged.release()
-    with pytest.raises(ResourcePoolError, match="use_gpu"):
+    with pytest.raises(RayResourcePoolError, match="use_gpu"):
         merge_resource_pool(RayResourcePool([1]), RayResourcePool([1], use_gpu=False))
 
 
@@ -237,11 +238,11 @@ def test_resource_pool_manager() -> None:
         assert isinstance(info.value, UnknownRoleError)
     finally:
         manager.release()
-    with pytest.raises(ResourcePoolError, match="ask 16 GPU"):
+    with pytest.raises(RayResourcePoolError, match="ask 16 GPU"):
         ResourcePoolManager({"p": [8, 8]}, {"A": "p"}).create_resource_pool()
-    with pytest.raises(ResourcePoolError, match="ask 12 CPU"):
+    with pytest.raises(RayResourcePoolError, match="ask 12 CPU"):
         ResourcePoolManager({"p": [6], "q": [6]}, {"A": "p"}, use_gpu=False).create_resource_pool()
-    with pytest.raises(ResourcePoolError, match="does not define"):
+    with pytest.raises(RayResourcePoolError, match="does not define"):
         ResourcePoolManager({"p": [1]}, {"A": "nope"})
 
 
@@ -260,9 +261,9 @@ def test_class_with_init_args_options_merge() -> None:
     assert opts["max_concurrency"] == 2
     with pytest.raises(WorkerEnvError, match="SC_TEST_USER"):
         cls.actor_options(None, 0, use_gpu=False, env_vars={"SC_TEST_USER": "other"})
-    with pytest.raises(ResourcePoolError, match="non-negative"):
+    with pytest.raises(RayResourcePoolError, match="non-negative"):
         cls.set_additional_resource({"custom_a": -1})
-    with pytest.raises(ResourcePoolError, match="mapping"):
+    with pytest.raises(RayResourcePoolError, match="mapping"):
         cls.update_options([("num_cpus", 1)])  # type: ignore[arg-type]
 
 

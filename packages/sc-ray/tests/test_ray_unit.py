@@ -11,6 +11,7 @@ import sc_core
 import sc_ray._errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sc_dispatch import SettingValueError
 from sc_ray import (
     RESERVED_ENV_VARS,
     DetachedWorkerError,
@@ -18,8 +19,8 @@ from sc_ray import (
     PlacementTimeoutError,
     RayClassWithInitArgs,
     RayResourcePool,
+    RayResourcePoolError,
     RayWorkerGroup,
-    ResourcePoolError,
     ScRayError,
     WorkerEnvError,
 )
@@ -50,7 +51,7 @@ def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
 @pytest.mark.parametrize(
     ("exc", "meaning"),
     [
-        (ResourcePoolError, ValueError),
+        (RayResourcePoolError, ValueError),
         (InsufficientResourcesError, ValueError),
         (PlacementTimeoutError, TimeoutError),
         (WorkerEnvError, ValueError),
@@ -64,9 +65,9 @@ def test_each_error_means_exactly_one_builtin(exc: type[Exception], meaning: typ
 
 
 def test_exception_tree() -> None:
-    assert issubclass(ResourcePoolError, sc_core.ResourcePoolError)
-    assert issubclass(InsufficientResourcesError, ResourcePoolError)
-    assert not issubclass(PlacementTimeoutError, ResourcePoolError)
+    assert issubclass(RayResourcePoolError, sc_core.ResourcePoolError)
+    assert issubclass(InsufficientResourcesError, RayResourcePoolError)
+    assert not issubclass(PlacementTimeoutError, RayResourcePoolError)
     assert ScRayError.__bases__ == (Exception,)
 
 
@@ -118,8 +119,12 @@ def test_arguments_checked_before_touching_ray() -> None:
 
 
 def test_start_timeout_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SC_WORKER_START_TIMEOUT", "later")
-    with pytest.raises(sc_core.InvalidConfigError, match="later"):
+    monkeypatch.setenv("SC_RAY_WORKER_START_TIMEOUT_S", "later")
+    with pytest.raises(SettingValueError, match=r"SC_RAY_WORKER_START_TIMEOUT_S='later'"):
+        RayWorkerGroup(worker_handles=[])
+    monkeypatch.delenv("SC_RAY_WORKER_START_TIMEOUT_S")
+    monkeypatch.setenv("SC_WORKER_START_TIMEOUT", "soon")  # the former name still counts
+    with pytest.raises(SettingValueError, match=r"SC_WORKER_START_TIMEOUT='soon'"):
         RayWorkerGroup(worker_handles=[])
 
 
@@ -127,6 +132,6 @@ def test_class_with_init_args_unwraps_and_validates() -> None:
     cls = RayClassWithInitArgs(sc_core.Worker)
     assert cls.worker_cls is sc_core.Worker
     assert cls.options == {}
-    with pytest.raises(ResourcePoolError, match="bad entry"):
+    with pytest.raises(RayResourcePoolError, match="bad entry"):
         cls.set_additional_resource({"a": True})
     assert "Worker" in repr(cls)

@@ -24,7 +24,7 @@ from sc_workers import (
     ActorRolloutRefWorker,
     BatchError,
     CriticWorker,
-    MissingKeyError,
+    MissingBatchKeyError,
     NotInitializedError,
     TinyCausalLM,
 )
@@ -153,7 +153,7 @@ def test_worker_errors(worker: ActorRolloutRefWorker, single_rank: None) -> None
     t = make_tensors(4)
     missing = {k: v for k, v in t.items() if k != "advantages"}
     with pytest.raises(
-        MissingKeyError, match=r"update_actor \(rank 0\): the batch has no \['advantages'\]"
+        MissingBatchKeyError, match=r"update_actor \(rank 0\): the batch has no \['advantages'\]"
     ):
         worker.update_actor(proto(missing))
     with pytest.raises(KeyError):
@@ -195,7 +195,7 @@ def test_critic_values_and_update(single_rank: None) -> None:
     assert metrics["critic/vf_loss"] > 0
     after = col(critic.compute_values(proto(t)), "values")
     assert not torch.allclose(after, values)
-    with pytest.raises(MissingKeyError, match=r"no \['returns'\]"):
+    with pytest.raises(MissingBatchKeyError, match=r"no \['returns'\]"):
         critic.update_critic(proto({k: v for k, v in t.items() if k != "returns"}))
 
 

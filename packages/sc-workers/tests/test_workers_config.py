@@ -203,17 +203,20 @@ def test_parallel_layout() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("", 600.0), ("30", 30.0), ("abc", "number of seconds"), ("0", "positive")],
+    [("", 600.0), ("30", 30.0), ("abc", "number of seconds"), ("0", "greater than 0")],
 )
-def test_process_group_timeout_from_environment(
+def test_process_group_timeout_from_the_workers_environment(
     monkeypatch: pytest.MonkeyPatch, raw: str, expected: float | str
 ) -> None:
-    from sc_workers import ConfigError
-    from sc_workers.engine._parallel import TIMEOUT_ENV, _process_group_timeout
+    from sc_dispatch import SettingValueError
+    from sc_workers._settings import PG_TIMEOUT
 
-    monkeypatch.setenv(TIMEOUT_ENV, raw)
+    # The worker's own mapping is read, not the driver's os.environ.
+    monkeypatch.setenv("SC_WORKERS_PG_TIMEOUT_S", "5")
+    env = {"SC_WORKERS_PG_TIMEOUT_S": raw}
     if isinstance(expected, float):
-        assert _process_group_timeout() == expected
+        assert PG_TIMEOUT.get(env) == expected
     else:
-        with pytest.raises(ConfigError, match=expected):
-            _process_group_timeout()
+        with pytest.raises(SettingValueError, match=f"SC_WORKERS_PG_TIMEOUT_S={raw!r}.*{expected}"):
+            PG_TIMEOUT.get(env)
+    assert PG_TIMEOUT.get({"SC_WORKERS_PG_TIMEOUT": "7"}) == 7.0  # the former name

@@ -46,7 +46,7 @@ def test_exception_tree() -> None:
         "ConfigError": ValueError,
         "UnsupportedParallelismError": NotImplementedError,
         "BatchError": ValueError,
-        "MissingKeyError": KeyError,
+        "MissingBatchKeyError": KeyError,
         "DistributedError": RuntimeError,
         "NotInitializedError": RuntimeError,
         "CheckpointError": RuntimeError,
@@ -57,8 +57,8 @@ def test_exception_tree() -> None:
     for name in sc_workers.__all__:
         obj = getattr(sc_workers, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
-            assert issubclass(obj, sc_workers.WorkersError), name
-    assert str(sc_workers.MissingKeyError("no 'x'")) == "no 'x'"
+            assert issubclass(obj, sc_workers.ScWorkersError), name
+    assert str(sc_workers.MissingBatchKeyError("no 'x'")) == "no 'x'"
 
 
 def test_import_does_not_load_transformers() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 
 from ._backend import Backend, CallHandle, RankArgs
 from ._busy import AbandonedCall
@@ -61,6 +60,7 @@ from ._future import LazyFuture
 from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
 from ._pool_manager import ResourcePoolManager
 from ._resource import ClassWithInitArgs, ResourcePool
+from ._settings import SETTINGS, TRACE_FILE
 from ._spans import (
     CallSpan,
     PhaseRecord,
@@ -83,6 +83,7 @@ from ._worker_group import MethodProxy, WorkerGroup
 __version__ = "0.1.0"
 
 __all__ = [
+    "SETTINGS",
     "RESERVED_WORKER_ATTRS",
     "AbandonedCall",
     "Backend",
@@ -150,9 +151,9 @@ __all__ = [
 
 
 def _install_trace_file_recorder() -> None:
-    """``SC_TRACE_FILE=path``: record every call and write the trace there at exit."""
-    path = os.environ.get("SC_TRACE_FILE")
-    if not path:
+    """``SC_CORE_TRACE_FILE=path``: record every call and write the trace there at exit."""
+    path = TRACE_FILE.get()
+    if path is None:
         return
     recorder = SpanRecorder().start()
 
@@ -160,7 +161,9 @@ def _install_trace_file_recorder() -> None:
         try:
             recorder.write_chrome_trace(path)
         except OSError:
-            logging.getLogger("sc_core.spans").exception("cannot write SC_TRACE_FILE=%s", path)
+            logging.getLogger("sc_core.spans").exception(
+                "cannot write %s=%s", TRACE_FILE.name, path
+            )
 
     atexit.register(write)
 

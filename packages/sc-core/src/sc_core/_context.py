@@ -25,6 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ._errors import RendezvousError, RendezvousTimeoutError, WorkerEnvironmentError
+from ._settings import RENDEZVOUS
 
 __all__ = [
     "InProcessRendezvous",
@@ -137,7 +138,7 @@ def rendezvous_from_env(env: Mapping[str, str]) -> Rendezvous | None:
 
     The factory is called with ``env`` and may itself return ``None``.
     """
-    spec = env.get("SC_RENDEZVOUS")
+    spec = RENDEZVOUS.get(env)
     if not spec:
         return None
     module_name, sep, attr = spec.partition(":")

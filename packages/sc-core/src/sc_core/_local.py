@@ -41,7 +41,8 @@ from ._errors import (
 )
 from ._future import LazyFuture
 from ._resource import ClassWithInitArgs, ResourcePool
-from ._worker_group import W, WorkerGroup, _env_flag
+from ._settings import LOCAL_INLINE, RENDEZVOUS
+from ._worker_group import W, WorkerGroup
 
 __all__ = ["LocalBackend", "LocalHandle", "LocalWorkerGroup"]
 
@@ -334,7 +335,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
     arguments are used.
 
     ``concurrent=True`` runs the ranks of a call at the same time (each on its own thread)
-    instead of one after the other; ``inline=True`` (or ``SC_LOCAL_INLINE=1``) runs every
+    instead of one after the other; ``inline=True`` (or ``SC_CORE_LOCAL_INLINE=1``) runs every
     call on the calling thread, where a debugger that only follows the main thread can step
     into it; deadlines are then not enforced. :meth:`close` (or leaving a ``with`` block, or
     garbage collection) stops the rank threads.
@@ -368,7 +369,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
         for flag_name, flag in (("concurrent", concurrent), ("inline", inline)):
             if flag is not None and not isinstance(flag, bool):
                 raise ConfigTypeError(f"{where}: {flag_name} must be a bool, got {flag!r}")
-        inline = _env_flag("SC_LOCAL_INLINE") if inline is None else inline
+        inline = LOCAL_INLINE.get() if inline is None else inline
         self._cls_with_init = cia
         self._worker_cls = unwrap_worker_cls(cia.cls)
         self.fused_worker_used = cia.fused_worker_used
@@ -376,7 +377,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
         base_env = {
             k: v
             for k, v in os.environ.items()
-            if k not in ("MASTER_ADDR", "MASTER_PORT", "SC_RENDEZVOUS")
+            if k not in ("MASTER_ADDR", "MASTER_PORT", *RENDEZVOUS.names)
         }
         local_sizes = resource_pool.local_world_size_list()
         local_ranks = resource_pool.local_rank_list()

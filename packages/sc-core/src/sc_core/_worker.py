@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sc_dispatch import Dispatch, Execute, register
+from sc_dispatch import Dispatch, Execute, SettingValueError, register
 
 from ._context import (
     MASTER_KEYS,
@@ -27,6 +27,7 @@ from ._errors import (
     VisibleDevicesError,
     WorkerEnvironmentError,
 )
+from ._settings import RENDEZVOUS_TIMEOUT
 
 __all__ = [
     "RESERVED_WORKER_ATTRS",
@@ -225,14 +226,10 @@ class Worker(WorkerHelper):
             return
         if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
             return
-        raw_timeout = env.get("SC_RENDEZVOUS_TIMEOUT", "300")
         try:
-            timeout = float(raw_timeout)
-        except ValueError:
-            raise WorkerEnvironmentError(
-                f"{type(self).__qualname__} (rank {rank}): SC_RENDEZVOUS_TIMEOUT must be a "
-                f"number of seconds, got {raw_timeout!r}"
-            ) from None
+            timeout = RENDEZVOUS_TIMEOUT.get(env)
+        except SettingValueError as exc:
+            raise SettingValueError(f"{type(self).__qualname__} (rank {rank}): {exc}") from None
         info = rendezvous.wait(timeout)
         missing = [k for k in MASTER_KEYS if not info.get(k)]
         if missing:

@@ -15,7 +15,6 @@ last group that uses it.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable
@@ -39,6 +38,7 @@ from ._errors import (
 from ._hook_backend import HookBackend, has_hooks
 from ._liveness import Liveness
 from ._resource import ResourcePool
+from ._settings import ABORT_ON_WORKER_DEATH, CALL_TIMEOUT, WORKER_START_TIMEOUT
 
 __all__ = ["MethodProxy", "WorkerGroup"]
 
@@ -60,21 +60,6 @@ else:
     W = TypeVar("W")
 
 
-def _env_float(name: str) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
-    return check_timeout(name, value)
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 class _Lifecycle:
     """Whether a set of workers was closed; shared by a group and the groups spawned from it."""
 
@@ -90,7 +75,7 @@ class WorkerGroup(Generic[W]):
 
     After construction every ``@register``-ed method of the worker class is an attribute:
     ``wg.generate(batch)`` dispatches, executes on the workers, waits (if blocking) and
-    collects. ``default_timeout`` (or ``SC_CALL_TIMEOUT``) bounds every call unless
+    collects. ``default_timeout`` (or ``SC_CORE_CALL_TIMEOUT_S``) bounds every call unless
     ``.options(timeout=...)`` says otherwise.
 
     For the type checker a group is generic in its worker class, ``WorkerGroup[MyWorker]``
@@ -131,7 +116,7 @@ class WorkerGroup(Generic[W]):
         self.default_timeout = (
             check_timeout(f"{type(self).__name__}: default_timeout", default_timeout)
             if default_timeout is not None
-            else _env_float("SC_CALL_TIMEOUT")
+            else CALL_TIMEOUT.get()
         )
         self._workers: list[Any] = []
         self._worker_names: list[str] = []
@@ -356,9 +341,9 @@ class WorkerGroup(Generic[W]):
 
     def _block_until_all_workers_alive(self, timeout: float | None = None) -> None:
         """Wait until every worker is alive; :class:`~sc_core.WorkerDiedError` after
-        ``timeout`` seconds (default ``SC_WORKER_START_TIMEOUT``, else 300)."""
+        ``timeout`` seconds (default ``SC_CORE_WORKER_START_TIMEOUT_S``, else 300)."""
         if timeout is None:
-            timeout = _env_float("SC_WORKER_START_TIMEOUT") or 300.0
+            timeout = WORKER_START_TIMEOUT.get()
         self._liveness.wait_all_alive(self.world_size, self._rank_alive, timeout)
 
     def start_worker_aliveness_check(
@@ -368,11 +353,11 @@ class WorkerGroup(Generic[W]):
 
         A dead worker is logged and recorded: the next call touching it raises
         :class:`~sc_core.WorkerDiedError`. With ``abort_on_death=True`` (or
-        ``SC_ABORT_ON_WORKER_DEATH=1``) the driver is killed with SIGABRT instead, as verl
+        ``SC_CORE_ABORT_ON_WORKER_DEATH=1``) the driver is killed with SIGABRT instead, as verl
         does. Waits first until every worker is alive.
         """
         interval = check_timeout("start_worker_aliveness_check: every_n_seconds", every_n_seconds)
-        abort = _env_flag("SC_ABORT_ON_WORKER_DEATH") if abort_on_death is None else abort_on_death
+        abort = ABORT_ON_WORKER_DEATH.get() if abort_on_death is None else abort_on_death
         if self._liveness.monitoring:
             return
         self._block_until_all_workers_alive()

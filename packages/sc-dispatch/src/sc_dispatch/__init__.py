@@ -23,6 +23,9 @@ from ._errors import (
     InvalidDispatchModeError,
     MeshLayoutError,
     NotShardableError,
+    ScDispatchError,
+    SettingDeclarationError,
+    SettingValueError,
     UnknownDispatchModeError,
 )
 from ._nd import (
@@ -60,6 +63,7 @@ from ._registry import (
     resolve_dispatch_mode,
     update_dispatch_mode,
 )
+from ._setting import Setting, parse_bool, parse_int, parse_path, parse_seconds, parse_str
 from ._shard import (
     Resolver,
     Rows,
@@ -77,6 +81,9 @@ from ._shard import (
 from ._typed import RegisteredMethod
 
 __version__ = "0.1.0"
+
+SETTINGS: tuple[Setting[object], ...] = ()
+"""Every environment variable sc-dispatch reads: none (it provides :class:`Setting`)."""
 
 __all__ = [
     "MAGIC_ATTR",
@@ -108,6 +115,11 @@ __all__ = [
     "RegisteredMethod",
     "Resolver",
     "Rows",
+    "SETTINGS",
+    "ScDispatchError",
+    "Setting",
+    "SettingDeclarationError",
+    "SettingValueError",
     "ShardAdapter",
     "UnknownDispatchModeError",
     "__version__",
@@ -132,6 +144,11 @@ __all__ = [
     "get_shard_adapter",
     "is_future",
     "is_shardable",
+    "parse_bool",
+    "parse_int",
+    "parse_path",
+    "parse_seconds",
+    "parse_str",
     "make_nd_compute_dataproto_dispatch_fn",
     "materialize",
     "mesh_layout",

@@ -1,10 +1,10 @@
 """The exceptions sc-dispatch raises.
 
 Every error is raised explicitly (never through ``assert``). Each class subclasses the
-package's base :class:`DispatchError` and exactly one builtin exception, the one it means,
+package's base :class:`ScDispatchError` and exactly one builtin exception, the one it means,
 so callers may catch either::
 
-    DispatchError (Exception)                  base class of everything below
+    ScDispatchError (Exception)                base class of everything below
     ├── UnknownDispatchModeError (KeyError)    a mode or member name that is not registered
     │                                          (``Dispatch["X"]``, ``Dispatch.remove("X")``,
     │                                          a member without dispatch/collect functions)
@@ -24,10 +24,15 @@ so callers may catch either::
     │                                          split (a list given to DP_COMPUTE_PROTO, a dict)
     ├── MeshLayoutError (ValueError)           a mesh whose dp ranks are not 0..dp_size-1, or
     │                                          a dp group without exactly one collect rank
-    └── DirectRolloutCallError                 a ``DIRECT_ROLLOUT_METHOD`` method called
-        (NotImplementedError)                  through a worker group
+    ├── DirectRolloutCallError                 a ``DIRECT_ROLLOUT_METHOD`` method called
+    │   (NotImplementedError)                  through a worker group
+    ├── SettingValueError (ValueError)         an ``SC_*`` environment variable whose value
+    │                                          does not parse (names the variable and value)
+    └── SettingDeclarationError (ValueError)   a :class:`Setting` declared with a bad name, a
+                                               duration not named ``..._S``, no doc
 
-Messages name the dispatch mode and the offending value.
+``DispatchError`` is the former name of :class:`ScDispatchError`, kept as an alias (the same
+class). Messages name the dispatch mode (or variable) and the offending value.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ __all__ = [
     "DirectRolloutCallError",
     "DispatchArgumentError",
     "DispatchError",
+    "ScDispatchError",
+    "SettingDeclarationError",
+    "SettingValueError",
     "DispatchModeExistsError",
     "DispatchModeTypeError",
     "InvalidDispatchModeError",
@@ -45,11 +53,14 @@ __all__ = [
 ]
 
 
-class DispatchError(Exception):
+class ScDispatchError(Exception):
     """Base class of every error raised by sc-dispatch."""
 
 
-class UnknownDispatchModeError(DispatchError, KeyError):
+DispatchError = ScDispatchError
+
+
+class UnknownDispatchModeError(ScDispatchError, KeyError):
     """A dispatch or execute mode, or a dynamic-enum member, that is not registered."""
 
     def __str__(self) -> str:
@@ -57,30 +68,38 @@ class UnknownDispatchModeError(DispatchError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class DispatchModeTypeError(DispatchError, TypeError):
+class DispatchModeTypeError(ScDispatchError, TypeError):
     """A value of the wrong type where a dispatch or execute mode (or its function) is needed."""
 
 
-class DispatchModeExistsError(DispatchError, ValueError):
+class DispatchModeExistsError(ScDispatchError, ValueError):
     """A dispatch mode or member name that is already registered."""
 
 
-class InvalidDispatchModeError(DispatchError, ValueError):
+class InvalidDispatchModeError(ScDispatchError, ValueError):
     """A custom dispatch mode or ``@register`` argument whose value cannot be used."""
 
 
-class DispatchArgumentError(DispatchError, ValueError):
+class DispatchArgumentError(ScDispatchError, ValueError):
     """Arguments that a dispatch mode cannot split or collect."""
 
 
-class NotShardableError(DispatchError, TypeError):
+class NotShardableError(ScDispatchError, TypeError):
     """An argument of a type that a splitting mode does not know how to split."""
 
 
-class MeshLayoutError(DispatchError, ValueError):
+class MeshLayoutError(ScDispatchError, ValueError):
     """A device mesh whose data-parallel layout cannot be dispatched to."""
 
 
-class DirectRolloutCallError(DispatchError, NotImplementedError):
+class DirectRolloutCallError(ScDispatchError, NotImplementedError):
     """A ``DIRECT_ROLLOUT_METHOD`` method called through a worker group (the rollout engine
     calls it inside the worker)."""
+
+
+class SettingValueError(ScDispatchError, ValueError):
+    """An ``SC_*`` environment variable whose value does not parse as its setting's type."""
+
+
+class SettingDeclarationError(ScDispatchError, ValueError):
+    """A :class:`~sc_dispatch.Setting` declared with a value it cannot work with."""

@@ -243,8 +243,8 @@ def split_args_kwargs(
                 f"{mode}: a batch of {length} rows does not divide evenly into {chunks} shards "
                 f"({length} % {chunks} = {length % chunks}); uneven shards would change each "
                 "rank's batch size and loss weighting. Send a multiple of the shard count, or "
-                "enable auto-padding (DataProtoConfig.auto_padding = True, SC_AUTO_PADDING=1, "
-                "or DataProto.from_dict(..., auto_padding=True))"
+                "enable auto-padding (DataProtoConfig.auto_padding = True, "
+                "SC_PROTOCOL_AUTO_PADDING=1, or DataProto.from_dict(..., auto_padding=True))"
             )
         pad_size = chunks - length % chunks
     split: list[list[Any]] = []

@@ -26,6 +26,7 @@ from ._errors import (
     MissingKeyError,
     ProtocolError,
     ProtocolTypeError,
+    ScProtocolError,
     SerializationError,
     UnknownRowCountError,
 )
@@ -39,6 +40,7 @@ from ._future import (
 from ._item import DataProtoItem, collate_fn
 from ._padding import pad_dataproto_to_divisor, unpad_dataproto
 from ._serialize import rebuild_tensordict, tensordict_state
+from ._settings import SETTINGS
 from ._union import union_numpy_dict, union_tensor_dict
 
 __version__ = "0.1.0"
@@ -46,6 +48,7 @@ __version__ = "0.1.0"
 register_adapters()
 
 __all__ = [
+    "SETTINGS",
     "BatchSizeMismatchError",
     "DataProto",
     "DataProtoAdapter",
@@ -63,6 +66,7 @@ __all__ = [
     "MissingKeyError",
     "ProtocolError",
     "ProtocolTypeError",
+    "ScProtocolError",
     "Resolver",
     "SerializationError",
     "ShardSlice",

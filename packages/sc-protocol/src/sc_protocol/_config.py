@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from ._errors import ProtocolTypeError
+from ._settings import AUTO_PADDING, COPY_READONLY_BUFFERS
 
 __all__ = ["DataProtoConfig"]
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
-
-
-def _env_flag(name: str) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ProtocolTypeError(
-        f"environment variable {name}={os.environ.get(name)!r} is not a boolean; "
-        "use 1/0, true/false, yes/no or on/off"
-    )
 
 
 class _DataProtoConfigMeta(type):
@@ -33,9 +17,9 @@ class _DataProtoConfigMeta(type):
     @property
     def auto_padding(cls) -> bool:
         """Global auto-padding switch: on when it was assigned ``True`` *or* the environment
-        variable ``SC_AUTO_PADDING`` is set (verl's rule: the variable turns padding on for a
-        whole job, whatever the program assigned)."""
-        return bool(cls._auto_padding) or _env_flag("SC_AUTO_PADDING")
+        variable ``SC_PROTOCOL_AUTO_PADDING`` is true (verl's rule: the variable turns padding on
+        for a whole job, whatever the program assigned)."""
+        return bool(cls._auto_padding) or AUTO_PADDING.get()
 
     @auto_padding.setter
     def auto_padding(cls, enabled: bool | None) -> None:
@@ -50,19 +34,19 @@ class _DataProtoConfigMeta(type):
     def copy_readonly_buffers(cls) -> bool:
         """Whether unpickling copies tensors out of read-only buffers.
 
-        Defaults to the environment variable ``SC_COPY_READONLY_BUFFERS`` (off): tensors
+        Defaults to the environment variable ``SC_PROTOCOL_COPY_READONLY_BUFFERS`` (off): tensors
         then alias the read-only memory (for example Ray's object store), without a copy.
         """
         if cls._copy_readonly_buffers is not None:
             return cls._copy_readonly_buffers
-        return _env_flag("SC_COPY_READONLY_BUFFERS")
+        return COPY_READONLY_BUFFERS.get()
 
     @copy_readonly_buffers.setter
     def copy_readonly_buffers(cls, enabled: bool | None) -> None:
         if enabled is not None and not isinstance(enabled, bool):
             raise ProtocolTypeError(
                 f"DataProtoConfig.copy_readonly_buffers must be a bool (or None to follow "
-                f"SC_COPY_READONLY_BUFFERS), got {type(enabled).__name__} {enabled!r}"
+                f"SC_PROTOCOL_COPY_READONLY_BUFFERS), got {type(enabled).__name__} {enabled!r}"
             )
         cls._copy_readonly_buffers = enabled
 
@@ -72,7 +56,7 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 
     * ``DataProtoConfig.auto_padding`` -- when true, every DataProto may be padded so that
       it splits evenly across workers. It is true when the program assigned ``True`` or the
-      environment has ``SC_AUTO_PADDING=1`` (as verl's ``VERL_AUTO_PADDING``): assigning
+      environment has ``SC_PROTOCOL_AUTO_PADDING=1`` (verl's ``VERL_AUTO_PADDING``): assigning
       ``False`` does not override the environment variable.
     * ``DataProtoConfig.auto_padding_key`` -- the ``meta_info`` key of the per-object flag
       (set by ``from_dict(..., auto_padding=True)``).

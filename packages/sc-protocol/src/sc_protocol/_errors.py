@@ -1,10 +1,10 @@
 """The exceptions sc-protocol raises.
 
 Every error is raised explicitly (never through ``assert``). Each class subclasses the
-package's base :class:`ProtocolError` and exactly one builtin exception, the one it means,
+package's base :class:`ScProtocolError` and exactly one builtin exception, the one it means,
 so callers may catch either::
 
-    ProtocolError (Exception)                   base class of everything below
+    ScProtocolError (Exception)                 base class of everything below
     ├── BatchSizeMismatchError (ValueError)     columns, parts or operands whose row counts
     │                                           (first dimensions) disagree
     ├── KeyConflictError (ValueError)           one key with two different values (union, or
@@ -29,7 +29,8 @@ so callers may catch either::
         └── UnknownRowCountError                an operation that needs the row count of a
                                                 future whose shard sizes are not known
 
-``IndexOutOfRange`` is the former name of :class:`IndexOutOfRangeError`, kept as an alias.
+``IndexOutOfRange`` is the former name of :class:`IndexOutOfRangeError` and ``ProtocolError``
+the former name of :class:`ScProtocolError`, both kept as aliases (the same classes).
 Messages name the key, the sizes and the offending value.
 """
 
@@ -46,28 +47,32 @@ __all__ = [
     "MissingKeyError",
     "ProtocolError",
     "ProtocolTypeError",
+    "ScProtocolError",
     "SerializationError",
     "UnknownRowCountError",
 ]
 
 
-class ProtocolError(Exception):
+class ScProtocolError(Exception):
     """Base class of every error raised by sc-protocol."""
 
 
-class BatchSizeMismatchError(ProtocolError, ValueError):
+ProtocolError = ScProtocolError
+
+
+class BatchSizeMismatchError(ScProtocolError, ValueError):
     """Columns, parts or operands whose numbers of rows disagree."""
 
 
-class KeyConflictError(ProtocolError, ValueError):
+class KeyConflictError(ScProtocolError, ValueError):
     """The same key with two different values, or a rename onto a taken key."""
 
 
-class KeyMismatchError(ProtocolError, ValueError):
+class KeyMismatchError(ScProtocolError, ValueError):
     """Batches with different sets of keys where the same keys are required."""
 
 
-class MissingKeyError(ProtocolError, KeyError):
+class MissingKeyError(ScProtocolError, KeyError):
     """A key that is not in the batch."""
 
     def __str__(self) -> str:
@@ -75,7 +80,7 @@ class MissingKeyError(ProtocolError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class IndexOutOfRangeError(ProtocolError, IndexError):
+class IndexOutOfRangeError(ScProtocolError, IndexError):
     """A row index outside ``[-len, len)``."""
 
 
@@ -83,19 +88,19 @@ class IndexOutOfRangeError(ProtocolError, IndexError):
 IndexOutOfRange = IndexOutOfRangeError
 
 
-class InvalidSizeError(ProtocolError, ValueError):
+class InvalidSizeError(ScProtocolError, ValueError):
     """A count or size argument that cannot be used with this batch."""
 
 
-class ProtocolTypeError(ProtocolError, TypeError):
+class ProtocolTypeError(ScProtocolError, TypeError):
     """An argument of the wrong type."""
 
 
-class SerializationError(ProtocolError, ValueError):
+class SerializationError(ScProtocolError, ValueError):
     """A saved or pickled DataProto that cannot be restored."""
 
 
-class FutureError(ProtocolError, ValueError):
+class FutureError(ScProtocolError, ValueError):
     """A DataProtoFuture that cannot produce its value."""
 
 

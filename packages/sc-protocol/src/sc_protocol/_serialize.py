@@ -13,8 +13,8 @@ copied to the CPU once (and moved back on load).
 On load the tensor is built over the received buffer with :func:`torch.frombuffer`, again
 without a copy. A read-only buffer (Ray's object store hands out read-only memoryviews) is
 aliased as well, unless :attr:`DataProtoConfig.copy_readonly_buffers` (environment
-``SC_COPY_READONLY_BUFFERS=1``) asks for a private copy: PyTorch has no read-only tensors,
-so writing in place into such a tensor writes into memory that other readers may share.
+``SC_PROTOCOL_COPY_READONLY_BUFFERS=1``) asks for a private copy: PyTorch has no read-only
+tensors, so writing in place into such a tensor writes into memory that other readers may share.
 Buffers that pickle itself created for the in-band data belong to the new tensor alone and
 are always aliased.
 

@@ -15,13 +15,14 @@ from ._errors import (
     DetachedWorkerError,
     InsufficientResourcesError,
     PlacementTimeoutError,
-    ResourcePoolError,
+    RayResourcePoolError,
     ScRayError,
     WorkerEnvError,
 )
 from ._futures import RayFuture
 from ._pool_manager import RayResourcePoolManager
 from ._resource_pool import PLACEMENT_TIMEOUT_ENV, RayResourcePool, sort_placement_group_by_node_ip
+from ._settings import SETTINGS
 from ._sub_pool import SubRayResourcePool, merge_resource_pool, split_resource_pool
 from ._worker_group import RESERVED_ENV_VARS, RayWorkerGroup
 
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PLACEMENT_TIMEOUT_ENV",
     "RESERVED_ENV_VARS",
+    "SETTINGS",
     "DetachedWorkerError",
     "InsufficientResourcesError",
     "PlacementTimeoutError",
@@ -43,7 +45,7 @@ __all__ = [
     "RayResourcePool",
     "RayResourcePoolManager",
     "RayWorkerGroup",
-    "ResourcePoolError",
+    "RayResourcePoolError",
     "ResourcePoolManager",
     "ScRayError",
     "SubRayResourcePool",

@@ -7,7 +7,6 @@ waits for their constructors.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -15,8 +14,9 @@ from sc_core import InvalidConfigError
 
 from . import _ray_api as rapi
 from ._class_with_init import RayClassWithInitArgs, merge_options
-from ._errors import ResourcePoolError, WorkerEnvError
+from ._errors import RayResourcePoolError, WorkerEnvError
 from ._resource_pool import BundleSlot, RayResourcePool
+from ._settings import CORE_RENDEZVOUS, WORKER_START_TIMEOUT
 
 __all__ = [
     "RESERVED_ENV_VARS",
@@ -40,23 +40,18 @@ RESERVED_ENV_VARS = (
     "MASTER_PORT",
     # A rendezvous factory imported and called in every worker: code from the environment,
     # so users may not set it through worker_env / runtime_env (a backend sets it itself).
-    "SC_RENDEZVOUS",
+    *CORE_RENDEZVOUS.names,
 )
 
 
 def start_timeout(given: float | None, fallback: float) -> float:
     """The seconds to wait for the actors' constructors: ``given``, else
-    ``SC_WORKER_START_TIMEOUT``, else ``fallback``."""
+    ``SC_RAY_WORKER_START_TIMEOUT_S``, else ``fallback``."""
     if given is not None:
         value: float | None = float(given)
     else:
-        raw = os.environ.get("SC_WORKER_START_TIMEOUT", "").strip()
-        try:
-            value = float(raw) if raw else float(fallback)
-        except ValueError:
-            raise InvalidConfigError(
-                f"SC_WORKER_START_TIMEOUT must be a number of seconds, got {raw!r}"
-            ) from None
+        from_env = WORKER_START_TIMEOUT.get()
+        value = float(fallback) if from_env is None else from_env
     if value is None or not value > 0:
         raise InvalidConfigError(f"RayWorkerGroup: start_timeout must be positive, got {value!r}")
     return value
@@ -114,7 +109,7 @@ def _check_fits(pool: RayResourcePool, cls: RayClassWithInitArgs) -> None:
             continue
         have = bundle.get(key, 0.0)
         if float(value) > have:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"RayWorkerGroup: {cls.worker_cls.__qualname__} asks {key}={value} per "
                 f"actor, but each bundle of pool {pool.store} holds {have:g} "
                 f"(bundle {bundle}); lower the option or raise num_cpus_per_process"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from sc_core import ClassWithInitArgs
 
 from . import _ray_api as rapi
-from ._errors import ResourcePoolError, WorkerEnvError
+from ._errors import RayResourcePoolError, WorkerEnvError
 
 __all__ = ["RayClassWithInitArgs", "merge_options"]
 
@@ -72,18 +72,18 @@ class RayClassWithInitArgs(ClassWithInitArgs[Any], Generic[W]):
     def set_additional_resource(self, additional_resource: Mapping[str, float]) -> None:
         """Custom Ray resources each actor asks for (``{"my_resource": 1}``)."""
         if not isinstance(additional_resource, Mapping):
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"set_additional_resource: expected a mapping of resource name to amount, "
                 f"got {type(additional_resource).__qualname__} {additional_resource!r}"
             )
         for key, amount in additional_resource.items():
             if not isinstance(key, str) or isinstance(amount, bool):
-                raise ResourcePoolError(
+                raise RayResourcePoolError(
                     f"set_additional_resource: bad entry {key!r}: {amount!r}; "
                     "give resource names and numbers"
                 )
             if not isinstance(amount, (int, float)) or amount < 0:
-                raise ResourcePoolError(
+                raise RayResourcePoolError(
                     f"set_additional_resource: resource {key!r} needs a non-negative amount, "
                     f"got {amount!r}"
                 )
@@ -92,7 +92,7 @@ class RayClassWithInitArgs(ClassWithInitArgs[Any], Generic[W]):
     def update_options(self, options: Mapping[str, Any]) -> None:
         """Merge Ray actor options (``runtime_env``, ``max_concurrency``, ``num_cpus``, ...)."""
         if not isinstance(options, Mapping):
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"update_options: expected a mapping of Ray actor options, got {options!r}"
             )
         self._options = merge_options(self._options, options)

@@ -5,7 +5,7 @@ Failures of a worker during a call are sc-core's (``WorkerError``, ``WorkerDiedE
 class subclasses :class:`ScRayError` and exactly one builtin exception, the one it means::
 
     ScRayError (Exception)                         base class of everything below
-    ├── ResourcePoolError (ValueError)             a pool spec that cannot work: bad
+    ├── RayResourcePoolError (ValueError)          a pool spec that cannot work: bad
     │   │                                          process_on_nodes, split sizes that do not
     │   │                                          add up, pools that cannot be merged, a
     │   │                                          placement-group name already taken, an
@@ -23,7 +23,7 @@ class subclasses :class:`ScRayError` and exactly one builtin exception, the one 
     └── DetachedWorkerError (LookupError)          ``from_detached`` names an actor that does
                                                    not exist
 
-``ResourcePoolError`` also subclasses sc-core's ``ResourcePoolError`` (a ``ValueError`` as
+``RayResourcePoolError`` also subclasses sc-core's ``ResourcePoolError`` (a ``ValueError`` as
 well), so ``except sc_core.ResourcePoolError`` catches bad pools of either package. An
 unknown role in :meth:`ResourcePoolManager.get_resource_pool` is sc-core's
 ``UnknownRoleError`` (a ``KeyError``). Messages name what was asked and what the cluster has.
@@ -37,7 +37,7 @@ __all__ = [
     "DetachedWorkerError",
     "InsufficientResourcesError",
     "PlacementTimeoutError",
-    "ResourcePoolError",
+    "RayResourcePoolError",
     "ScRayError",
     "WorkerEnvError",
 ]
@@ -47,11 +47,11 @@ class ScRayError(Exception):
     """Base class of every error sc-ray raises of its own."""
 
 
-class ResourcePoolError(ScRayError, _CoreResourcePoolError):
+class RayResourcePoolError(ScRayError, _CoreResourcePoolError):
     """A resource pool that cannot be built, placed, split or merged as asked."""
 
 
-class InsufficientResourcesError(ResourcePoolError):
+class InsufficientResourcesError(RayResourcePoolError):
     """A pool that asks more than the whole cluster (or one node) has: it can never be placed."""
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from sc_core import ResourcePoolManager
 
 from . import _ray_api as rapi
-from ._errors import InsufficientResourcesError, ResourcePoolError
+from ._errors import InsufficientResourcesError, RayResourcePoolError
 from ._resource_pool import DEVICE_RESOURCE, RayResourcePool
 
 __all__ = ["RayResourcePoolManager"]
@@ -37,7 +37,7 @@ class RayResourcePoolManager(ResourcePoolManager[RayResourcePool]):
     """
 
     pool_class = RayResourcePool
-    error_class = ResourcePoolError
+    error_class = RayResourcePoolError
 
     def __init__(
         self,
@@ -57,7 +57,7 @@ class RayResourcePoolManager(ResourcePoolManager[RayResourcePool]):
             n_gpus_per_node=n_gpus_per_node,
         )
         if not isinstance(device_name, str) or device_name.lower() not in DEVICE_RESOURCE:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"{type(self).__name__}: device_name must be one of {sorted(DEVICE_RESOURCE)}, "
                 f"got {device_name!r}"
             )

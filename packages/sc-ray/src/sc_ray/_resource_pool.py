@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,8 @@ from dataclasses import dataclass
 from sc_core import ResourcePool
 
 from . import _ray_api as rapi
-from ._errors import InsufficientResourcesError, PlacementTimeoutError, ResourcePoolError
+from ._errors import InsufficientResourcesError, PlacementTimeoutError, RayResourcePoolError
+from ._settings import PLACEMENT_TIMEOUT
 
 __all__ = [
     "DEFAULT_PLACEMENT_TIMEOUT_S",
@@ -31,27 +31,13 @@ __all__ = [
 
 logger = logging.getLogger("sc_ray")
 
-#: Seconds to wait for a pool's placement groups when the pool does not say.
-PLACEMENT_TIMEOUT_ENV = "SC_RAY_PLACEMENT_TIMEOUT_S"
-DEFAULT_PLACEMENT_TIMEOUT_S = 300.0
+#: The variable giving the seconds to wait for a pool's placement groups when the pool does
+#: not say, and its default (both from :data:`sc_ray._settings.PLACEMENT_TIMEOUT`).
+PLACEMENT_TIMEOUT_ENV = PLACEMENT_TIMEOUT.name
+DEFAULT_PLACEMENT_TIMEOUT_S = PLACEMENT_TIMEOUT.default
 
 #: Ray's resource name for each device name a pool accepts.
 DEVICE_RESOURCE = {"cuda": "GPU", "gpu": "GPU", "npu": "NPU"}
-
-
-def _default_placement_timeout() -> float:
-    raw = os.environ.get(PLACEMENT_TIMEOUT_ENV)
-    if raw is None:
-        return DEFAULT_PLACEMENT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ResourcePoolError(
-            f"{PLACEMENT_TIMEOUT_ENV} must be a number of seconds, got {raw!r}"
-        ) from None
-    if value <= 0:
-        raise ResourcePoolError(f"{PLACEMENT_TIMEOUT_ENV} must be positive, got {raw!r}")
-    return value
 
 
 def _ip_key(ip: str) -> tuple[int, int, str]:
@@ -133,15 +119,15 @@ class RayResourcePool(ResourcePool):
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count, n_gpus_per_node)
         if device_name.lower() not in DEVICE_RESOURCE:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"device_name must be one of {sorted(DEVICE_RESOURCE)}, got {device_name!r}"
             )
         if not num_cpus_per_process > 0:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"num_cpus_per_process must be positive, got {num_cpus_per_process!r}"
             )
         if placement_timeout_s is not None and not placement_timeout_s > 0:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"placement_timeout_s must be positive, got {placement_timeout_s!r}"
             )
         self.use_gpu = bool(use_gpu)
@@ -159,7 +145,7 @@ class RayResourcePool(ResourcePool):
     def add_node(self, process_count: int) -> None:
         """Append a node running ``process_count`` processes (before placement only)."""
         if self.pgs is not None:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"add_node({process_count!r}): the pool is already placed on {self._store}"
             )
         super().add_node(process_count)
@@ -200,19 +186,19 @@ class RayResourcePool(ResourcePool):
         if self.pgs is not None:
             return self.pgs
         if not self._store:
-            raise ResourcePoolError("the resource pool has no nodes; give process_on_nodes")
+            raise RayResourcePoolError("the resource pool has no nodes; give process_on_nodes")
         if device_name is not None and device_name.lower() != self.device_name:
             if device_name.lower() not in DEVICE_RESOURCE:
-                raise ResourcePoolError(
+                raise RayResourcePoolError(
                     f"device_name must be one of {sorted(DEVICE_RESOURCE)}, got {device_name!r}"
                 )
             self.device_name = device_name.lower()
         if strategy not in ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"):
-            raise ResourcePoolError(f"unknown placement strategy {strategy!r}")
+            raise RayResourcePoolError(f"unknown placement strategy {strategy!r}")
         names = self._pg_names(name)
         taken = [n for n in names if rapi.get_placement_group(n) is not None]
         if taken:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"placement group name(s) {taken} already exist in this Ray namespace; give the "
                 "pool a distinct name_prefix or release the other pool"
             )
@@ -222,7 +208,7 @@ class RayResourcePool(ResourcePool):
         timeout = (
             self.placement_timeout_s
             if self.placement_timeout_s is not None
-            else _default_placement_timeout()
+            else PLACEMENT_TIMEOUT.get()
         )
         created: list[rapi.PlacementGroup] = []
         try:
@@ -238,10 +224,10 @@ class RayResourcePool(ResourcePool):
         except BaseException as exc:
             for pg in created:
                 rapi.remove_placement_group(pg)
-            if isinstance(exc, (ResourcePoolError, PlacementTimeoutError)):
+            if isinstance(exc, (RayResourcePoolError, PlacementTimeoutError)):
                 raise
             if isinstance(exc, Exception):
-                raise ResourcePoolError(
+                raise RayResourcePoolError(
                     f"placing pool {self._store} with bundles {bundle} failed: {exc}"
                 ) from exc
             raise

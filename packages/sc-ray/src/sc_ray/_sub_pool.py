@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import _ray_api as rapi
-from ._errors import ResourcePoolError
+from ._errors import RayResourcePoolError
 from ._resource_pool import BundleSlot, RayResourcePool
 
 __all__ = ["SubRayResourcePool", "merge_resource_pool", "split_resource_pool"]
@@ -103,7 +103,7 @@ def split_resource_pool(
     world = resource_pool.world_size
     if isinstance(split_size, int):
         if isinstance(split_size, bool) or split_size < 1 or world % split_size:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"split_resource_pool: split_size {split_size} must divide the pool's world "
                 f"size {world} (process_on_nodes={resource_pool.store})"
             )
@@ -111,7 +111,7 @@ def split_resource_pool(
     else:
         sizes = list(split_size)
         if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes) or sum(sizes) != world:
-            raise ResourcePoolError(
+            raise RayResourcePoolError(
                 f"split_resource_pool: sizes {sizes} must be positive and add up to the pool's "
                 f"world size {world} (process_on_nodes={resource_pool.store})"
             )
@@ -135,9 +135,11 @@ def merge_resource_pool(rp1: RayResourcePool, rp2: RayResourcePool) -> RayResour
         ("detached", rp1.detached, rp2.detached),
     ):
         if a != b:
-            raise ResourcePoolError(f"merge_resource_pool: pools differ in {label}: {a!r} vs {b!r}")
+            raise RayResourcePoolError(
+                f"merge_resource_pool: pools differ in {label}: {a!r} vs {b!r}"
+            )
     if rp1.pgs is not None or rp2.pgs is not None:
-        raise ResourcePoolError(
+        raise RayResourcePoolError(
             f"merge_resource_pool: both pools must be unplaced, got {rp1!r} and {rp2!r}"
         )
     return RayResourcePool(

@@ -34,13 +34,15 @@ from ._errors import (
     CheckpointError,
     ConfigError,
     DistributedError,
-    MissingKeyError,
+    MissingBatchKeyError,
     NotInitializedError,
     OptionalDependencyError,
+    ScWorkersError,
     UnsupportedParallelismError,
     WorkersError,
 )
 from ._hf_configs import hf_model_config, hf_worker_configs
+from ._settings import SETTINGS
 from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
 from .models import HFCausalLM, HFValueModel, TinyCausalLM, load_hf_tokenizer
 from .workers import ROLES, ActorRolloutRefWorker, CriticWorker, export_hf_checkpoint
@@ -50,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LOSS_AGG_MODES",
     "ROLES",
+    "SETTINGS",
     "ActorConfig",
     "ActorRolloutRefConfig",
     "ActorRolloutRefWorker",
@@ -68,7 +71,7 @@ __all__ = [
     "HFValueModel",
     "MegatronConfig",
     "MegatronEngine",
-    "MissingKeyError",
+    "MissingBatchKeyError",
     "ModelConfig",
     "NotInitializedError",
     "OptimConfig",
@@ -78,6 +81,7 @@ __all__ = [
     "RolloutConfig",
     "TinyCausalLM",
     "UnsupportedParallelismError",
+    "ScWorkersError",
     "WorkersError",
     "__version__",
     "export_hf_checkpoint",

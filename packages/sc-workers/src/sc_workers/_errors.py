@@ -1,10 +1,10 @@
 """The exceptions sc-workers raises.
 
 Every error is raised explicitly (never through ``assert``). Each class subclasses
-:class:`WorkersError` and exactly one builtin exception, the one it means, so callers may
+:class:`ScWorkersError` and exactly one builtin exception, the one it means, so callers may
 catch either the sc-workers class or the builtin::
 
-    WorkersError (Exception)                      base class of everything below
+    ScWorkersError (Exception)                    base class of everything below
     ├── ConfigError (ValueError)                  a configuration value that is out of range
     │                                             or inconsistent: a batch size that is not
     │                                             divisible by the dp size or the micro-batch
@@ -17,7 +17,7 @@ catch either the sc-workers class or the builtin::
     │                                             batch size that does not split into the
     │                                             configured mini-/micro-batches, mismatched
     │                                             shapes, a bad meta_info value
-    ├── MissingKeyError (KeyError)                a tensor the method needs is not in the batch
+    ├── MissingBatchKeyError (KeyError)           a tensor the method needs is not in the batch
     ├── DistributedError (RuntimeError)           the process group cannot be set up: a world
     │                                             size that does not match the one already
     │                                             initialised, missing MASTER_ADDR/MASTER_PORT
@@ -31,7 +31,8 @@ catch either the sc-workers class or the builtin::
     └── OptionalDependencyError (ImportError)     an optional extra that is not installed
                                                   (``sc-workers[hf]`` for transformers)
 
-Messages name the method or setting, the rank where one applies, and the offending numbers.
+``WorkersError`` is the former name of :class:`ScWorkersError`, kept as an alias (the same
+class). Messages name the method or setting, the rank where one applies, and the offending numbers.
 """
 
 from __future__ import annotations
@@ -41,48 +42,52 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DistributedError",
-    "MissingKeyError",
+    "MissingBatchKeyError",
     "NotInitializedError",
     "OptionalDependencyError",
+    "ScWorkersError",
     "UnsupportedParallelismError",
     "WorkersError",
 ]
 
 
-class WorkersError(Exception):
+class ScWorkersError(Exception):
     """Base class of every error raised by sc-workers."""
 
 
-class ConfigError(WorkersError, ValueError):
+WorkersError = ScWorkersError
+
+
+class ConfigError(ScWorkersError, ValueError):
     """A configuration value that is out of range or inconsistent with another one."""
 
 
-class UnsupportedParallelismError(WorkersError, NotImplementedError):
+class UnsupportedParallelismError(ScWorkersError, NotImplementedError):
     """A parallel layout this release does not implement (for example pipeline parallelism)."""
 
 
-class BatchError(WorkersError, ValueError):
+class BatchError(ScWorkersError, ValueError):
     """A batch that a worker method cannot process."""
 
 
-class MissingKeyError(WorkersError, KeyError):
+class MissingBatchKeyError(ScWorkersError, KeyError):
     """A tensor that a worker method needs is missing from the batch."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
 
 
-class DistributedError(WorkersError, RuntimeError):
+class DistributedError(ScWorkersError, RuntimeError):
     """The torch.distributed process group cannot be set up as requested."""
 
 
-class NotInitializedError(WorkersError, RuntimeError):
+class NotInitializedError(ScWorkersError, RuntimeError):
     """A worker method called before ``init_model`` or outside the worker's role."""
 
 
-class CheckpointError(WorkersError, RuntimeError):
+class CheckpointError(ScWorkersError, RuntimeError):
     """A checkpoint that cannot be written or read back."""
 
 
-class OptionalDependencyError(WorkersError, ImportError):
+class OptionalDependencyError(ScWorkersError, ImportError):
     """An optional dependency (an extra of sc-workers) is not installed."""

@@ -12,15 +12,11 @@ import torch
 import torch.distributed as dist
 
 from .._errors import ConfigError, DistributedError
+from .._settings import DEVICE, PG_TIMEOUT
 
 __all__ = ["ParallelLayout", "init_distributed", "resolve_device"]
 
 logger = logging.getLogger(__name__)
-
-#: Overrides the configured device ("cpu" or "cuda").
-DEVICE_ENV = "SC_WORKERS_DEVICE"
-#: Seconds a collective may wait before torch.distributed gives up (default 600).
-TIMEOUT_ENV = "SC_WORKERS_PG_TIMEOUT"
 
 
 @dataclass(frozen=True)
@@ -72,7 +68,7 @@ def resolve_device(requested: str, env: Mapping[str, str] | None = None) -> torc
     worker's environment (``os.environ`` when omitted).
     """
     env = os.environ if env is None else env
-    choice = env.get(DEVICE_ENV, requested).strip().lower()
+    choice = (DEVICE.get(env) or requested).strip().lower()
     if choice not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {choice!r}")
     if choice == "auto":
@@ -87,33 +83,22 @@ def resolve_device(requested: str, env: Mapping[str, str] | None = None) -> torc
     return torch.device("cuda", index)
 
 
-def _process_group_timeout() -> float:
-    """Seconds a collective may block, from ``SC_WORKERS_PG_TIMEOUT`` (default 600)."""
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return 600.0
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ConfigError(f"{TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
-    if not seconds > 0:
-        raise ConfigError(f"{TIMEOUT_ENV} must be positive, got {raw!r}")
-    return seconds
-
-
 def init_distributed(
     world_size: int,
     rank: int,
     device: torch.device,
     master_addr: str | None = None,
     master_port: str | int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """Join (or create) the default process group for ``rank`` of ``world_size``.
 
     gloo on CPU; on CUDA, nccl for CUDA tensors and gloo for CPU tensors. A world of one
     uses an in-memory store (no port). A larger world rendezvous at ``master_addr`` /
-    ``master_port`` (default: MASTER_ADDR / MASTER_PORT from ``os.environ``). An existing
-    group is reused when it has the same world size and rank.
+    ``master_port`` (default: MASTER_ADDR / MASTER_PORT from ``env``). ``env`` is the
+    worker's environment (``os.environ`` when omitted); collectives time out after
+    ``SC_WORKERS_PG_TIMEOUT_S`` seconds from it (default 600). An existing group is reused
+    when it has the same world size and rank.
     """
     if dist.is_initialized():
         have_world, have_rank = dist.get_world_size(), dist.get_rank()
@@ -125,14 +110,15 @@ def init_distributed(
             )
         return
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    timeout = timedelta(seconds=_process_group_timeout())
+    env = os.environ if env is None else env
+    timeout = timedelta(seconds=PG_TIMEOUT.get(env))
     if world_size == 1:
         store = dist.HashStore()  # type: ignore[attr-defined]  # not re-exported in stubs
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         logger.info("initialised a single-rank %s process group (in-memory store)", backend)
         return
-    addr = master_addr or os.environ.get("MASTER_ADDR")
-    port = master_port or os.environ.get("MASTER_PORT")
+    addr = master_addr or env.get("MASTER_ADDR")
+    port = master_port or env.get("MASTER_PORT")
     if not addr or not port:
         raise DistributedError(
             f"rank {rank} of world size {world_size}: no rendezvous address (MASTER_ADDR "

@@ -67,7 +67,7 @@ class WorkerBase(Worker):
                 "Use world size 1 in-process."
             )
         addr, port = self.get_master_addr_port()
-        init_distributed(self.world_size, self.rank, self.device, addr, port)
+        init_distributed(self.world_size, self.rank, self.device, addr, port, worker_environ())
 
     def _save(
         self,

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._config import ActorConfig, BatchSizes, CriticConfig
-from .._errors import BatchError, MissingKeyError
+from .._errors import BatchError, MissingBatchKeyError
 from ..algos import (
     agg_loss,
     agg_loss_denominator,
@@ -36,12 +36,14 @@ __all__ = [
 def gather_tensors(
     data: Any, keys: Sequence[str], optional: Sequence[str], where: str
 ) -> dict[str, Tensor]:
-    """The named tensor columns of a DataProto; :class:`MissingKeyError` names what is absent."""
+    """The named tensor columns of a DataProto; :class:`MissingBatchKeyError` names the absent."""
     batch: Any = getattr(data, "batch", None)
     available = [] if batch is None else [str(k) for k in batch.keys()]  # noqa: SIM118
     missing = [k for k in keys if k not in available]
     if missing:
-        raise MissingKeyError(f"{where}: the batch has no {missing}; it has {sorted(available)}")
+        raise MissingBatchKeyError(
+            f"{where}: the batch has no {missing}; it has {sorted(available)}"
+        )
     out: dict[str, Tensor] = {}
     for key in [*keys, *(k for k in optional if k in available)]:
         value = batch[key]

@@ -1,0 +1,17 @@
+"""Every environment variable sc-integration reads (see :class:`sc_dispatch.Setting`)."""
+
+from __future__ import annotations
+
+from sc_dispatch import Setting, parse_bool
+
+__all__ = ["SETTINGS", "WORKER_LOGS"]
+
+WORKER_LOGS: Setting[bool] = Setting(
+    "SC_INTEGRATION_WORKER_LOGS",
+    parse_bool,
+    False,
+    "sc-demo and the trainer on Ray forward the workers' output to the terminal",
+    deprecated=("SC_DEMO_WORKER_LOGS",),
+)
+
+SETTINGS: tuple[Setting[object], ...] = (WORKER_LOGS,)

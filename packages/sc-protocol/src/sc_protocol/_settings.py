@@ -1,0 +1,26 @@
+"""Every environment variable sc-protocol reads, declared once (:class:`sc_dispatch.Setting`)."""
+
+from __future__ import annotations
+
+from sc_dispatch import Setting, parse_bool
+
+__all__ = ["AUTO_PADDING", "COPY_READONLY_BUFFERS", "SETTINGS"]
+
+AUTO_PADDING: Setting[bool] = Setting(
+    "SC_PROTOCOL_AUTO_PADDING",
+    parse_bool,
+    False,
+    "pad every DataProto so that it splits evenly across workers; on whatever the program "
+    "assigned to DataProtoConfig.auto_padding (verl's VERL_AUTO_PADDING)",
+    deprecated=("SC_AUTO_PADDING",),
+)
+COPY_READONLY_BUFFERS: Setting[bool] = Setting(
+    "SC_PROTOCOL_COPY_READONLY_BUFFERS",
+    parse_bool,
+    False,
+    "unpickling copies tensors out of read-only buffers (Ray's object store) instead of "
+    "aliasing them; DataProtoConfig.copy_readonly_buffers overrides it",
+    deprecated=("SC_COPY_READONLY_BUFFERS",),
+)
+
+SETTINGS: tuple[Setting[object], ...] = (AUTO_PADDING, COPY_READONLY_BUFFERS)
