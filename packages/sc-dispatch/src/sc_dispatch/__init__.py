@@ -31,15 +31,7 @@ from ._nd import (
     make_nd_compute_dataproto_dispatch_fn,
     mesh_layout,
 )
-from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter
-from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
-from ._registry import (
-    PADDING_SIZE_KEY,
-    CollectFn,
-    DispatchFn,
-    DispatchFnDict,
-    DispatchModeSpec,
-    ExecuteFnDict,
+from ._predefined import (
     collect_all_to_all,
     collect_direct_rollout_method,
     collect_dp_compute,
@@ -53,9 +45,12 @@ from ._registry import (
     dispatch_dp_compute_data_proto_with_func,
     dispatch_one_to_all,
     dispatch_rank_zero,
+)
+from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter
+from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
+from ._registry import (
     get_predefined_dispatch_fn,
     get_predefined_execute_fn,
-    pop_padding_size,
     register_dispatch_mode,
     resolve_dispatch_mode,
     update_dispatch_mode,
@@ -73,6 +68,15 @@ from ._shard import (
     register_shardable,
     split_args_kwargs,
     unpad_output,
+)
+from ._spec import (
+    PADDING_SIZE_KEY,
+    CollectFn,
+    DispatchFn,
+    DispatchFnDict,
+    DispatchModeSpec,
+    ExecuteFnDict,
+    pop_padding_size,
 )
 from ._typed import RegisteredMethod
 
