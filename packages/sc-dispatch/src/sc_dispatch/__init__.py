@@ -25,6 +25,7 @@ from ._errors import (
     NotShardableError,
     UnknownDispatchModeError,
 )
+from ._nbytes import NbytesFn, get_nbytes_fn, payload_nbytes, register_nbytes
 from ._nd import (
     MeshDispatchFnDict,
     MeshModeName,
@@ -46,7 +47,7 @@ from ._predefined import (
     dispatch_one_to_all,
     dispatch_rank_zero,
 )
-from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter
+from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter, SizedShardAdapter
 from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
 from ._registry import (
     get_predefined_dispatch_fn,
@@ -72,6 +73,8 @@ from ._shard import (
 from ._spec import (
     PADDING_SIZE_KEY,
     CollectFn,
+    DispatchAwareCollectFn,
+    Dispatched,
     DispatchFn,
     DispatchFnDict,
     DispatchModeSpec,
@@ -91,6 +94,7 @@ __all__ = [
     "Dispatch",
     "DirectRolloutCallError",
     "DispatchArgumentError",
+    "DispatchAwareCollectFn",
     "DispatchError",
     "DispatchFn",
     "DispatchFnDict",
@@ -98,6 +102,7 @@ __all__ = [
     "DispatchModeTypeError",
     "DispatchModeSpec",
     "DispatchWorkerGroup",
+    "Dispatched",
     "DynamicEnum",
     "Execute",
     "ExecuteFnDict",
@@ -106,6 +111,7 @@ __all__ = [
     "MeshDispatchFnDict",
     "MeshLayoutError",
     "MeshModeName",
+    "NbytesFn",
     "NotShardableError",
     "PerRankCollectsList",
     "RegisterAttrs",
@@ -113,6 +119,7 @@ __all__ = [
     "Resolver",
     "Rows",
     "ShardAdapter",
+    "SizedShardAdapter",
     "UnknownDispatchModeError",
     "__version__",
     "chunk_sizes",
@@ -133,17 +140,20 @@ __all__ = [
     "get_predefined_execute_fn",
     "get_register_attrs",
     "get_future_resolver",
+    "get_nbytes_fn",
     "get_shard_adapter",
     "is_future",
     "is_shardable",
     "make_nd_compute_dataproto_dispatch_fn",
     "materialize",
     "mesh_layout",
+    "payload_nbytes",
     "pop_padding_size",
     "register",
     "register_dispatch_mode",
     "register_future_resolver",
     "register_future_type",
+    "register_nbytes",
     "register_shardable",
     "resolve_dispatch_mode",
     "split_args_kwargs",

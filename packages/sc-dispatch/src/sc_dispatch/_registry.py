@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ._enums import Dispatch, Execute
 from ._errors import (
@@ -29,7 +29,14 @@ from ._predefined import (
     dispatch_one_to_all,
     dispatch_rank_zero,
 )
-from ._spec import CollectFn, DispatchFn, DispatchFnDict, DispatchModeSpec, ExecuteFnDict
+from ._spec import (
+    CollectFn,
+    DispatchAwareCollectFn,
+    DispatchFn,
+    DispatchFnDict,
+    DispatchModeSpec,
+    ExecuteFnDict,
+)
 
 __all__ = [
     "get_predefined_dispatch_fn",
@@ -117,6 +124,7 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             "collect_fn",
             "unpad_output",
             "joins_shards",
+            "collect_sees_dispatch",
             "name",
         }
         if unknown:
@@ -133,6 +141,7 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             dispatch_mode["collect_fn"],
             dispatch_mode.get("unpad_output", True),
             dispatch_mode.get("joins_shards", False),
+            dispatch_mode.get("collect_sees_dispatch", False),
         )
     raise DispatchModeTypeError(
         f"dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' and "
@@ -143,13 +152,20 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
 def register_dispatch_mode(
     dispatch_mode_name: str,
     dispatch_fn: DispatchFn,
-    collect_fn: CollectFn,
+    collect_fn: CollectFn | DispatchAwareCollectFn,
     *,
     unpad_output: bool = True,
     joins_shards: bool = False,
+    collect_sees_dispatch: bool = False,
 ) -> Dispatch:
     """Add a new ``Dispatch`` member called ``dispatch_mode_name.upper()`` with its
     functions and return it.
+
+    The flags are those of :class:`~sc_dispatch.DispatchModeSpec`: ``unpad_output``
+    (drop dispatch padding from the output), ``joins_shards`` (``collect_fn`` joins
+    row shards) and ``collect_sees_dispatch`` (``collect_fn`` also takes
+    ``dispatched=(args, kwargs)``, what ``dispatch_fn`` returned for the call); each must
+    be a bool (else a :class:`~sc_dispatch.DispatchModeTypeError`).
 
     A name that is already a ``Dispatch`` member is a
     :class:`~sc_dispatch.DispatchModeExistsError` (use :func:`update_dispatch_mode` to change
@@ -161,7 +177,12 @@ def register_dispatch_mode(
             f"{type(dispatch_mode_name).__qualname__} {dispatch_mode_name!r}"
         )
     spec = DispatchModeSpec(
-        dispatch_mode_name.upper(), dispatch_fn, collect_fn, unpad_output, joins_shards
+        dispatch_mode_name.upper(),
+        dispatch_fn,
+        cast(CollectFn, collect_fn),
+        unpad_output,
+        joins_shards,
+        collect_sees_dispatch,
     )
     with _lock:
         if dispatch_mode_name.upper() in Dispatch:
@@ -177,22 +198,24 @@ def register_dispatch_mode(
 def update_dispatch_mode(
     dispatch_mode: Dispatch,
     dispatch_fn: DispatchFn,
-    collect_fn: CollectFn,
+    collect_fn: CollectFn | DispatchAwareCollectFn,
     *,
     unpad_output: bool | None = None,
     joins_shards: bool | None = None,
+    collect_sees_dispatch: bool | None = None,
 ) -> None:
     """Replace the functions of an existing dispatch mode (a ``Dispatch`` member, else a
-    :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output`` and ``joins_shards``
-    keep their values unless given."""
+    :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output``, ``joins_shards`` and
+    ``collect_sees_dispatch`` keep their values unless given."""
     with _lock:
         old = _lookup(dispatch_mode)
         _registry[dispatch_mode] = DispatchModeSpec(
             old.name,
             dispatch_fn,
-            collect_fn,
+            cast(CollectFn, collect_fn),
             old.unpad_output if unpad_output is None else unpad_output,
             old.joins_shards if joins_shards is None else joins_shards,
+            old.collect_sees_dispatch if collect_sees_dispatch is None else collect_sees_dispatch,
         )
 
 

@@ -7,14 +7,16 @@ dispatch function that padded the batch records the number of padding rows in th
 keyword arguments under :data:`PADDING_SIZE_KEY`; the worker group pops it (see
 :func:`pop_padding_size`) before the call and removes the padding from the collected output.
 A collect function has the signature ``collect_fn(worker_group, outputs)`` where ``outputs``
-has one entry per executed rank.
+has one entry per executed rank; a mode registered with ``collect_sees_dispatch=True`` is
+also given, as the keyword ``dispatched``, the ``(args, kwargs)`` its dispatch function
+returned for the same call (:meth:`DispatchModeSpec.collect` does this for a worker group).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Protocol, TypedDict, cast
 
 from ._errors import DispatchModeTypeError
 
@@ -23,7 +25,9 @@ __all__ = [
     "CollectFn",
     "DispatchFn",
     "DispatchFnDict",
+    "DispatchAwareCollectFn",
     "DispatchModeSpec",
+    "Dispatched",
     "ExecuteFnDict",
     "pop_padding_size",
 ]
@@ -33,6 +37,18 @@ PADDING_SIZE_KEY = "_sc_padding_size"
 
 DispatchFn = Callable[..., tuple[Sequence[Any], dict[str, Any]]]
 CollectFn = Callable[[Any, Sequence[Any]], Any]
+#: What a dispatch function returned for one call, ``(args, kwargs)``, each value holding one
+#: entry per rank (for ``Execute.ALL``), without the :data:`PADDING_SIZE_KEY` entry.
+Dispatched = tuple[Sequence[Any], Mapping[str, Any]]
+
+
+class DispatchAwareCollectFn(Protocol):
+    """The collect function of a ``collect_sees_dispatch`` mode:
+    ``collect_fn(worker_group, outputs, *, dispatched)``."""
+
+    def __call__(
+        self, worker_group: Any, outputs: Sequence[Any], /, *, dispatched: Dispatched
+    ) -> Any: ...
 
 
 class DispatchFnDict(TypedDict):
@@ -62,6 +78,14 @@ class DispatchModeSpec:
     non-blocking call a backend then hands ``collect_fn`` futures that know their row counts,
     so that the joined future can be split again without fetching anything; every other mode
     receives the backend's plain handles (Ray object references on Ray), as in verl.
+
+    ``collect_sees_dispatch`` says that ``collect_fn`` needs to know how the input of the
+    call was split: it is then called as ``collect_fn(worker_group, outputs,
+    dispatched=(args, kwargs))`` with what ``dispatch_fn`` returned for this call (see
+    :meth:`collect`), so that a mode keeps no state of its own between the two. Such a
+    ``collect_fn`` is a :class:`DispatchAwareCollectFn`; the field keeps the
+    :data:`CollectFn` type that worker groups have always called, so call it through
+    :meth:`collect`.
     """
 
     name: str
@@ -69,6 +93,7 @@ class DispatchModeSpec:
     collect_fn: CollectFn
     unpad_output: bool = True
     joins_shards: bool = False
+    collect_sees_dispatch: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dispatch_fn", "collect_fn"):
@@ -77,12 +102,21 @@ class DispatchModeSpec:
                     f"dispatch mode {self.name}: {field} must be callable, "
                     f"got {getattr(self, field)!r}"
                 )
-        for field in ("unpad_output", "joins_shards"):
+        for field in ("unpad_output", "joins_shards", "collect_sees_dispatch"):
             if not isinstance(getattr(self, field), bool):
                 raise DispatchModeTypeError(
                     f"dispatch mode {self.name}: {field} must be a bool, "
                     f"got {getattr(self, field)!r}"
                 )
+
+    def collect(self, worker_group: Any, outputs: Any, dispatched: Dispatched) -> Any:
+        """Run ``collect_fn`` on a call's ``outputs`` (one per rank; rank 0's alone for
+        ``Execute.RANK_ZERO``), passing ``dispatched`` -- the call's ``(args, kwargs)`` from
+        ``dispatch_fn``, padding entry removed -- when ``collect_sees_dispatch`` is set."""
+        if self.collect_sees_dispatch:
+            collect: Any = cast(Any, self.collect_fn)
+            return collect(worker_group, outputs, dispatched=dispatched)
+        return self.collect_fn(worker_group, outputs)
 
 
 def pop_padding_size(kwargs: dict[str, Any]) -> int:
