@@ -47,6 +47,7 @@ def test_the_mode_is_registered_under_its_name() -> None:
     assert spec.dispatch_fn is dispatch_round_robin
     assert spec.collect_fn is collect_round_robin
     assert spec.unpad_output is False
+    assert spec.collect_sees_dispatch is True
 
 
 def test_deal_hands_out_like_cards() -> None:
@@ -83,6 +84,32 @@ def test_dispatch_then_collect_is_the_identity(items: list[str], world: int) -> 
     (per_rank,) = args
     assert len(per_rank) == world
     assert collect_round_robin(group, per_rank) == items
+
+
+@PROPERTY
+@given(items=st.lists(st.integers(), max_size=30), world=st.integers(1, 6))
+def test_collect_through_the_spec_sees_the_deal(items: list[int], world: int) -> None:
+    group = FakeGroup(world)
+    spec = resolve_dispatch_mode(ROUND_ROBIN)
+    dispatched = spec.dispatch_fn(group, items, "tag", extra=tuple(items))
+    outputs = [[x * 2 for x in hand] for hand in dispatched[0][0]]
+    assert spec.collect(group, outputs, dispatched) == [x * 2 for x in items]
+
+
+def test_the_deal_catches_counts_that_only_look_like_a_deal() -> None:
+    group = FakeGroup(2)
+    dispatched = dispatch_round_robin(group, [1, 2, 3, 4])
+    # [2, 1] is a deal of 3 items, but rank 1 was dealt 2.
+    assert collect_round_robin(group, [[1, 3], [2]]) == [1, 2, 3]
+    with pytest.raises(DispatchArgumentError, match=r"rank 1 returned 1 results for the 2 items"):
+        collect_round_robin(group, [[1, 3], [2]], dispatched=dispatched)
+    by_keyword = dispatch_round_robin(group, scale=2, items=(1, 2, 3))
+    assert collect_round_robin(group, [(1, 3), (2,)], dispatched=by_keyword) == [1, 2, 3]
+
+
+def test_dispatched_arguments_without_hands_are_an_error() -> None:
+    with pytest.raises(DispatchArgumentError, match=r"no dealt hands for 2 ranks"):
+        collect_round_robin(FakeGroup(2), [[1], [2]], dispatched=([[5, 5]], {}))
 
 
 def test_a_call_without_a_list_argument_is_an_error() -> None:

@@ -191,7 +191,7 @@ def run_call(
             )
             for rank in range(n)
         ]
-    collected = spec.collect_fn(worker_group, output)
+    collected = spec.collect(worker_group, output, (d_args, d_kwargs))
     return unpad_output(collected, pad) if spec.unpad_output else collected
 
 

@@ -188,7 +188,7 @@ def test_a_killed_save_leaves_a_temporary_that_the_next_save_removes(tmp_path: P
 
 
 def test_temporaries_of_live_processes_and_other_names_are_kept(tmp_path: Path) -> None:
-    from sc_protocol._serialize import _HOST
+    from sc_protocol._atomic_file import _HOST
 
     mine = tmp_path / f".sc-protocol-{_HOST}-{os.getpid()}-abc123.tmp"
     other = tmp_path / ".user-file.tmp"

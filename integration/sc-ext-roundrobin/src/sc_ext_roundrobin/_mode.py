@@ -7,6 +7,10 @@ items: ``wg.method(items)[i]`` is the result for ``items[i]``. Where the ranks' 
 with the item index (sorted work, longer prompts last), dealing spreads them more evenly
 than ``DP_COMPUTE_PROTO``'s contiguous shards.
 
+The mode is registered with ``collect_sees_dispatch=True``: the worker group hands the
+collect function what the dispatch function returned for the same call, so it checks every
+rank's count against the items it was dealt without keeping any state between the two.
+
 Errors are sc-dispatch's own, so the worker group puts the method's name in front of them:
 a call without any list argument, or with list arguments of different lengths, is a
 :class:`~sc_dispatch.DispatchArgumentError`; a rank that returns something other than a
@@ -16,15 +20,14 @@ number of results than it was dealt items is a :class:`~sc_dispatch.DispatchArgu
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from sc_core import Call, LazyFuture, current_call
+from sc_core import LazyFuture
 from sc_dispatch import (
     CollectsResult,
     DispatchArgumentError,
+    Dispatched,
     DispatchWorkerGroup,
     NotShardableError,
     is_future,
@@ -34,13 +37,6 @@ from sc_dispatch import (
 __all__ = ["ROUND_ROBIN", "collect_round_robin", "deal", "dispatch_round_robin", "undeal"]
 
 _MODE = "ROUND_ROBIN"
-
-# Items dealt to each rank, per call in flight, so that collect can check every rank's
-# count exactly; keyed by id(call) with the call kept alongside (ids are reused). A call
-# that fails before collect leaves its entry behind, hence the bound.
-_MAX_PENDING = 1024
-_pending_lock = threading.Lock()
-_pending: OrderedDict[int, tuple[Call, list[int]]] = OrderedDict()
 
 
 def deal(items: Sequence[Any], hands: int) -> list[list[Any]]:
@@ -111,35 +107,43 @@ def dispatch_round_robin(
 
     out_args = [per_rank(a) for a in args]
     out_kwargs = {k: per_rank(v) for k, v in kwargs.items()}
-    call = current_call()
-    if call is not None:
-        with _pending_lock:
-            _pending[id(call)] = (call, _deal_sizes(next(iter(lengths.values())), n))
-            while len(_pending) > _MAX_PENDING:
-                _pending.popitem(last=False)
     return out_args, out_kwargs
 
 
-def collect_round_robin(worker_group: DispatchWorkerGroup, output: Sequence[Any]) -> Any:
+def _dealt_counts(dispatched: Dispatched, n: int) -> list[int]:
+    """How many items each rank was dealt, read from the hands of the first dealt argument."""
+    args, kwargs = dispatched
+    for per_rank in [*args, *kwargs.values()]:
+        hands = isinstance(per_rank, (list, tuple)) and len(per_rank) == n
+        if hands and all(isinstance(hand, (list, tuple)) for hand in per_rank):
+            return [len(hand) for hand in per_rank]
+    raise DispatchArgumentError(
+        f"{_MODE}: the dispatched arguments hold no dealt hands for {n} ranks "
+        f"({len(args)} positional, keywords {sorted(kwargs)})"
+    )
+
+
+def collect_round_robin(
+    worker_group: DispatchWorkerGroup,
+    output: Sequence[Any],
+    *,
+    dispatched: Dispatched | None = None,
+) -> Any:
     """Put the ranks' results back in the order of the items they were dealt.
 
-    Inside a call on an sc-core worker group each rank's count is checked against the
-    number of items it was dealt; otherwise the counts must at least form a deal. The
-    outputs of a non-blocking call are futures: the result is then one
-    :class:`~sc_core.LazyFuture` of the ordered list, checked when it is resolved.
+    With ``dispatched`` -- what :func:`dispatch_round_robin` returned for this call, which a
+    worker group passes because the mode is registered with ``collect_sees_dispatch`` --
+    each rank's count is checked against the number of items it was dealt; without it the
+    counts must at least form a deal. The outputs of a non-blocking call are futures: the
+    result is then one :class:`~sc_core.LazyFuture` of the ordered list, checked when it is
+    resolved.
     """
     n = _world_size(worker_group)
     if len(output) != n:
         raise DispatchArgumentError(
             f"{_MODE}: expected {n} outputs (one per rank), got {len(output)}"
         )
-    call = current_call()
-    dealt: list[int] | None = None
-    if call is not None:
-        with _pending_lock:
-            entry = _pending.pop(id(call), None)
-        if entry is not None and entry[0] is call:
-            dealt = entry[1]
+    dealt = None if dispatched is None else _dealt_counts(dispatched, n)
     parts = list(output)
     if any(is_future(p) for p in parts):
         return LazyFuture(
@@ -170,5 +174,11 @@ def _in_item_order(parts: list[Any], dealt: list[int] | None) -> list[Any]:
 #: worker method's own return type (a list in item order), so it is declared a
 #: :data:`~sc_dispatch.CollectsResult` mode for the type checker.
 ROUND_ROBIN = CollectsResult(
-    register_dispatch_mode(_MODE, dispatch_round_robin, collect_round_robin, unpad_output=False)
+    register_dispatch_mode(
+        _MODE,
+        dispatch_round_robin,
+        collect_round_robin,
+        unpad_output=False,
+        collect_sees_dispatch=True,
+    )
 )

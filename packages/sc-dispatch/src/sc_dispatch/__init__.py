@@ -28,21 +28,14 @@ from ._errors import (
     SettingValueError,
     UnknownDispatchModeError,
 )
+from ._nbytes import NbytesFn, get_nbytes_fn, payload_nbytes, register_nbytes
 from ._nd import (
     MeshDispatchFnDict,
     MeshModeName,
     make_nd_compute_dataproto_dispatch_fn,
     mesh_layout,
 )
-from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter
-from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
-from ._registry import (
-    PADDING_SIZE_KEY,
-    CollectFn,
-    DispatchFn,
-    DispatchFnDict,
-    DispatchModeSpec,
-    ExecuteFnDict,
+from ._predefined import (
     collect_all_to_all,
     collect_direct_rollout_method,
     collect_dp_compute,
@@ -56,9 +49,12 @@ from ._registry import (
     dispatch_dp_compute_data_proto_with_func,
     dispatch_one_to_all,
     dispatch_rank_zero,
+)
+from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter, SizedShardAdapter
+from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
+from ._registry import (
     get_predefined_dispatch_fn,
     get_predefined_execute_fn,
-    pop_padding_size,
     register_dispatch_mode,
     resolve_dispatch_mode,
     update_dispatch_mode,
@@ -78,6 +74,17 @@ from ._shard import (
     split_args_kwargs,
     unpad_output,
 )
+from ._spec import (
+    PADDING_SIZE_KEY,
+    CollectFn,
+    DispatchAwareCollectFn,
+    Dispatched,
+    DispatchFn,
+    DispatchFnDict,
+    DispatchModeSpec,
+    ExecuteFnDict,
+    pop_padding_size,
+)
 from ._typed import RegisteredMethod
 
 __version__ = "0.1.0"
@@ -94,6 +101,7 @@ __all__ = [
     "Dispatch",
     "DirectRolloutCallError",
     "DispatchArgumentError",
+    "DispatchAwareCollectFn",
     "DispatchError",
     "DispatchFn",
     "DispatchFnDict",
@@ -101,6 +109,7 @@ __all__ = [
     "DispatchModeTypeError",
     "DispatchModeSpec",
     "DispatchWorkerGroup",
+    "Dispatched",
     "DynamicEnum",
     "Execute",
     "ExecuteFnDict",
@@ -109,6 +118,7 @@ __all__ = [
     "MeshDispatchFnDict",
     "MeshLayoutError",
     "MeshModeName",
+    "NbytesFn",
     "NotShardableError",
     "PerRankCollectsList",
     "RegisterAttrs",
@@ -121,6 +131,7 @@ __all__ = [
     "SettingDeclarationError",
     "SettingValueError",
     "ShardAdapter",
+    "SizedShardAdapter",
     "UnknownDispatchModeError",
     "__version__",
     "chunk_sizes",
@@ -141,6 +152,7 @@ __all__ = [
     "get_predefined_execute_fn",
     "get_register_attrs",
     "get_future_resolver",
+    "get_nbytes_fn",
     "get_shard_adapter",
     "is_future",
     "is_shardable",
@@ -152,11 +164,13 @@ __all__ = [
     "make_nd_compute_dataproto_dispatch_fn",
     "materialize",
     "mesh_layout",
+    "payload_nbytes",
     "pop_padding_size",
     "register",
     "register_dispatch_mode",
     "register_future_resolver",
     "register_future_type",
+    "register_nbytes",
     "register_shardable",
     "resolve_dispatch_mode",
     "split_args_kwargs",

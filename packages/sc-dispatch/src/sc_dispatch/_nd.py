@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any, NewType
 
 from ._errors import DispatchArgumentError, MeshLayoutError
+from ._predefined import concat_outputs
 from ._protocols import DispatchWorkerGroup
-from ._registry import PADDING_SIZE_KEY, DispatchFnDict, concat_outputs
 from ._shard import split_args_kwargs
+from ._spec import PADDING_SIZE_KEY, DispatchFnDict
 
 __all__ = [
     "MeshDispatchFnDict",

@@ -2,7 +2,8 @@
 
 * :class:`DispatchWorkerGroup` is what a dispatch function may ask of a worker group.
 * :class:`ShardAdapter` tells sc-dispatch how to split, join and pad one container type;
-  adapters are registered per type with :func:`sc_dispatch.register_shardable`.
+  adapters are registered per type with :func:`sc_dispatch.register_shardable`. An adapter
+  that also tells the payload size of its objects meets :class:`SizedShardAdapter`.
 * :class:`FutureLike` is what ``@register(materialize_futures=True)`` resolves.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["DispatchWorkerGroup", "FutureLike", "ShardAdapter"]
+__all__ = ["DispatchWorkerGroup", "FutureLike", "ShardAdapter", "SizedShardAdapter"]
 
 T = TypeVar("T")
 
@@ -44,6 +45,10 @@ class ShardAdapter(Protocol[T]):
     earlier parts being the longer ones (``numpy.array_split`` sizes); it is only called
     with ``1 <= chunks <= length`` (any ``chunks >= 1`` when the length is ``None``).
     ``pad`` and ``unpad`` return new objects (or views) and never mutate their argument.
+
+    An adapter may also define ``nbytes(obj) -> int``, the payload bytes of ``obj`` counted
+    without copying; :func:`sc_dispatch.payload_nbytes` then uses it (see
+    :class:`SizedShardAdapter`).
     """
 
     def length(self, obj: T) -> int | None:
@@ -60,6 +65,15 @@ class ShardAdapter(Protocol[T]):
 
     def auto_padding(self, obj: T) -> bool:
         """Whether ``obj`` may be padded so that it splits evenly."""
+        ...
+
+
+class SizedShardAdapter(ShardAdapter[T], Protocol):
+    """A :class:`ShardAdapter` that also tells how many payload bytes an object carries."""
+
+    def nbytes(self, obj: T) -> int:
+        """The bytes of ``obj``'s payload (tensor elements, array buffers), a non-negative
+        int, computed without copying or serializing; 0 for a handle to data elsewhere."""
         ...
 
 

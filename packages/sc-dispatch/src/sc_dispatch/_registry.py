@@ -1,278 +1,50 @@
-"""The dispatch-mode registry and every predefined dispatch and collect function.
-
-A dispatch function has the signature ``dispatch_fn(worker_group, *args, **kwargs)`` and
-returns ``(args, kwargs)`` in which every value is a list with one entry per rank (for
-``Execute.ALL``) or the arguments as they are (for ``Execute.RANK_ZERO``). A splitting
-dispatch function that padded the batch records the number of padding rows in the returned
-keyword arguments under :data:`PADDING_SIZE_KEY`; the worker group pops it (see
-:func:`pop_padding_size`) before the call and removes the padding from the collected output.
-A collect function has the signature ``collect_fn(worker_group, outputs)`` where ``outputs``
-has one entry per executed rank.
-"""
+"""The dispatch-mode registry: the predefined modes, modes that extensions register, and the
+lookups a worker group makes (:func:`resolve_dispatch_mode`, verl's
+:func:`get_predefined_dispatch_fn` and :func:`get_predefined_execute_fn`)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from collections.abc import Mapping
+from typing import Any, cast
 
 from ._enums import Dispatch, Execute
 from ._errors import (
-    DirectRolloutCallError,
-    DispatchArgumentError,
     DispatchModeExistsError,
     DispatchModeTypeError,
     InvalidDispatchModeError,
-    NotShardableError,
     UnknownDispatchModeError,
 )
-from ._protocols import DispatchWorkerGroup
-from ._shard import _describe, get_shard_adapter, split_args_kwargs
+from ._predefined import (
+    collect_all_to_all,
+    collect_direct_rollout_method,
+    collect_dp_compute,
+    collect_dp_compute_data_proto,
+    collect_rank_zero,
+    dispatch_all_to_all,
+    dispatch_direct_rollout_method,
+    dispatch_dp_compute,
+    dispatch_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto_with_func,
+    dispatch_one_to_all,
+    dispatch_rank_zero,
+)
+from ._spec import (
+    CollectFn,
+    DispatchAwareCollectFn,
+    DispatchFn,
+    DispatchFnDict,
+    DispatchModeSpec,
+    ExecuteFnDict,
+)
 
 __all__ = [
-    "PADDING_SIZE_KEY",
-    "CollectFn",
-    "DispatchFn",
-    "DispatchFnDict",
-    "DispatchModeSpec",
-    "ExecuteFnDict",
-    "collect_all_to_all",
-    "collect_dp_compute",
-    "collect_dp_compute_data_proto",
-    "collect_direct_rollout_method",
-    "collect_rank_zero",
-    "dispatch_all_to_all",
-    "dispatch_direct_rollout_method",
-    "dispatch_dp_compute",
-    "dispatch_dp_compute_data_proto",
-    "dispatch_dp_compute_data_proto_with_func",
-    "dispatch_one_to_all",
-    "dispatch_rank_zero",
     "get_predefined_dispatch_fn",
     "get_predefined_execute_fn",
-    "pop_padding_size",
     "register_dispatch_mode",
     "resolve_dispatch_mode",
     "update_dispatch_mode",
 ]
-
-#: Keyword under which a splitting dispatch function reports the padding rows it added.
-PADDING_SIZE_KEY = "_sc_padding_size"
-
-DispatchFn = Callable[..., tuple[Sequence[Any], dict[str, Any]]]
-CollectFn = Callable[[Any, Sequence[Any]], Any]
-
-
-class DispatchFnDict(TypedDict):
-    """verl's spelling of a dispatch mode: ``{"dispatch_fn": ..., "collect_fn": ...}``."""
-
-    dispatch_fn: DispatchFn
-    collect_fn: CollectFn
-
-
-class ExecuteFnDict(TypedDict):
-    """Names the worker-group method that runs a call: ``execute_all`` or ``execute_rank_zero``."""
-
-    execute_fn_name: Literal["execute_all", "execute_rank_zero"]
-
-
-@dataclass(frozen=True)
-class DispatchModeSpec:
-    """A resolved dispatch mode.
-
-    ``unpad_output`` says whether the collected output is row-aligned with the input, so
-    that padding rows added by the dispatch are dropped from it. It is ``False`` for
-    modes that collect one value per worker (``DP_COMPUTE_METRIC``): every worker's value
-    is kept.
-
-    ``joins_shards`` says that ``collect_fn`` joins the per-rank shards of a row-split batch
-    (``DP_COMPUTE_PROTO``, ``DP_COMPUTE_PROTO_WITH_FUNC``, N-d mesh modes). For a
-    non-blocking call a backend then hands ``collect_fn`` futures that know their row counts,
-    so that the joined future can be split again without fetching anything; every other mode
-    receives the backend's plain handles (Ray object references on Ray), as in verl.
-    """
-
-    name: str
-    dispatch_fn: DispatchFn
-    collect_fn: CollectFn
-    unpad_output: bool = True
-    joins_shards: bool = False
-
-    def __post_init__(self) -> None:
-        for field in ("dispatch_fn", "collect_fn"):
-            if not callable(getattr(self, field)):
-                raise DispatchModeTypeError(
-                    f"dispatch mode {self.name}: {field} must be callable, "
-                    f"got {getattr(self, field)!r}"
-                )
-        for field in ("unpad_output", "joins_shards"):
-            if not isinstance(getattr(self, field), bool):
-                raise DispatchModeTypeError(
-                    f"dispatch mode {self.name}: {field} must be a bool, "
-                    f"got {getattr(self, field)!r}"
-                )
-
-
-def pop_padding_size(kwargs: dict[str, Any]) -> int:
-    """Remove and return the padding size a dispatch function recorded (0 when none)."""
-    value = kwargs.pop(PADDING_SIZE_KEY, 0)
-    return int(value)
-
-
-def _world_size(worker_group: Any, mode: str) -> int:
-    size = getattr(worker_group, "world_size", None)
-    if not isinstance(size, int) or size < 1:
-        raise DispatchArgumentError(
-            f"{mode}: worker group {worker_group!r} has no positive integer world_size "
-            f"(got {size!r})"
-        )
-    return size
-
-
-# --- predefined dispatch and collect functions -------------------------------------------
-
-
-def dispatch_rank_zero(
-    worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``RANK_ZERO``: the arguments go, as they are, to rank 0 only."""
-    return args, kwargs
-
-
-def collect_rank_zero(worker_group: DispatchWorkerGroup, output: Any) -> Any:
-    """``RANK_ZERO``: rank 0's output, as it is."""
-    return output
-
-
-def dispatch_one_to_all(
-    worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
-) -> tuple[tuple[list[Any], ...], dict[str, list[Any]]]:
-    """``ONE_TO_ALL``: every rank receives the same arguments (the same objects)."""
-    n = _world_size(worker_group, "ONE_TO_ALL")
-    return tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
-
-
-def dispatch_all_to_all(
-    worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``ALL_TO_ALL``: arguments pass through untouched; the backend decides."""
-    return args, kwargs
-
-
-def collect_all_to_all(worker_group: DispatchWorkerGroup, output: Sequence[Any]) -> Any:
-    """``ONE_TO_ALL`` / ``ALL_TO_ALL``: the list of every rank's output, in rank order."""
-    return output
-
-
-def dispatch_dp_compute(
-    worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
-) -> tuple[tuple[list[Any], ...], dict[str, list[Any]]]:
-    """``DP_COMPUTE``: each argument is a list or tuple with one entry per rank."""
-    n = _world_size(worker_group, "DP_COMPUTE")
-    named = [(f"positional argument {i}", a) for i, a in enumerate(args)]
-    named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    for label, value in named:
-        if not isinstance(value, (list, tuple)):
-            raise NotShardableError(
-                f"DP_COMPUTE: {label} must be a list or tuple with one entry per rank "
-                f"(world size {n}), got {type(value).__qualname__} {_describe(value)}"
-            )
-        if len(value) != n:
-            raise DispatchArgumentError(
-                f"DP_COMPUTE: {label} has {len(value)} entries, expected the world size {n}"
-            )
-    return tuple(list(a) for a in args), {k: list(v) for k, v in kwargs.items()}
-
-
-def collect_dp_compute(worker_group: DispatchWorkerGroup, output: Sequence[Any]) -> list[Any]:
-    """``DP_COMPUTE`` / ``DP_COMPUTE_METRIC``: one output per rank, as a list."""
-    n = _world_size(worker_group, "DP_COMPUTE")
-    if len(output) != n:
-        raise DispatchArgumentError(
-            f"DP_COMPUTE: expected {n} outputs (one per rank), got {len(output)}"
-        )
-    return list(output)
-
-
-def dispatch_dp_compute_data_proto(
-    worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
-) -> tuple[list[list[Any]], dict[str, Any]]:
-    """``DP_COMPUTE_PROTO``: split every argument into world-size shards, padding if enabled."""
-    n = _world_size(worker_group, "DP_COMPUTE_PROTO")
-    split_args, split_kwargs, pad = split_args_kwargs("DP_COMPUTE_PROTO", n, args, kwargs)
-    out_kwargs: dict[str, Any] = dict(split_kwargs)
-    if pad:
-        out_kwargs[PADDING_SIZE_KEY] = pad
-    return split_args, out_kwargs
-
-
-def dispatch_dp_compute_data_proto_with_func(
-    worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
-) -> tuple[list[list[Any]], dict[str, Any]]:
-    """``DP_COMPUTE_PROTO_WITH_FUNC``: the first argument (a callable) goes to every rank;
-    the rest are split as in ``DP_COMPUTE_PROTO``."""
-    mode = "DP_COMPUTE_PROTO_WITH_FUNC"
-    n = _world_size(worker_group, mode)
-    if not args or not callable(args[0]):
-        got = (
-            f"{type(args[0]).__qualname__} {_describe(args[0])}"
-            if args
-            else "no positional argument"
-        )
-        raise NotShardableError(
-            f"{mode}: the first positional argument must be callable, got {got}"
-        )
-    split_args, split_kwargs, pad = split_args_kwargs(mode, n, args[1:], kwargs)
-    out_kwargs: dict[str, Any] = dict(split_kwargs)
-    if pad:
-        out_kwargs[PADDING_SIZE_KEY] = pad
-    return [[args[0]] * n, *split_args], out_kwargs
-
-
-def collect_dp_compute_data_proto(worker_group: DispatchWorkerGroup, output: Sequence[Any]) -> Any:
-    """Join the per-rank outputs of a splitting mode into one batch, in rank order."""
-    return concat_outputs("DP_COMPUTE_PROTO", output)
-
-
-def concat_outputs(mode: str, output: Sequence[Any]) -> Any:
-    """Concatenate shard outputs with the adapter of their type."""
-    if not output:
-        raise DispatchArgumentError(f"{mode}: no outputs to collect")
-    kinds = {type(o) for o in output}
-    if len(kinds) > 1:
-        names = sorted(k.__qualname__ for k in kinds)
-        raise NotShardableError(f"{mode}: outputs must all have one type to be joined, got {names}")
-    adapter = get_shard_adapter(output[0])
-    if adapter is None:
-        raise NotShardableError(
-            f"{mode}: outputs of type {type(output[0]).__qualname__} cannot be joined; "
-            "return a list, tuple, DataProto or TensorDict, or use a mode that collects a list"
-        )
-    return adapter.concat(list(output))
-
-
-def dispatch_direct_rollout_method(
-    worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
-) -> tuple[Sequence[Any], dict[str, Any]]:
-    """``DIRECT_ROLLOUT_METHOD``: called inside the worker by its rollout engine, never from
-    the driver; a driver-side call is a :class:`~sc_dispatch.DirectRolloutCallError` (a
-    ``NotImplementedError``, as in verl)."""
-    raise DirectRolloutCallError(
-        "DIRECT_ROLLOUT_METHOD: this method is called by the rollout engine inside the worker, "
-        "not through the worker group"
-    )
-
-
-def collect_direct_rollout_method(worker_group: DispatchWorkerGroup, output: Any) -> Any:
-    """``DIRECT_ROLLOUT_METHOD``: never reached from a worker group (see the dispatch)."""
-    raise DirectRolloutCallError(
-        "DIRECT_ROLLOUT_METHOD: this method is called by the rollout engine inside the worker, "
-        "not through the worker group"
-    )
-
-
-# --- the registry ---------------------------------------------------------------------------
 
 _lock = threading.Lock()
 _registry: dict[Dispatch, DispatchModeSpec] = {}
@@ -352,6 +124,7 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             "collect_fn",
             "unpad_output",
             "joins_shards",
+            "collect_sees_dispatch",
             "name",
         }
         if unknown:
@@ -368,6 +141,7 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             dispatch_mode["collect_fn"],
             dispatch_mode.get("unpad_output", True),
             dispatch_mode.get("joins_shards", False),
+            dispatch_mode.get("collect_sees_dispatch", False),
         )
     raise DispatchModeTypeError(
         f"dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' and "
@@ -378,13 +152,20 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
 def register_dispatch_mode(
     dispatch_mode_name: str,
     dispatch_fn: DispatchFn,
-    collect_fn: CollectFn,
+    collect_fn: CollectFn | DispatchAwareCollectFn,
     *,
     unpad_output: bool = True,
     joins_shards: bool = False,
+    collect_sees_dispatch: bool = False,
 ) -> Dispatch:
     """Add a new ``Dispatch`` member called ``dispatch_mode_name.upper()`` with its
     functions and return it.
+
+    The flags are those of :class:`~sc_dispatch.DispatchModeSpec`: ``unpad_output``
+    (drop dispatch padding from the output), ``joins_shards`` (``collect_fn`` joins
+    row shards) and ``collect_sees_dispatch`` (``collect_fn`` also takes
+    ``dispatched=(args, kwargs)``, what ``dispatch_fn`` returned for the call); each must
+    be a bool (else a :class:`~sc_dispatch.DispatchModeTypeError`).
 
     A name that is already a ``Dispatch`` member is a
     :class:`~sc_dispatch.DispatchModeExistsError` (use :func:`update_dispatch_mode` to change
@@ -396,7 +177,12 @@ def register_dispatch_mode(
             f"{type(dispatch_mode_name).__qualname__} {dispatch_mode_name!r}"
         )
     spec = DispatchModeSpec(
-        dispatch_mode_name.upper(), dispatch_fn, collect_fn, unpad_output, joins_shards
+        dispatch_mode_name.upper(),
+        dispatch_fn,
+        cast(CollectFn, collect_fn),
+        unpad_output,
+        joins_shards,
+        collect_sees_dispatch,
     )
     with _lock:
         if dispatch_mode_name.upper() in Dispatch:
@@ -412,22 +198,24 @@ def register_dispatch_mode(
 def update_dispatch_mode(
     dispatch_mode: Dispatch,
     dispatch_fn: DispatchFn,
-    collect_fn: CollectFn,
+    collect_fn: CollectFn | DispatchAwareCollectFn,
     *,
     unpad_output: bool | None = None,
     joins_shards: bool | None = None,
+    collect_sees_dispatch: bool | None = None,
 ) -> None:
     """Replace the functions of an existing dispatch mode (a ``Dispatch`` member, else a
-    :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output`` and ``joins_shards``
-    keep their values unless given."""
+    :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output``, ``joins_shards`` and
+    ``collect_sees_dispatch`` keep their values unless given."""
     with _lock:
         old = _lookup(dispatch_mode)
         _registry[dispatch_mode] = DispatchModeSpec(
             old.name,
             dispatch_fn,
-            collect_fn,
+            cast(CollectFn, collect_fn),
             old.unpad_output if unpad_output is None else unpad_output,
             old.joins_shards if joins_shards is None else joins_shards,
+            old.collect_sees_dispatch if collect_sees_dispatch is None else collect_sees_dispatch,
         )
 
 

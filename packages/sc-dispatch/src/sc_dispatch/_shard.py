@@ -11,6 +11,7 @@ from ._protocols import ShardAdapter
 
 __all__ = [
     "Resolver",
+    "adapter_for_class",
     "Rows",
     "chunk_sizes",
     "get_future_resolver",
@@ -111,6 +112,11 @@ def get_shard_adapter(obj: object) -> ShardAdapter[Any] | None:
         if adapter is not None:
             return adapter
     return None
+
+
+def adapter_for_class(klass: type) -> ShardAdapter[Any] | None:
+    """The adapter registered for exactly ``klass`` (no base-class lookup), or ``None``."""
+    return _adapters.get(klass)
 
 
 def is_shardable(obj: object) -> bool:

@@ -6,6 +6,8 @@ The exception tree is drawn in :mod:`sc_protocol._errors`; serialization is desc
 :mod:`sc_protocol._serialize`.
 """
 
+from sc_dispatch import register_future_resolver
+
 from ._adapters import (
     DataProtoAdapter,
     DataProtoFutureAdapter,
@@ -30,15 +32,11 @@ from ._errors import (
     SerializationError,
     UnknownRowCountError,
 )
-from ._future import (
-    DataProtoFuture,
-    Resolver,
-    ShardSlice,
-    plan_shard_slices,
-    register_future_resolver,
-)
+from ._future import DataProtoFuture
 from ._item import DataProtoItem, collate_fn
 from ._padding import pad_dataproto_to_divisor, unpad_dataproto
+from ._plan import ShardSlice, plan_shard_slices
+from ._resolve import Resolver
 from ._serialize import rebuild_tensordict, tensordict_state
 from ._settings import SETTINGS
 from ._union import union_numpy_dict, union_tensor_dict

@@ -1,20 +1,25 @@
-"""The shard adapters that let sc-dispatch split, join and pad DataProto, TensorDict and
-DataProtoFuture; registered when :mod:`sc_protocol` is imported."""
+"""The shard adapters that let sc-dispatch split, join, pad and size DataProto, TensorDict
+and DataProtoFuture, and the byte-size hooks for tensors and numpy arrays; registered when
+:mod:`sc_protocol` is imported, so that :func:`sc_dispatch.payload_nbytes` sizes any call
+argument that holds them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
-from sc_dispatch import chunk_sizes, register_future_type, register_shardable
+from sc_dispatch import chunk_sizes, register_future_type, register_nbytes, register_shardable
 from tensordict import TensorDictBase
 
-from ._columns import cat_tensordicts
+from ._columns import _tensor_nbytes, cat_tensordicts
 from ._config import DataProtoConfig
 from ._data_proto import DataProto
+from ._describe import data_proto_nbytes, tensordict_nbytes
 from ._errors import BatchSizeMismatchError, InvalidSizeError
 from ._future import DataProtoFuture
+from ._item import DataProtoItem
 from ._padding import unpad_dataproto
 from ._row_ops import _pad_rows
 
@@ -44,7 +49,6 @@ class DataProtoAdapter:
         n = len(obj)
         if n == 0:
             raise InvalidSizeError(f"cannot pad an empty DataProto with {pad_size} rows")
-        import numpy as np
 
         return _pad_rows(obj, np.arange(pad_size, dtype=np.int64) % n)
 
@@ -53,6 +57,10 @@ class DataProtoAdapter:
 
     def auto_padding(self, obj: DataProto) -> bool:
         return obj.is_padding_enabled()
+
+    def nbytes(self, obj: DataProto) -> int:
+        """Tensor elements of every leaf plus the ``nbytes`` of every numpy column."""
+        return data_proto_nbytes(obj)
 
 
 def _td_rows(td: TensorDictBase) -> int:
@@ -98,6 +106,10 @@ class TensorDictAdapter:
     def auto_padding(self, obj: TensorDictBase) -> bool:
         return bool(DataProtoConfig.auto_padding)
 
+    def nbytes(self, obj: TensorDictBase) -> int:
+        """Tensor elements of every leaf (``numel * element_size``)."""
+        return tensordict_nbytes(obj)
+
 
 class DataProtoFutureAdapter:
     """Futures: every operation is lazy; the length is ``None`` until row counts are known."""
@@ -120,10 +132,32 @@ class DataProtoFutureAdapter:
     def auto_padding(self, obj: DataProtoFuture) -> bool:
         return bool(DataProtoConfig.auto_padding)
 
+    def nbytes(self, obj: DataProtoFuture) -> int:
+        """0: the rows live wherever the producer left them, not in this handle."""
+        return 0
+
+
+def _array_nbytes(arr: np.ndarray[Any, Any]) -> int:
+    return int(arr.nbytes)
+
+
+def _item_nbytes(item: DataProtoItem) -> int:
+    tensor_bytes = 0 if item.batch is None else tensordict_nbytes(item.batch)
+    values = item.non_tensor_batch.values()
+    return tensor_bytes + sum(
+        int(v.nbytes) for v in values if isinstance(v, (np.ndarray, np.generic))
+    )
+
 
 def register_adapters() -> None:
-    """Register the three adapters and the future type with sc-dispatch (idempotent)."""
+    """Register the three adapters, the future type and the size hooks of ``torch.Tensor``
+    (``numel * element_size``; a view counts its own elements only), ``numpy.ndarray``
+    (``nbytes``) and :class:`DataProtoItem` (its tensors and numpy values) with sc-dispatch
+    (idempotent)."""
     register_shardable(DataProto, DataProtoAdapter())
     register_shardable(cast("type[Any]", TensorDictBase), TensorDictAdapter())
     register_shardable(DataProtoFuture, DataProtoFutureAdapter())
     register_future_type(DataProtoFuture)
+    register_nbytes(torch.Tensor, _tensor_nbytes)
+    register_nbytes(np.ndarray, _array_nbytes)
+    register_nbytes(DataProtoItem, _item_nbytes)

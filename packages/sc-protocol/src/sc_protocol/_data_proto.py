@@ -1,67 +1,36 @@
 """DataProto: a batch of rows made of tensor columns, numpy columns and batch-level metadata.
 
-The class is assembled from three modules: this one (construction, validation, indexing,
-copying, pickling and files), :mod:`._key_ops` (select, pop, rename, union, concat) and
-:mod:`._row_ops` (chunk, split, reorder, repeat, padding, iteration).
+The class is assembled from several modules: this one (the constructor, validation and
+copying), :mod:`._convert` (from and to dicts and TensorDicts), :mod:`._indexing`,
+:mod:`._key_ops` (select, pop, rename, union, concat), :mod:`._row_ops` (chunk, split,
+reorder, repeat, padding, iteration), :mod:`._describe` (column listing, sizes) and
+:mod:`._serialize` (pickling and files).
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import os
-import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 import numpy as np
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
-from . import _key_ops, _row_ops
-from ._columns import (
-    IndexLike,
-    Key,
-    NDArray,
-    _as_column,
-    _index_arrays,
-    _key_str,
-    _leaves,
-    _stack_values,
-    _tensor_nbytes,
-)
-from ._config import DataProtoConfig
-from ._errors import (
-    BatchSizeMismatchError,
-    IndexOutOfRangeError,
-    InvalidSizeError,
-    KeyConflictError,
-    ProtocolTypeError,
-)
+from . import _convert, _describe, _indexing, _key_ops, _row_ops
+from ._columns import IndexLike, Key, NDArray, _as_column, _key_str, _leaves
+from ._errors import BatchSizeMismatchError, ProtocolTypeError
 from ._item import DataProtoItem
-from ._serialize import (
-    check_picklable,
-    load_data_proto,
-    rebuild_tensordict,
-    save_data_proto,
-    tensordict_state,
-)
+from ._serialize import data_proto_reduce, load_data_proto, rebuild_data_proto, save_data_proto
 
 __all__ = ["DataProto"]
 
-logger = logging.getLogger("sc_protocol")
-
 D = TypeVar("D", bound="DataProto")
 
-
-def _rebuild_data_proto(cls: type[D], state: dict[str, Any]) -> D:
-    batch_state = state.get("batch")
-    batch = None if batch_state is None else rebuild_tensordict(batch_state)
-    obj = cls.__new__(cls)
-    obj.batch = batch
-    obj.non_tensor_batch = dict(state["non_tensor_batch"])
-    obj.meta_info = dict(state["meta_info"])
-    return obj
+#: The name that pickles of sc-protocol 0.1 refer to; new pickles name
+#: :func:`._serialize.rebuild_data_proto` itself.
+_rebuild_data_proto = rebuild_data_proto
 
 
 class DataProto:
@@ -118,39 +87,9 @@ class DataProto:
         The batch size is the first ``num_batch_dims`` dimensions of the tensors, which must
         all agree. ``auto_padding=True`` sets the per-object padding flag in ``meta_info``.
         """
-        if not isinstance(num_batch_dims, int) or num_batch_dims < 1:
-            raise InvalidSizeError(
-                f"from_dict: num_batch_dims must be >= 1, got {num_batch_dims!r}"
-            )
-        tensors = dict(tensors or {})
-        batch: TensorDict | None = None
-        if tensors:
-            batch_size: tuple[int, ...] | None = None
-            first_key = ""
-            for key, value in tensors.items():
-                if not isinstance(value, torch.Tensor):
-                    raise ProtocolTypeError(
-                        f"from_dict: tensor column {key!r} must be a torch.Tensor, "
-                        f"got {type(value).__name__}"
-                    )
-                if value.dim() < num_batch_dims:
-                    raise BatchSizeMismatchError(
-                        f"from_dict: tensor {key!r} has {value.dim()} dimensions, fewer than "
-                        f"num_batch_dims={num_batch_dims}"
-                    )
-                dims = tuple(value.shape[:num_batch_dims])
-                if batch_size is None:
-                    batch_size, first_key = dims, key
-                elif dims != batch_size:
-                    raise BatchSizeMismatchError(
-                        f"from_dict: tensor {key!r} has batch size {dims}, tensor "
-                        f"{first_key!r} has {batch_size}"
-                    )
-            batch = TensorDict(tensors, batch_size=batch_size)
-        meta = dict(meta_info or {})
-        if auto_padding:
-            meta[DataProtoConfig.auto_padding_key] = True
-        return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=meta)
+        return _convert.from_dict(
+            cls, tensors, non_tensors, meta_info, num_batch_dims, auto_padding
+        )
 
     @classmethod
     def from_single_dict(
@@ -160,19 +99,7 @@ class DataProto:
         auto_padding: bool = False,
     ) -> D:
         """Build from one dict: tensors become tensor columns, numpy arrays non-tensor columns."""
-        tensors: dict[str, torch.Tensor] = {}
-        non_tensors: dict[str, NDArray] = {}
-        for key, value in data.items():
-            if isinstance(value, torch.Tensor):
-                tensors[key] = value
-            elif isinstance(value, np.ndarray):
-                non_tensors[key] = value
-            else:
-                raise ProtocolTypeError(
-                    f"from_single_dict: value of {key!r} must be a torch.Tensor or a numpy "
-                    f"array, got {type(value).__name__}"
-                )
-        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
+        return _convert.from_single_dict(cls, data, meta_info, auto_padding)
 
     @classmethod
     def from_tensordict(
@@ -185,28 +112,7 @@ class DataProto:
         tensors (and nested TensorDicts) stay in ``batch``; non-tensor stacks become numpy
         columns (numeric and string values get their numpy dtype back, anything else an
         object column); non-tensor data entries go to ``meta_info``."""
-        if not isinstance(tensor_dict, TensorDictBase):
-            raise ProtocolTypeError(
-                f"from_tensordict: expected a TensorDict, got {type(tensor_dict).__name__}"
-            )
-        if tensor_dict.batch_dims != num_batch_dims:
-            raise BatchSizeMismatchError(
-                f"from_tensordict: the TensorDict has {tensor_dict.batch_dims} batch dimensions "
-                f"{tuple(tensor_dict.batch_size)}, expected num_batch_dims={num_batch_dims}"
-            )
-        meta = dict(meta_info or {})
-        non_tensors: dict[str, NDArray] = {}
-        keep: list[str] = []
-        entries: list[tuple[str, Any]] = list(tensor_dict.items())
-        for key, value in entries:
-            if isinstance(value, NonTensorStack):
-                non_tensors[key] = _stack_values(key, value.tolist())
-            elif isinstance(value, NonTensorData):
-                meta[key] = value.data
-            else:
-                keep.append(key)
-        batch = tensor_dict.select(*keep) if keep else None
-        return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+        return _convert.from_tensordict(cls, tensor_dict, meta_info, num_batch_dims)
 
     def to_tensordict(self) -> TensorDict:
         """One TensorDict holding the whole batch, in verl's layout: the tensor columns as
@@ -214,28 +120,7 @@ class DataProto:
         each ``meta_info`` entry as ``NonTensorData``. :meth:`from_tensordict` gives the
         DataProto back. A name used by two kinds of entry is a
         :class:`~sc_protocol.KeyConflictError`."""
-        n = len(self)
-        if self.batch is not None:
-            td: TensorDict = TensorDict(
-                dict(self.batch.items()), batch_size=self.batch.batch_size, device=self.batch.device
-            )
-        else:
-            td = TensorDict({}, batch_size=[n])
-        taken = {str(k) for k in td.keys()}  # noqa: SIM118 - a TensorDict, not a dict
-        for key, column in self.non_tensor_batch.items():
-            if key in taken:
-                raise KeyConflictError(
-                    f"DataProto.to_tensordict: {key!r} is both a tensor and a non-tensor column"
-                )
-            td.set(key, NonTensorStack(*[NonTensorData(v) for v in list(column)]))
-            taken.add(key)
-        for key, value in self.meta_info.items():
-            if key in taken:
-                raise KeyConflictError(
-                    f"DataProto.to_tensordict: meta_info key {key!r} is also a column name"
-                )
-            td.set_non_tensor(key, value)
-        return td
+        return _convert.to_tensordict(self)
 
     # -- validation and basic protocol -------------------------------------------------
 
@@ -306,58 +191,18 @@ class DataProto:
     def __getitem__(self: D, item: Any) -> D | DataProtoItem:
         """``dp[i]`` is a :class:`DataProtoItem`; ``dp[a:b]``, ``dp[[i, j]]``, ``dp[array]``,
         ``dp[tensor]`` and ``dp[mask]`` are DataProtos."""
-        if isinstance(item, slice):
-            return self.slice(item.start, item.stop, item.step)
-        if isinstance(item, (bool, np.bool_)):
-            raise ProtocolTypeError(f"DataProto index must not be a bool, got {item!r}")
-        if isinstance(item, (int, np.integer)):
-            n = len(self)
-            i = int(item)
-            if i < -n or i >= n:
-                raise IndexOutOfRangeError(f"DataProto index {i} is out of range for {n} rows")
-            i %= n
-            return DataProtoItem(
-                batch=None if self.batch is None else self.batch[i],
-                non_tensor_batch={k: v[i] for k, v in self.non_tensor_batch.items()},
-                meta_info=dict(self.meta_info),
-            )
-        if isinstance(item, (list, tuple, range, np.ndarray, torch.Tensor)):
-            return self.select_idxs(item)
-        raise ProtocolTypeError(
-            f"DataProto index must be an int, a slice, a list/array/tensor of indices or a "
-            f"boolean mask, got {type(item).__name__}"
-        )
+        return _indexing.get_item(self, item)
 
     def slice(
         self: D, start: int | None = None, end: int | None = None, step: int | None = None
     ) -> D:
         """Rows ``start:end:step``: views (no copy) for a positive step; a negative step
         (``dp[::-1]``) selects the rows in that order (a copy, as ``select_idxs``)."""
-        for name, value in (("start", start), ("end", end), ("step", step)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ProtocolTypeError(
-                    f"DataProto.slice: {name} must be an int or None, got {value!r}"
-                )
-        sl = slice(start, end, step)
-        if step == 0:
-            raise InvalidSizeError("DataProto.slice: step must not be zero")
-        if step is not None and step < 0:
-            return self.select_idxs(np.arange(len(self), dtype=np.int64)[sl])
-        batch = None if self.batch is None else self.batch[sl]
-        non_tensor = {k: v[sl] for k, v in self.non_tensor_batch.items()}
-        return self._new(batch, non_tensor)
+        return _indexing.slice_rows(self, start, end, step)
 
     def select_idxs(self: D, idxs: IndexLike) -> D:
         """Rows at ``idxs`` (list, numpy array or tensor of ints, or a boolean mask)."""
-        positions, positions_t = _index_arrays(idxs, len(self), "DataProto.select_idxs")
-        batch = None
-        if self.batch is not None:
-            index = positions_t
-            if self.batch.device is not None and self.batch.device.type != "cpu":
-                index = positions_t.to(self.batch.device)
-            batch = self.batch[index]
-        non_tensor = {k: v[positions] for k, v in self.non_tensor_batch.items()}
-        return self._new(batch, non_tensor)
+        return _indexing.select_idxs(self, idxs)
 
     # -- keys (bodies in _key_ops) -------------------------------------------------------
 
@@ -507,41 +352,11 @@ class DataProto:
 
     def get_data_info(self) -> str:
         """A multi-line description of every column: key, shape, dtype, device."""
-        lines = [f"{type(self).__name__} with {len(self)} rows"]
-        lines.append("batch:")
-        if self.batch is None:
-            lines.append("  (none)")
-        else:
-            for key, value in _leaves(self.batch):
-                if isinstance(value, torch.Tensor):
-                    lines.append(
-                        f"  {_key_str(key)}: shape={tuple(value.shape)}, dtype={value.dtype}, "
-                        f"device={value.device}"
-                    )
-                else:
-                    lines.append(f"  {_key_str(key)}: {type(value).__name__}")
-        lines.append("non_tensor_batch:")
-        if not self.non_tensor_batch:
-            lines.append("  (none)")
-        for key, arr in self.non_tensor_batch.items():
-            lines.append(f"  {key!r}: shape={arr.shape}, dtype={arr.dtype}")
-        lines.append(f"meta_info: {sorted(self.meta_info)}")
-        return "\n".join(lines)
+        return _describe.get_data_info(self)
 
     def print_size(self, prefix: str = "") -> str:
         """Log (at INFO, logger ``sc_protocol``) and return the size of the batch in GiB."""
-        tensor_bytes = 0
-        if self.batch is not None:
-            for _, value in _leaves(self.batch):
-                if isinstance(value, torch.Tensor):
-                    tensor_bytes += _tensor_nbytes(value)
-        numpy_bytes = sum(int(v.nbytes) for v in self.non_tensor_batch.values())
-        message = (
-            f"{prefix}size of tensordict: {tensor_bytes / 2**30:.6f} GB, "
-            f"size of non_tensor_batch: {numpy_bytes / 2**30:.6f} GB"
-        )
-        logger.info(message)
-        return message
+        return _describe.print_size(self, prefix)
 
     # -- copying and serialization -----------------------------------------------------
 
@@ -560,14 +375,7 @@ class DataProto:
         return obj
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        proto = int(protocol) if isinstance(protocol, int) else pickle.DEFAULT_PROTOCOL
-        check_picklable(self.meta_info, "DataProto pickling")
-        state = {
-            "batch": None if self.batch is None else tensordict_state(self.batch, proto),
-            "non_tensor_batch": self.non_tensor_batch,
-            "meta_info": self.meta_info,
-        }
-        return (_rebuild_data_proto, (type(self), state))
+        return data_proto_reduce(self, protocol)
 
     def save_to_disk(self, filepath: str | os.PathLike[str]) -> None:
         """Write this batch to ``filepath`` atomically (a temporary file in the same

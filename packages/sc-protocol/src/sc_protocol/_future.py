@@ -3,147 +3,29 @@
 A future is a list of *shards* -- opaque handles (Ray ``ObjectRef``s, ``concurrent.futures``
 futures, or plain DataProtos), one per producer rank -- plus a *resolver*, the function
 the backend supplies to turn a list of handles into a list of DataProtos (``ray.get`` for
-sc-ray). When the row count of every shard is known, the future keeps a *plan*: the ordered
-row ranges of the shards that make up its value. ``chunk``, ``pad``, ``unpad`` and
-``slice`` then only rewrite the plan, and each resulting future holds just the shards it
-needs, so that a consumer fetches only those. When some row count is unknown (``None``),
-the same operations are recorded and applied after every shard has been fetched and joined,
-which is verl's behaviour.
+sc-ray; :mod:`._resolve` holds the default). When the row count of every shard is known, the
+future keeps a *plan* (:mod:`._plan`): the ordered row ranges of the shards that make up its
+value. ``chunk``, ``pad``, ``unpad`` and ``slice`` then only rewrite the plan, and each
+resulting future holds just the shards it needs, so that a consumer fetches only those. When
+some row count is unknown (``None``), the same operations are recorded (:mod:`._deferred`)
+and applied after every shard has been fetched and joined, which is verl's behaviour.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
-
-from sc_dispatch import get_future_resolver, register_future_resolver
+from typing import Any
 
 from ._config import DataProtoConfig
 from ._data_proto import DataProto
+from ._deferred import Op, apply_op, op_rows
 from ._errors import FutureError, InvalidSizeError, ProtocolTypeError, UnknownRowCountError
-from ._padding import unpad_dataproto
-from ._row_ops import _pad_rows
+from ._plan import ShardSlice, check_count, chunk_bounds, cut, plan_rows
+from ._resolve import Resolver, resolve_local
 
-__all__ = [
-    "DataProtoFuture",
-    "Resolver",
-    "ShardSlice",
-    "plan_shard_slices",
-    "register_future_resolver",
-]
+__all__ = ["DataProtoFuture"]
 
-#: Turns a list of shard handles into the list of their DataProtos (e.g. ``ray.get``);
-#: resolvers for a backend's handle type are registered with
-#: :func:`sc_dispatch.register_future_resolver` (re-exported here).
-Resolver = Callable[[list[Any]], Sequence[Any]]
 CollectFn = Callable[[list[Any]], Any]
-_Op = tuple[str, Any, Any]
-
-
-class ShardSlice(NamedTuple):
-    """Rows ``start:stop`` of shard number ``shard`` (an index into ``shard_refs``)."""
-
-    shard: int
-    start: int
-    stop: int
-
-
-def _check_count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidSizeError(f"{what} must be a non-negative int, got {value!r}")
-    return value
-
-
-def plan_shard_slices(row_counts: Sequence[int], start: int, stop: int) -> list[ShardSlice]:
-    """The shards overlapping rows ``start:stop`` of the concatenation of shards with
-    ``row_counts`` rows, with the local row range to take from each, in order.
-
-    A consumer rank that owns rows ``start:stop`` fetches only the listed shards.
-    """
-    counts = [_check_count(c, f"row_counts[{i}]") for i, c in enumerate(row_counts)]
-    total = sum(counts)
-    _check_count(start, "start")
-    _check_count(stop, "stop")
-    if start > stop or stop > total:
-        raise InvalidSizeError(
-            f"plan_shard_slices: row range {start}:{stop} is not within the {total} rows of "
-            f"shards with row counts {counts}"
-        )
-    out: list[ShardSlice] = []
-    offset = 0
-    for i, count in enumerate(counts):
-        lo, hi = max(start, offset), min(stop, offset + count)
-        if lo < hi:
-            out.append(ShardSlice(i, lo - offset, hi - offset))
-        offset += count
-    return out
-
-
-def _plan_rows(plan: Sequence[ShardSlice]) -> int:
-    return sum(p.stop - p.start for p in plan)
-
-
-def _cut(plan: Sequence[ShardSlice], start: int, stop: int) -> list[ShardSlice]:
-    """Rows ``start:stop`` of the value described by ``plan``."""
-    out: list[ShardSlice] = []
-    offset = 0
-    for piece in plan:
-        size = piece.stop - piece.start
-        lo, hi = max(start, offset), min(stop, offset + size)
-        if lo < hi:
-            out.append(
-                ShardSlice(piece.shard, piece.start + lo - offset, piece.start + hi - offset)
-            )
-        offset += size
-    if not out and plan:
-        # Keep an empty piece so that an empty result still has the columns of the shards.
-        out.append(ShardSlice(plan[0].shard, plan[0].start, plan[0].start))
-    return out
-
-
-def _chunk_bounds(total: int, chunks: int) -> list[tuple[int, int]]:
-    base, extra = divmod(total, chunks)
-    bounds = []
-    start = 0
-    for i in range(chunks):
-        size = base + 1 if i < extra else base
-        bounds.append((start, start + size))
-        start += size
-    return bounds
-
-
-def _resolve_local(refs: list[Any]) -> list[Any]:
-    """Default resolver: DataProtos as they are, handles of a registered type through their
-    resolver (one call per type, in bulk), ``concurrent.futures`` futures by ``result()``,
-    and any other future by ``get()``."""
-    out: list[Any] = [None] * len(refs)
-    grouped: dict[Resolver, list[int]] = {}
-    for i, ref in enumerate(refs):
-        if isinstance(ref, DataProto):
-            out[i] = ref
-        elif (resolver := get_future_resolver(ref)) is not None:
-            grouped.setdefault(resolver, []).append(i)
-        elif isinstance(ref, concurrent.futures.Future):
-            out[i] = ref.result()
-        elif callable(getattr(ref, "get", None)):
-            out[i] = ref.get()
-        else:
-            raise FutureError(
-                f"DataProtoFuture: shard {i} is a {type(ref).__name__}, which no resolver "
-                "handles; import the backend that made it (sc_ray registers Ray object "
-                "references), pass resolve=, or register_future_resolver(its type, ...)"
-            )
-    for resolver, positions in grouped.items():
-        values = list(resolver([refs[i] for i in positions]))
-        if len(values) != len(positions):
-            raise FutureError(
-                f"DataProtoFuture: a resolver returned {len(values)} values for "
-                f"{len(positions)} shards"
-            )
-        for i, value in zip(positions, values, strict=True):
-            out[i] = value
-    return out
 
 
 class DataProtoFuture:
@@ -186,13 +68,13 @@ class DataProtoFuture:
                 )
             for i, c in enumerate(counts):
                 if c is not None:
-                    _check_count(c, f"DataProtoFuture: row_counts[{i}]")
+                    check_count(c, f"DataProtoFuture: row_counts[{i}]")
         self._refs: tuple[Any, ...] = refs
         self._counts = counts
         self._resolve: Resolver | None = resolve
         self._collect_fn: CollectFn | None = collect_fn
         self._children: tuple[DataProtoFuture, ...] | None = None
-        self._ops: tuple[_Op, ...] = ()
+        self._ops: tuple[Op, ...] = ()
         self._plan: tuple[ShardSlice, ...] | None = None
         self._value: DataProto | None = None
         if dispatch_fn is not None:
@@ -270,7 +152,7 @@ class DataProtoFuture:
     def num_rows(self) -> int | None:
         """Rows of the value, or ``None`` if it is not known before resolving."""
         if self._plan is not None:
-            return _plan_rows(self._plan)
+            return plan_rows(self._plan)
         if self._children is not None:
             counts = [c.num_rows for c in self._children]
             base = (
@@ -283,7 +165,7 @@ class DataProtoFuture:
         for op in self._ops:
             if base is None:
                 return None
-            base = _op_rows(op, base)
+            base = op_rows(op, base)
         return base
 
     def __len__(self) -> int:
@@ -327,12 +209,12 @@ class DataProtoFuture:
                 "DataProtoFuture.shard_slices: the shard row counts are not all known "
                 f"({list(self.row_counts)})"
             )
-        total = _plan_rows(self._plan)
+        total = plan_rows(self._plan)
         if not (0 <= start <= stop <= total):
             raise InvalidSizeError(
                 f"DataProtoFuture.shard_slices: row range {start}:{stop} is not within {total} rows"
             )
-        return [p for p in _cut(self._plan, start, stop) if p.stop > p.start]
+        return [p for p in cut(self._plan, start, stop) if p.stop > p.start]
 
     def _with_plan(self, plan: Sequence[ShardSlice]) -> DataProtoFuture:
         used = sorted({p.shard for p in plan})
@@ -343,24 +225,24 @@ class DataProtoFuture:
         new._plan = tuple(ShardSlice(remap[p.shard], p.start, p.stop) for p in plan)
         return new
 
-    def _with_op(self, op: _Op) -> DataProtoFuture:
+    def _with_op(self, op: Op) -> DataProtoFuture:
         new = self._derive()
         new._ops = (*self._ops, op)
         return new
 
     def slice(self, start: int, stop: int) -> DataProtoFuture:
         """Rows ``start:stop`` of the value (a new future; nothing is fetched)."""
-        _check_count(start, "DataProtoFuture.slice: start")
-        _check_count(stop, "DataProtoFuture.slice: stop")
+        check_count(start, "DataProtoFuture.slice: start")
+        check_count(stop, "DataProtoFuture.slice: stop")
         if start > stop:
             raise InvalidSizeError(f"DataProtoFuture.slice: start {start} > stop {stop}")
         if self._plan is not None:
-            total = _plan_rows(self._plan)
+            total = plan_rows(self._plan)
             if stop > total:
                 raise InvalidSizeError(
                     f"DataProtoFuture.slice: row range {start}:{stop} is not within {total} rows"
                 )
-            return self._with_plan(_cut(self._plan, start, stop))
+            return self._with_plan(cut(self._plan, start, stop))
         return self._with_op(("slice", start, stop))
 
     def chunk(self, chunks: int) -> list[DataProtoFuture]:
@@ -371,44 +253,42 @@ class DataProtoFuture:
         if chunks < 1:
             raise InvalidSizeError(f"DataProtoFuture.chunk: chunks must be >= 1, got {chunks}")
         if self._plan is not None:
-            total = _plan_rows(self._plan)
+            total = plan_rows(self._plan)
             if chunks > total and not DataProtoConfig.auto_padding:
                 raise InvalidSizeError(
                     f"DataProtoFuture.chunk: cannot split {total} rows into {chunks} chunks"
                 )
-            return [
-                self._with_plan(_cut(self._plan, a, b)) for a, b in _chunk_bounds(total, chunks)
-            ]
+            return [self._with_plan(cut(self._plan, a, b)) for a, b in chunk_bounds(total, chunks)]
         return [self._with_op(("chunk", i, chunks)) for i in range(chunks)]
 
     def pad(self, pad_size: int) -> DataProtoFuture:
         """Append ``pad_size`` rows repeated from the start (cycling), lazily."""
-        _check_count(pad_size, "DataProtoFuture.pad: pad_size")
+        check_count(pad_size, "DataProtoFuture.pad: pad_size")
         if pad_size == 0:
             return self
         if self._plan is not None:
-            total = _plan_rows(self._plan)
+            total = plan_rows(self._plan)
             if total == 0:
                 raise InvalidSizeError(
                     f"DataProtoFuture.pad: cannot pad an empty batch with {pad_size} rows"
                 )
             full, rest = divmod(pad_size, total)
-            plan = list(self._plan) * (1 + full) + _cut(self._plan, 0, rest)
+            plan = list(self._plan) * (1 + full) + cut(self._plan, 0, rest)
             return self._with_plan([p for p in plan if p.stop > p.start])
         return self._with_op(("pad", pad_size, None))
 
     def unpad(self, pad_size: int) -> DataProtoFuture:
         """Drop the last ``pad_size`` rows, lazily (``get()`` never returns them)."""
-        _check_count(pad_size, "DataProtoFuture.unpad: pad_size")
+        check_count(pad_size, "DataProtoFuture.unpad: pad_size")
         if pad_size == 0:
             return self
         if self._plan is not None:
-            total = _plan_rows(self._plan)
+            total = plan_rows(self._plan)
             if pad_size > total:
                 raise InvalidSizeError(
                     f"DataProtoFuture.unpad: cannot drop {pad_size} rows from {total}"
                 )
-            return self._with_plan(_cut(self._plan, 0, total - pad_size))
+            return self._with_plan(cut(self._plan, 0, total - pad_size))
         return self._with_op(("unpad", pad_size, None))
 
     @staticmethod
@@ -455,7 +335,7 @@ class DataProtoFuture:
 
     def _fetch(self) -> list[DataProto]:
         refs = list(self._refs)
-        resolve = self._resolve or _resolve_local
+        resolve = self._resolve or resolve_local
         values = list(resolve(refs))
         if len(values) != len(refs):
             raise FutureError(
@@ -504,7 +384,7 @@ class DataProtoFuture:
                     )
                 value = joined
             for op in self._ops:
-                value = _apply_op(op, value)
+                value = apply_op(op, value)
         self._value = value
         return value
 
@@ -512,49 +392,3 @@ class DataProtoFuture:
         state = dict(self.__dict__)
         state["_value"] = None  # never ship a fetched value along with the handles
         return state
-
-
-def _op_rows(op: _Op, rows: int) -> int:
-    kind, a, b = op
-    if kind == "slice":
-        return max(0, min(int(b), rows) - min(int(a), rows))
-    if kind == "chunk":
-        lo, hi = _chunk_bounds(rows, b)[a]
-        return hi - lo
-    if kind == "pad":
-        return rows + int(a)
-    if kind == "unpad":
-        return max(0, rows - int(a))
-    raise UnknownRowCountError(f"DataProtoFuture: the rows after {kind!r} are unknown")
-
-
-def _apply_op(op: _Op, value: DataProto) -> DataProto:
-    kind, a, b = op
-    if kind == "fn":
-        out = a(value)
-        if not isinstance(out, DataProto):
-            raise FutureError(
-                f"DataProtoFuture: dispatch_fn returned a {type(out).__name__}, not a DataProto"
-            )
-        return out
-    n = len(value)
-    if kind == "slice":
-        if b > n:
-            raise FutureError(
-                f"DataProtoFuture: row range {a}:{b} is not within the {n} rows that resolved"
-            )
-        return value.slice(a, b)
-    if kind == "chunk":
-        lo, hi = _chunk_bounds(n, b)[a]
-        return value.slice(lo, hi)
-    if kind == "pad":
-        import numpy as np
-
-        if n == 0:
-            raise FutureError(f"DataProtoFuture: cannot pad an empty result with {a} rows")
-        return _pad_rows(value, np.arange(a, dtype=np.int64) % n)
-    if kind == "unpad":
-        if a > n:
-            raise FutureError(f"DataProtoFuture: cannot drop {a} padding rows from {n} rows")
-        return unpad_dataproto(value, a)
-    raise FutureError(f"DataProtoFuture: unknown operation {kind!r}")

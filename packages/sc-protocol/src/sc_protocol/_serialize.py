@@ -19,26 +19,21 @@ Buffers that pickle itself created for the in-band data belong to the new tensor
 are always aliased.
 
 **Files.** :func:`save_data_proto` writes a ``torch.save`` archive of tensors and plain values
-atomically: a temporary file in the target directory (named
-``.sc-protocol-<host>-<pid>-<token>.tmp``, created with the usual umask permissions) is
-written, flushed, synced and renamed over the target. A save that dies half-way leaves its
-temporary file behind; the next save into the same directory removes temporaries of this
-naming scheme whose process is gone. Views are written compactly: only their own rows travel,
-never the rest of a shared storage. :func:`load_data_proto` reads with
-``torch.load(weights_only=True)`` unless the caller explicitly trusts the file
-(``weights_only=False``): full unpickling runs whatever code a crafted file names.
+atomically (:mod:`._atomic_file`: a temporary file in the target directory, renamed over
+the target; a save that dies half-way leaves a temporary that the next save removes). Views
+are written compactly: only their own rows travel, never the rest of a shared storage.
+:func:`load_data_proto` reads with ``torch.load(weights_only=True)`` unless the caller
+explicitly trusts the file (``weights_only=False``): full unpickling runs whatever code a
+crafted file names.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
 import pickle
 import re
-import secrets
-import socket
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -47,6 +42,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from ._atomic_file import write_atomically
 from ._columns import NDArray, _object_column
 from ._config import DataProtoConfig
 from ._errors import SerializationError
@@ -57,7 +53,9 @@ if TYPE_CHECKING:
 __all__ = [
     "check_picklable",
     "compact",
+    "data_proto_reduce",
     "load_data_proto",
+    "rebuild_data_proto",
     "rebuild_tensor",
     "rebuild_tensordict",
     "save_data_proto",
@@ -216,6 +214,26 @@ def rebuild_tensordict(state: tuple[Any, ...]) -> TensorDict:
     return td
 
 
+def data_proto_reduce(data: DataProto, protocol: Any) -> tuple[Any, ...]:
+    """``DataProto.__reduce_ex__``: the tensor batch as :func:`tensordict_state`, the numpy
+    columns and ``meta_info`` as they are (``meta_info`` checked first)."""
+    proto = int(protocol) if isinstance(protocol, int) else pickle.DEFAULT_PROTOCOL
+    check_picklable(data.meta_info, "DataProto pickling")
+    batch = None if data.batch is None else tensordict_state(data.batch, proto)
+    state = {"batch": batch, "non_tensor_batch": data.non_tensor_batch, "meta_info": data.meta_info}
+    return (rebuild_data_proto, (type(data), state))
+
+
+def rebuild_data_proto(cls: type[D], state: dict[str, Any]) -> D:
+    """The DataProto that :func:`data_proto_reduce` pickled."""
+    batch_state = state.get("batch")
+    obj = cls.__new__(cls)
+    obj.batch = None if batch_state is None else rebuild_tensordict(batch_state)
+    obj.non_tensor_batch = dict(state["non_tensor_batch"])
+    obj.meta_info = dict(state["meta_info"])
+    return obj
+
+
 # --- checks shared by pickling and saving ---------------------------------------------------
 
 
@@ -356,62 +374,13 @@ def _from_payload(cls: type[D], payload: Any, path: str) -> D:
 # --- writing and reading files ---------------------------------------------------------------
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
-_TMP = re.compile(r"^\.sc-protocol-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-[0-9a-f]+\.tmp$")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
-
-
-def remove_stale_temporaries(directory: str) -> list[str]:
-    """Remove the temporary files that saves by dead processes of this host left in
-    ``directory``; returns their names."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        match = _TMP.match(name)
-        if match is None or match["host"] != _HOST:
-            continue
-        pid = int(match["pid"])
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, name))
-            removed.append(name)
-            logger.info("removed %s, left by an interrupted save of process %d", name, pid)
-    return removed
 
 
 def save_data_proto(data: DataProto, filepath: str | os.PathLike[str]) -> None:
     """Write ``data`` to ``filepath`` atomically (see the module docstring)."""
     check_picklable(data.meta_info, "DataProto.save_to_disk")
     payload = _to_payload(data)
-    path = os.fspath(filepath)
-    directory = os.path.dirname(os.path.abspath(path))
-    remove_stale_temporaries(directory)
-    tmp = os.path.join(directory, f".sc-protocol-{_HOST}-{os.getpid()}-{secrets.token_hex(6)}.tmp")
-    # Mode 0o666 minus the umask, as for any file this process creates (mkstemp uses 0o600).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomically(os.fspath(filepath), lambda fh: torch.save(payload, fh))
 
 
 def load_data_proto(cls: type[D], filepath: str | os.PathLike[str], weights_only: bool) -> D:

@@ -12,7 +12,7 @@ import torch
 
 from .._config import FSDPConfig, ModelConfig, OptimConfig
 from .._errors import ConfigError
-from ._base import Engine, block_modules, warmup_lr_lambda
+from ._base import Engine
 from ._fsdp import FSDPEngine
 from ._megatron import (
     MegatronEngine,
@@ -20,6 +20,8 @@ from ._megatron import (
     parallelize_hf_model,
     tensor_parallel_plan,
 )
+from ._modules import block_modules
+from ._optim import warmup_lr_lambda
 from ._parallel import ParallelLayout, init_distributed, resolve_device
 
 __all__ = [

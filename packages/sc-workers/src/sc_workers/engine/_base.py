@@ -1,4 +1,9 @@
-"""The engine interface: a sharded model, its optimizer and schedule, and its layout."""
+"""The engine interface: a sharded model, its optimizer and schedule, and its layout.
+
+The pieces an engine is made of live next to it: the model it creates and its blocks
+(:mod:`._modules`), the optimizer, schedule and global gradient clipping (:mod:`._optim`),
+and its checkpoint state (:mod:`._state`). Subclasses add the mesh and the parallelisation.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import contextlib
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,98 +19,19 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from .._config import FSDPConfig, ModelConfig, OptimConfig
-from .._errors import CheckpointError, NotInitializedError
-from ..models import HFCausalLM, HFModelKind, HFValueModel, TinyCausalLM, load_hf_model
+from .._errors import NotInitializedError
+from ..models import HFCausalLM, HFModelKind, HFValueModel
+from ._modules import create_module
+from ._optim import clip_grad_norm, make_optimizer
 from ._parallel import ParallelLayout, init_distributed
+from ._state import load_local_state_dict, local_state_dict
 
-__all__ = ["Engine", "block_modules", "chunk_of", "param_dtype_for", "warmup_lr_lambda"]
+__all__ = ["Engine"]
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def param_dtype_for(setting: str, device: torch.device) -> torch.dtype:
-    """The compute dtype for FSDP's mixed precision: "auto" is bf16 where CUDA supports it."""
-    if setting == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return _DTYPES[setting]
-
-
-def warmup_lr_lambda(config: OptimConfig) -> Callable[[int], float]:
-    """Linear warmup to 1, then constant or cosine decay to ``min_lr_ratio``."""
-    warmup = config.num_warmup_steps
-    total = config.total_training_steps
-    style = config.warmup_style
-    floor = config.min_lr_ratio
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if style == "constant":
-            return 1.0
-        progress = min(1.0, max(0.0, (step - warmup) / max(1, total - warmup)))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def block_modules(module: nn.Module) -> list[nn.Module]:
-    """The repeated transformer blocks (each gets its own FSDP unit), outermost first.
-
-    The built-in model's ``layers``; for a transformers model the modules whose class its
-    ``_no_split_modules`` names (the decoder layers, e.g. every ``model.model.layers[i]``
-    of a Llama), else the children of a ``ModuleList`` called ``layers``, ``h`` or
-    ``blocks``.
-    """
-    if isinstance(module, TinyCausalLM):
-        return list(module.layers)
-    block_classes: set[str] = set()
-    for child in module.modules():
-        block_classes.update(getattr(child, "_no_split_modules", None) or ())
-    blocks: list[nn.Module] = []
-    taken: list[str] = []
-    for name, child in module.named_modules():
-        if any(name.startswith(prefix + ".") for prefix in taken):
-            continue  # inside a block already found
-        if type(child).__name__ in block_classes:
-            blocks.append(child)
-            taken.append(name)
-    if blocks:
-        return blocks
-    for name, child in module.named_modules():
-        if isinstance(child, nn.ModuleList) and name.rsplit(".", 1)[-1] in (
-            "layers",
-            "h",
-            "blocks",
-        ):
-            blocks.extend(child)
-    return blocks
-
-
-def chunk_of(param: Tensor) -> tuple[list[int], list[int]]:
-    """``(global_shape, offsets)``: where this rank's local block of ``param`` sits.
-
-    A DTensor shard (FSDP, TP, or both) is one rectangular block of the full tensor; the
-    checkpoint records it so that an offline export can reassemble full tensors.
-    """
-    if isinstance(param, DTensor):
-        # the DCP planner's hook; torch leaves it unannotated
-        chunks: list[Any] = param.__create_chunk_list__()  # type: ignore[no-untyped-call]
-        if len(chunks) != 1:  # pragma: no cover - DTensor keeps one local block per rank
-            raise CheckpointError(f"a DTensor with {len(chunks)} local chunks is not supported")
-        return list(param.shape), [int(o) for o in chunks[0].offsets]
-    return list(param.shape), [0] * param.dim()
-
-
-def _local(t: Tensor) -> Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class Engine(ABC):
@@ -171,14 +97,7 @@ class Engine(ABC):
         return self._module is not None
 
     def _create_module(self) -> nn.Module:
-        cfg = self.model_config
-        dtype = _DTYPES[cfg.dtype]
-        if cfg.path is not None:
-            return load_hf_model(cfg.path, self.value_head, dtype, seed=cfg.seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            module = TinyCausalLM(cfg, value_head=self.value_head)
-        return module.to(dtype)
+        return create_module(self.model_config, self.value_head)
 
     @abstractmethod
     def _make_mesh(self) -> DeviceMesh: ...
@@ -196,16 +115,9 @@ class Engine(ABC):
         module = self._create_module().to(self.device)
         self._module = self._parallelize(module, mesh)
         if self.optim_config is not None:
-            oc = self.optim_config
-            self.optimizer = torch.optim.AdamW(
-                self._module.parameters(),
-                lr=oc.lr,
-                betas=oc.betas,
-                eps=oc.eps,
-                weight_decay=oc.weight_decay,
-                foreach=False,
+            self.optimizer, self.lr_scheduler = make_optimizer(
+                self._module.parameters(), self.optim_config
             )
-            self.lr_scheduler = LambdaLR(self.optimizer, warmup_lr_lambda(oc))
         logger.info(
             "rank %d: built %s engine (dp %d/%d, tp %d/%d) on %s",
             self.layout.rank,
@@ -278,35 +190,9 @@ class Engine(ABC):
         The norm covers every parameter across the whole mesh: each rank sums the squares
         of its local shards, divided by the number of ranks holding a copy of that shard,
         and one all-reduce adds the ranks up. Works for any mix of FSDP, HSDP and TP
-        placements.
+        placements (:func:`._optim.clip_grad_norm`).
         """
-        world = dist.get_world_size()
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        grads: list[Tensor] = []
-        for p in self.module.parameters():
-            if p.grad is None:
-                continue
-            g = p.grad
-            grads.append(g)
-            if isinstance(g, DTensor):
-                sharded = 1
-                for i, placement in enumerate(g.placements):
-                    # any split placement (Shard, and FSDP's _StridedShard under TP)
-                    if not (placement.is_replicate() or placement.is_partial()):
-                        sharded *= g.device_mesh.size(i)
-                local = g.to_local()
-            else:
-                sharded, local = 1, g
-            copies = world / sharded
-            total += local.detach().double().pow(2).sum().to(self.device) / copies
-        dist.all_reduce(total)
-        norm = float(total.sqrt().item())
-        if math.isfinite(norm) and norm > max_norm:
-            coef = max_norm / (norm + 1e-6)
-            with torch.no_grad():
-                for g in grads:
-                    g.mul_(coef)
-        return norm
+        return clip_grad_norm(self.module.parameters(), max_norm, self.device)
 
     def optimizer_step(self, max_norm: float) -> float:
         """Clip, then step the optimizer (skipped, with a warning, if the norm is not finite)."""
@@ -391,68 +277,18 @@ class Engine(ABC):
         """This rank's shards of the model, optimizer and schedule, as plain CPU tensors.
 
         ``model_chunks`` records, per parameter, the full shape and where this rank's block
-        starts (see :func:`chunk_of`).
+        starts, so that an offline export can reassemble full tensors.
         """
-        params = dict(self.module.named_parameters())
-        model = {name: _local(p.detach()).cpu().clone() for name, p in params.items()}
-        chunks = {name: chunk_of(p) for name, p in params.items()}
-        state: dict[str, Any] = {"model": model, "model_chunks": chunks}
-        if self.optimizer is not None and self.lr_scheduler is not None:
-            optim = self.optimizer.state_dict()
-            optim["state"] = {
-                idx: {
-                    k: (_local(v).cpu().clone() if isinstance(v, Tensor) else v)
-                    for k, v in entry.items()
-                }
-                for idx, entry in optim["state"].items()
-            }
-            state["optim"] = optim
-            state["lr_scheduler"] = self.lr_scheduler.state_dict()
-        return state
+        return local_state_dict(self.module, self.optimizer, self.lr_scheduler)
 
     def load_local_state_dict(self, state: dict[str, Any], source: str) -> None:
         """Restore what :meth:`local_state_dict` returned; names and shapes must match."""
-        rank = self.layout.rank
-        params = dict(self.module.named_parameters())
-        saved: dict[str, Tensor] = state["model"]
-        if set(saved) != set(params):
-            missing = sorted(set(params) - set(saved))
-            extra = sorted(set(saved) - set(params))
-            raise CheckpointError(
-                f"rank {rank}: checkpoint {source} does not match the model: missing "
-                f"{missing[:5]}, unexpected {extra[:5]}"
-            )
-        with torch.no_grad():
-            for name, p in params.items():
-                local = _local(p)
-                if tuple(local.shape) != tuple(saved[name].shape):
-                    raise CheckpointError(
-                        f"rank {rank}: checkpoint {source}: {name} has local shape "
-                        f"{tuple(saved[name].shape)}, the model has {tuple(local.shape)}"
-                    )
-                local.copy_(saved[name])
-        if self.optimizer is None or self.lr_scheduler is None:
-            return
-        if "optim" not in state:
-            raise CheckpointError(f"rank {rank}: checkpoint {source} has no optimizer state")
-        optim = dict(state["optim"])
-        ordered = [p for group in self.optimizer.param_groups for p in group["params"]]
-        restored: dict[int, dict[str, Any]] = {}
-        for idx, entry in optim["state"].items():
-            param = ordered[int(idx)]
-            new_entry: dict[str, Any] = {}
-            for key, value in entry.items():
-                if isinstance(value, Tensor) and isinstance(param, DTensor) and key != "step":
-                    value = DTensor.from_local(
-                        value.to(self.device),
-                        param.device_mesh,
-                        param.placements,
-                        run_check=False,
-                        shape=param.shape,
-                        stride=param.stride(),
-                    )
-                new_entry[key] = value
-            restored[int(idx)] = new_entry
-        optim["state"] = restored
-        self.optimizer.load_state_dict(optim)
-        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        load_local_state_dict(
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            state,
+            source,
+            self.layout.rank,
+            self.device,
+        )

@@ -9,7 +9,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from .._errors import ConfigError
-from ._base import Engine, block_modules, param_dtype_for
+from ._base import Engine
+from ._modules import block_modules, param_dtype_for
 
 __all__ = ["FSDPEngine", "mixed_precision_policy", "shard_module"]
 

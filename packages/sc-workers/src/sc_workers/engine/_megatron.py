@@ -29,8 +29,9 @@ from torch.distributed.tensor.parallel import (
 
 from .._errors import ConfigError, UnsupportedParallelismError
 from ..models import HFCausalLM, HFValueModel, TinyCausalLM, check_hf_tensor_parallel
-from ._base import Engine, block_modules
+from ._base import Engine
 from ._fsdp import shard_module
+from ._modules import block_modules
 
 __all__ = [
     "MegatronEngine",

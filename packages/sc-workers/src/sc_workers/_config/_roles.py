@@ -1,0 +1,265 @@
+"""The role sections: actor, rollout, reference, their union ``actor_rollout_ref``, and the
+critic, with the per-dp-rank batch sizes that the actor and critic derive when a worker is
+built (:class:`BatchSizes`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from .._errors import ConfigError
+from ._base import KL_TYPES, LOSS_AGG_MODES, ConfigBase, non_negative, one_of, positive
+from ._engine import FSDPConfig, MegatronConfig, OptimConfig, check_strategy, check_tp_divides
+from ._model import ModelConfig
+
+__all__ = [
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "BatchSizes",
+    "CriticConfig",
+    "RefConfig",
+    "RolloutConfig",
+]
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """Per-dp-rank batch sizes after normalisation by the dp size."""
+
+    mini_batch_size: int
+    micro_batch_size: int
+
+    @property
+    def grad_accumulation(self) -> int:
+        return self.mini_batch_size // self.micro_batch_size
+
+
+def normalize_batch_sizes(
+    owner: str, mini: int, n: int, micro: int, dp_size: int, mini_name: str, micro_name: str
+) -> BatchSizes:
+    if dp_size < 1:
+        raise ConfigError(f"{owner}: dp size must be positive, got {dp_size}")
+    total = mini * n
+    if total % dp_size:
+        raise ConfigError(
+            f"{owner}.{mini_name} {mini} (x rollout n {n} = {total} sequences) "
+            f"is not divisible by dp size {dp_size}"
+        )
+    per_rank = total // dp_size
+    if per_rank % micro:
+        raise ConfigError(
+            f"{owner}: per-rank mini-batch {per_rank} ({mini_name} {mini} x n {n} / dp size "
+            f"{dp_size}) is not divisible by {micro_name} {micro}"
+        )
+    return BatchSizes(per_rank, micro)
+
+
+@dataclass
+class ActorConfig(ConfigBase):
+    """The PPO actor (verl's ``actor_rollout_ref.actor``).
+
+    ``ppo_mini_batch_size`` counts prompts, as in verl: a mini-batch holds
+    ``ppo_mini_batch_size * rollout.n`` sequences, split over the dp ranks.
+    ``clip_ratio_low`` / ``clip_ratio_high`` default to ``clip_ratio``; ``clip_ratio_c`` is the
+    dual-clip bound for negative advantages (> 1).
+    """
+
+    _section: ClassVar[str] = "actor"
+
+    strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp"
+    ppo_mini_batch_size: int = 4
+    ppo_micro_batch_size_per_gpu: int = 2
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    data_loader_seed: int = 0
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+    def __post_init__(self) -> None:
+        o = self._section
+        check_strategy(o, self.strategy, self.megatron)
+        positive(
+            o,
+            ppo_mini_batch_size=self.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            ppo_epochs=self.ppo_epochs,
+            clip_ratio=self.clip_ratio,
+            grad_clip=self.grad_clip,
+        )
+        for name in ("clip_ratio_low", "clip_ratio_high"):
+            value = getattr(self, name)
+            if value is not None:
+                positive(o, **{name: value})
+        if self.clip_ratio_c <= 1.0:
+            raise ConfigError(
+                f"{o}.clip_ratio_c must be > 1.0 (dual clip), got {self.clip_ratio_c}"
+            )
+        one_of(o, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        one_of(o, "kl_loss_type", self.kl_loss_type, KL_TYPES)
+        non_negative(o, kl_loss_coef=self.kl_loss_coef)
+
+    @property
+    def cliprange_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def cliprange_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+    def normalized_batch_sizes(self, rollout_n: int, dp_size: int) -> BatchSizes:
+        """Per-rank mini- and micro-batch sizes; :class:`ConfigError` if they do not divide."""
+        return normalize_batch_sizes(
+            self._section,
+            self.ppo_mini_batch_size,
+            rollout_n,
+            self.ppo_micro_batch_size_per_gpu,
+            dp_size,
+            "ppo_mini_batch_size",
+            "ppo_micro_batch_size_per_gpu",
+        )
+
+
+@dataclass
+class RolloutConfig(ConfigBase):
+    """Sampling (verl's ``actor_rollout_ref.rollout``); an in-engine sampler, no vLLM.
+
+    ``top_k`` <= 0 and ``top_p`` 1.0 disable those filters. ``response_length`` is the
+    number of new tokens generated (responses are right-padded to it). ``n`` is the number
+    of samples per prompt: the trainer repeats the prompts (``batch.repeat(n,
+    interleave=True)``) before ``generate_sequences``; the actor uses it to size
+    mini-batches.
+    """
+
+    _section: ClassVar[str] = "rollout"
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True
+    response_length: int = 8
+    n: int = 1
+    log_prob_micro_batch_size_per_gpu: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        o = self._section
+        positive(
+            o,
+            temperature=self.temperature,
+            response_length=self.response_length,
+            n=self.n,
+            log_prob_micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu,
+        )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"{o}.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class RefConfig(ConfigBase):
+    """The reference policy (verl's ``actor_rollout_ref.ref``)."""
+
+    _section: ClassVar[str] = "ref"
+
+    strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp"
+    log_prob_micro_batch_size_per_gpu: int = 2
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+    def __post_init__(self) -> None:
+        check_strategy(self._section, self.strategy, self.megatron)
+        positive(
+            self._section, log_prob_micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu
+        )
+
+
+@dataclass
+class ActorRolloutRefConfig(ConfigBase):
+    """Everything :class:`ActorRolloutRefWorker` needs (verl's ``actor_rollout_ref``).
+
+    ``device`` "auto" picks CUDA when available (backend nccl) and CPU otherwise (gloo);
+    the environment variable ``SC_WORKERS_DEVICE`` overrides it. The actor and reference
+    model must use the same parallel layout (same strategy and tensor-parallel size).
+    """
+
+    _section: ClassVar[str] = "actor_rollout_ref"
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        one_of(self._section, "device", self.device, ("auto", "cpu", "cuda"))
+        a_tp = self.actor.megatron.tensor_model_parallel_size
+        r_tp = self.ref.megatron.tensor_model_parallel_size
+        if a_tp != r_tp:
+            raise ConfigError(
+                f"{self._section}: actor tensor_model_parallel_size {a_tp} differs from ref "
+                f"tensor_model_parallel_size {r_tp}; one worker has one mesh layout"
+            )
+        check_tp_divides(self._section, self.model, a_tp)
+
+
+@dataclass
+class CriticConfig(ConfigBase):
+    """The PPO critic (verl's ``critic``); ``rollout_n`` scales ``ppo_mini_batch_size``."""
+
+    _section: ClassVar[str] = "critic"
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp"
+    ppo_mini_batch_size: int = 4
+    ppo_micro_batch_size_per_gpu: int = 2
+    forward_micro_batch_size_per_gpu: int = 2
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    cliprange_value: float = 0.5
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    grad_clip: float = 1.0
+    rollout_n: int = 1
+    data_loader_seed: int = 0
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        o = self._section
+        check_strategy(o, self.strategy, self.megatron)
+        positive(
+            o,
+            ppo_mini_batch_size=self.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            forward_micro_batch_size_per_gpu=self.forward_micro_batch_size_per_gpu,
+            ppo_epochs=self.ppo_epochs,
+            cliprange_value=self.cliprange_value,
+            grad_clip=self.grad_clip,
+            rollout_n=self.rollout_n,
+        )
+        one_of(o, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        one_of(o, "device", self.device, ("auto", "cpu", "cuda"))
+        check_tp_divides(o, self.model, self.megatron.tensor_model_parallel_size)
+
+    def normalized_batch_sizes(self, dp_size: int) -> BatchSizes:
+        """Per-rank mini- and micro-batch sizes; :class:`ConfigError` if they do not divide."""
+        return normalize_batch_sizes(
+            self._section,
+            self.ppo_mini_batch_size,
+            self.rollout_n,
+            self.ppo_micro_batch_size_per_gpu,
+            dp_size,
+            "ppo_mini_batch_size",
+            "ppo_micro_batch_size_per_gpu",
+        )

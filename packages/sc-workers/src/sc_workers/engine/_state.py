@@ -1,0 +1,111 @@
+"""An engine's checkpoint state: this rank's shards of the model, optimizer and schedule as
+plain CPU tensors, with where each shard sits in the full tensor, and the way back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from .._errors import CheckpointError
+
+__all__ = ["chunk_of", "load_local_state_dict", "local_state_dict"]
+
+
+def chunk_of(param: Tensor) -> tuple[list[int], list[int]]:
+    """``(global_shape, offsets)``: where this rank's local block of ``param`` sits.
+
+    A DTensor shard (FSDP, TP, or both) is one rectangular block of the full tensor; the
+    checkpoint records it so that an offline export can reassemble full tensors.
+    """
+    if isinstance(param, DTensor):
+        # the DCP planner's hook; torch leaves it unannotated
+        chunks: list[Any] = param.__create_chunk_list__()  # type: ignore[no-untyped-call]
+        if len(chunks) != 1:  # pragma: no cover - DTensor keeps one local block per rank
+            raise CheckpointError(f"a DTensor with {len(chunks)} local chunks is not supported")
+        return list(param.shape), [int(o) for o in chunks[0].offsets]
+    return list(param.shape), [0] * param.dim()
+
+
+def _local(t: Tensor) -> Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def local_state_dict(
+    module: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: LambdaLR | None
+) -> dict[str, Any]:
+    """See :meth:`sc_workers.Engine.local_state_dict`."""
+    params = dict(module.named_parameters())
+    model = {name: _local(p.detach()).cpu().clone() for name, p in params.items()}
+    chunks = {name: chunk_of(p) for name, p in params.items()}
+    state: dict[str, Any] = {"model": model, "model_chunks": chunks}
+    if optimizer is not None and scheduler is not None:
+        optim = optimizer.state_dict()
+        optim["state"] = {
+            idx: {
+                k: (_local(v).cpu().clone() if isinstance(v, Tensor) else v)
+                for k, v in entry.items()
+            }
+            for idx, entry in optim["state"].items()
+        }
+        state["optim"] = optim
+        state["lr_scheduler"] = scheduler.state_dict()
+    return state
+
+
+def load_local_state_dict(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: LambdaLR | None,
+    state: dict[str, Any],
+    source: str,
+    rank: int,
+    device: torch.device,
+) -> None:
+    """See :meth:`sc_workers.Engine.load_local_state_dict`."""
+    params = dict(module.named_parameters())
+    saved: dict[str, Tensor] = state["model"]
+    if set(saved) != set(params):
+        missing = sorted(set(params) - set(saved))
+        extra = sorted(set(saved) - set(params))
+        raise CheckpointError(
+            f"rank {rank}: checkpoint {source} does not match the model: missing "
+            f"{missing[:5]}, unexpected {extra[:5]}"
+        )
+    with torch.no_grad():
+        for name, p in params.items():
+            local = _local(p)
+            if tuple(local.shape) != tuple(saved[name].shape):
+                raise CheckpointError(
+                    f"rank {rank}: checkpoint {source}: {name} has local shape "
+                    f"{tuple(saved[name].shape)}, the model has {tuple(local.shape)}"
+                )
+            local.copy_(saved[name])
+    if optimizer is None or scheduler is None:
+        return
+    if "optim" not in state:
+        raise CheckpointError(f"rank {rank}: checkpoint {source} has no optimizer state")
+    optim = dict(state["optim"])
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]
+    restored: dict[int, dict[str, Any]] = {}
+    for idx, entry in optim["state"].items():
+        param = ordered[int(idx)]
+        new_entry: dict[str, Any] = {}
+        for key, value in entry.items():
+            if isinstance(value, Tensor) and isinstance(param, DTensor) and key != "step":
+                value = DTensor.from_local(
+                    value.to(device),
+                    param.device_mesh,
+                    param.placements,
+                    run_check=False,
+                    shape=param.shape,
+                    stride=param.stride(),
+                )
+            new_entry[key] = value
+        restored[int(idx)] = new_entry
+    optim["state"] = restored
+    optimizer.load_state_dict(optim)
+    scheduler.load_state_dict(state["lr_scheduler"])
