@@ -218,7 +218,7 @@ def run_call(
             pad = pop_padding_size(d_kwargs) if d_kwargs else 0
         with span.phase("execute"):
             n = len(call.ranks)
-            dispatched = (tuple(d_args), d_kwargs)
+            dispatched = (tuple(d_args), dict(d_kwargs))  # before route adds anything
             target, d_args = route(group, name, dispatched[0], d_kwargs, n)
             rank_args = (
                 [(d_args, d_kwargs)] if rank_zero else per_rank_arguments(n, d_args, d_kwargs)
@@ -232,11 +232,7 @@ def run_call(
         with span.phase("collect"):
             try:
                 joined = outputs[0] if rank_zero else outputs
-                if getattr(spec, "collect_sees_dispatch", False):
-                    collect: Any = spec.collect_fn
-                    result = collect(group, joined, dispatched=dispatched)
-                else:
-                    result = spec.collect_fn(group, joined)
+                result = spec.collect(group, joined, dispatched)
                 if pad and spec.unpad_output:
                     result = unpad_output(result, pad)
             except DispatchError as exc:
