@@ -248,6 +248,13 @@ def print_table(results: dict[str, Any]) -> None:
     print("\n" + "\n".join(lines), flush=True)
 
 
+def _section_start() -> dict[str, Any]:
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
 def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -301,9 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         "cluster": {"num_cpus": CLUSTER_CPUS, "actor_cpus": ACTOR_CPUS},
     }
     t0 = time.perf_counter()
+    sections: dict[str, Any] = {}
+    results["sections"] = sections  # when and under what load each section ran
     if "imports" not in args.skip:
+        sections["imports"] = _section_start()
         results["imports"] = bench_imports(import_repeats)
+        sections["imports"]["loadavg_at_end"] = list(os.getloadavg())
     if "workers" not in args.skip:
+        sections["workers"] = _section_start()
         ray.init(
             address="local", num_cpus=CLUSTER_CPUS, include_dashboard=False, log_to_driver=False
         )
@@ -312,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             results["workers"] = bench_workers(counts, repeats, variants, 1.0 if q else 2.0)
         finally:
             ray.shutdown()
+        sections["workers"]["loadavg_at_end"] = list(os.getloadavg())
     results["wall_s"] = time.perf_counter() - t0
     results["machine"]["loadavg_at_end"] = list(os.getloadavg())
     if args.out.is_file():  # keep the sections this run skipped
@@ -319,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         for section in args.skip:
             if section in old:
                 results[section] = old[section]
-                results.setdefault("kept_from_earlier_run", {})[section] = old.get("date")
+                kept = old.get("sections", {}).get(section, {"date": old.get("date")})
+                sections[section] = {**kept, "kept_from_earlier_run": True}
     print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
