@@ -20,7 +20,9 @@ actors of the same cluster:
   above to 3 others (a reshard); bytes the driver fetched and put, from the call spans
   (target: fetched < 1 MiB);
 * ``startup``: 8 workers importing torch vs 8 bare actors importing torch, ``--startup-rounds``
-  (2) of each in ABBA order, mean times (target <= 1.3).
+  (2) of each in ABBA order, mean times (target <= 1.3). This worker never touches a
+  DataProto: ``bench_startup.py`` measures a realistic one (sc-protocol, tensordict and a
+  first ``DP_COMPUTE_PROTO`` call) against bare actors.
 
 The candidates take turns within each repeat, so that drift in the load of a shared machine
 hits them alike. ``--quick`` is a smoke run with tiny sizes and few repeats (about a minute);

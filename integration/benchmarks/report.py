@@ -3,10 +3,11 @@
     uv run python integration/benchmarks/report.py
     uv run python integration/benchmarks/report.py --results /tmp --png /tmp/benchmarks.png
 
-Reads ``ray.json`` (bench_ray.py) and ``protocol.json`` (bench_protocol.py) from
-``--results`` (either may be missing), prints one table of every figure with its ratio against
-the baseline of the same run and the goal (``--markdown`` prints it as a Markdown table), and
-draws ``benchmarks.png`` there (``--png`` to write it elsewhere).
+Reads ``ray.json`` (bench_ray.py), ``protocol.json`` (bench_protocol.py) and ``startup.json``
+(bench_startup.py) from ``--results`` (any may be missing), prints one table of every figure
+with its ratio against the baseline of the same run and the goal (``--markdown`` prints it as a
+Markdown table), and draws ``benchmarks.png`` there (``--png`` to write it elsewhere) from the
+first two.
 """
 
 from __future__ import annotations
@@ -181,6 +182,47 @@ def ray_rows(ray: dict[str, Any]) -> list[Row]:
     return rows
 
 
+_STARTUP_LABELS = {
+    "torch": "bare actors importing torch (baseline)",
+    "tensordict": "bare actors importing torch, tensordict",
+    "bare_proto": "bare actors importing sc_protocol, DataProto echo",
+    "sc_proto": "sc-ray group, first DP_COMPUTE_PROTO call",
+    "sc_proto_eager": "  the same, tensordict imported plainly",
+}
+
+
+def startup_rows(s: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for imp in s.get("imports", []):
+        rows.append(
+            (
+                f"python -c 'import {imp['imports']}' (CPU)",
+                f"{imp['cpu_s']['median']:.2f} s",
+                "",
+                f"{imp['cpu_over_torch']:.2f}x torch's CPU",
+                "",
+                None,
+            )
+        )
+    for row in s.get("workers", []):
+        n = int(row["workers"])
+        base = row["variants"]["torch"]["s"]["median"]
+        for variant, e in row["variants"].items():
+            goal = variant == "sc_proto"
+            ratio = e["ratio"]["median"]
+            rows.append(
+                (
+                    f"start-up, {n} workers: {_STARTUP_LABELS.get(variant, variant)}",
+                    f"{e['s']['median']:.1f} s ({e['s']['min']:.1f}-{e['s']['max']:.1f})",
+                    f"torch {base:.1f} s",
+                    f"{ratio:.2f}x ({e['ratio']['min']:.2f}-{e['ratio']['max']:.2f})",
+                    "<= 1.3x" if goal else "",
+                    ratio <= 1.3 if goal else None,
+                )
+            )
+    return rows
+
+
 def _met(flag: bool | None) -> str:
     return "" if flag is None else ("met" if flag else "NOT MET")
 
@@ -317,11 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ray = _load(args.results / "ray.json")
     proto = _load(args.results / "protocol.json")
-    if ray is None and proto is None:
-        parser.error(f"no ray.json or protocol.json in {args.results}")
+    startup = _load(args.results / "startup.json")
+    if ray is None and proto is None and startup is None:
+        parser.error(f"no ray.json, protocol.json or startup.json in {args.results}")
     for name, data, rows in (
         ("sc-protocol", proto, protocol_rows),
         ("sc-ray", ray, ray_rows),
+        ("worker start-up", startup, startup_rows),
     ):
         if data is not None:
             quick = " (--quick smoke run: figures mean nothing)" if data.get("quick") else ""
@@ -332,9 +376,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{load_text}{quick}"
             )
             print_table(title, rows(data), args.markdown)
-    png = args.png or args.results / "benchmarks.png"
-    plot(ray, proto, png)
-    print(f"\nwrote {png}")
+    if ray is not None or proto is not None:
+        png = args.png or args.results / "benchmarks.png"
+        plot(ray, proto, png)
+        print(f"\nwrote {png}")
     return 0
 
 

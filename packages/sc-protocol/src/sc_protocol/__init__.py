@@ -3,11 +3,13 @@
 Importing this package registers DataProto, TensorDict and DataProtoFuture with
 sc-dispatch, so that every splitting dispatch mode and the N-d mesh dispatch take them.
 The exception tree is drawn in :mod:`sc_protocol._errors`; serialization is described in
-:mod:`sc_protocol._serialize`.
+:mod:`sc_protocol._serialize`. tensordict is imported first, without ``torch._dynamo``
+(:mod:`sc_protocol._tensordict`), which keeps the start-up of a worker process short.
 """
 
 from sc_dispatch import register_future_resolver
 
+from . import _tensordict  # noqa: F401  (first: tensordict without torch._dynamo)
 from ._adapters import (
     DataProtoAdapter,
     DataProtoFutureAdapter,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sc_dispatch import Setting, parse_bool
 
-__all__ = ["AUTO_PADDING", "COPY_READONLY_BUFFERS", "SETTINGS"]
+__all__ = ["AUTO_PADDING", "COPY_READONLY_BUFFERS", "EAGER_DYNAMO", "SETTINGS"]
 
 AUTO_PADDING: Setting[bool] = Setting(
     "SC_PROTOCOL_AUTO_PADDING",
@@ -23,4 +23,13 @@ COPY_READONLY_BUFFERS: Setting[bool] = Setting(
     deprecated=("SC_COPY_READONLY_BUFFERS",),
 )
 
-SETTINGS: tuple[Setting[object], ...] = (AUTO_PADDING, COPY_READONLY_BUFFERS)
+EAGER_DYNAMO: Setting[bool] = Setting(
+    "SC_PROTOCOL_EAGER_DYNAMO",
+    parse_bool,
+    False,
+    "import tensordict as it is, torch._dynamo included (by default sc_protocol defers "
+    "tensordict's torch.compile marks until something imports torch._dynamo: a worker "
+    "process starts about twice as fast)",
+)
+
+SETTINGS: tuple[Setting[object], ...] = (AUTO_PADDING, COPY_READONLY_BUFFERS, EAGER_DYNAMO)
