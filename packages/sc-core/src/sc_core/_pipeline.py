@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from sc_dispatch import DispatchError, Execute, pop_padding_size, unpad_output
 
 from ._backend import CallHandle, RankArgs
-from ._busy import describe_busy
+from ._busy import AbandonedCall, describe_busy
 from ._call import Call
 from ._errors import CallTimeoutError, WorkerDiedError, WorkerError, WorkerGroupError
 
@@ -148,35 +148,43 @@ def give_up(group: WorkerGroup, handle: CallHandle, exc: BaseException) -> None:
         )
 
 
-@contextlib.contextmanager
-def running(group: WorkerGroup, call: Call) -> Iterator[None]:
-    """Refuse ``call`` if it touches dead ranks, warn if it waits behind busy ranks, and
-    finish its span (with the error, if any) when it ends."""
+def _waiting_behind(group: WorkerGroup, call: Call) -> dict[int, AbandonedCall]:
+    """The call's ranks still busy with an abandoned call (logged: the call waits)."""
     liveness = group._liveness
-    waiting_behind = (
-        liveness.busy.current(group._sc_backend(call.method_name).is_done, call.ranks)
-        if liveness.busy
-        else {}
-    )
-    if waiting_behind:
+    if not liveness.busy:
+        return {}
+    waiting = liveness.busy.current(group._sc_backend(call.method_name).is_done, call.ranks)
+    if waiting:
         logger.warning(
             "worker group %s: %s waits on ranks %s, %s",
             group.name_prefix,
             call.method_name,
-            sorted(waiting_behind),
-            describe_busy(waiting_behind),
+            sorted(waiting),
+            describe_busy(waiting),
         )
+    return waiting
+
+
+def _finish_failed(call: Call, exc: BaseException, waiting: dict[int, AbandonedCall]) -> None:
+    """Say in a timeout's message which ranks were busy when the call started; end the span."""
+    if waiting and isinstance(exc, CallTimeoutError):
+        add_note(
+            exc,
+            f"When this call started, ranks {sorted(waiting)} were {describe_busy(waiting)}.",
+        )
+    call.span.finish(exc)
+
+
+@contextlib.contextmanager
+def running(group: WorkerGroup, call: Call) -> Iterator[None]:
+    """Refuse ``call`` if it touches dead ranks, warn if it waits behind busy ranks, and
+    finish its span (with the error, if any) when it ends."""
+    waiting = _waiting_behind(group, call)
     try:
-        liveness.check_alive(call)
+        group._liveness.check_alive(call)
         yield
     except BaseException as exc:
-        if waiting_behind and isinstance(exc, CallTimeoutError):
-            add_note(
-                exc,
-                f"When this call started, ranks {sorted(waiting_behind)} were "
-                f"{describe_busy(waiting_behind)}.",
-            )
-        call.span.finish(exc)
+        _finish_failed(call, exc, waiting)
         raise
     call.span.finish(None)
 
@@ -208,7 +216,9 @@ def run_call(
     backend = group._sc_backend(name)
     call = new_call(group, name, attrs.execute_mode, blocking, timeout, spec.joins_shards)
     span = call.span
-    with running(group, call):
+    waiting = _waiting_behind(group, call)
+    try:
+        group._liveness.check_alive(call)
         with span.phase("dispatch"):
             try:
                 d_args, d_kwargs = spec.dispatch_fn(group, *args, **kwargs)
@@ -237,7 +247,11 @@ def run_call(
                     result = unpad_output(result, pad)
             except DispatchError as exc:
                 reraise_with_method(exc, proxy.__qualname__)
-        return result
+    except BaseException as exc:
+        _finish_failed(call, exc, waiting)
+        raise
+    span.finish(None)
+    return result
 
 
 def add_note(exc: BaseException, note: str) -> None:

@@ -114,6 +114,19 @@ class CallSpan:
         _notify(self)
 
 
+class _NullPhase:
+    """A ``with`` block that records nothing (cheaper than a generator context manager)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_PHASE = _NullPhase()
+
+
 class _NullSpan(CallSpan):
     """The span of a call made while nothing observes spans: it records nothing, so that
     an unobserved call pays for no clock reads or locks."""
@@ -122,9 +135,10 @@ class _NullSpan(CallSpan):
     def recording(self) -> bool:
         return False
 
-    @contextlib.contextmanager
-    def phase(self, name: str, rank: int | None = None) -> Iterator[None]:
-        yield
+    def phase(  # type: ignore[override]  # a plain context manager, not a generator one
+        self, name: str, rank: int | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        return _NULL_PHASE
 
     def add_phase(self, name: str, start: float, end: float, rank: int | None = None) -> None:
         return None
