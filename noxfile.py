@@ -66,6 +66,19 @@ def typecheck(session: nox.Session, dist: str) -> None:
 
 
 @nox.session
+@nox.parametrize("dist", PACKAGE_PARAMS)
+def api(session: nox.Session, dist: str) -> None:
+    """Breaking changes to the public API since the last release must be in the CHANGELOG.
+
+    griffe compares ``packages/<dist>/src`` with the baseline ``api/<dist>.json`` (the last
+    release); each breaking change must be named in the ``## Unreleased`` section of the
+    package's CHANGELOG.md. ``python api/sc_api.py baseline --ref <tag>`` renews the baselines.
+    """
+    _sync(session, "--only-group", "api")
+    session.run("python", os.path.join("api", "sc_api.py"), "check", dist)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole workspace."""
     _sync(session, "--only-group", "lint")
