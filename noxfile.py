@@ -47,10 +47,13 @@ OLDEST_PYTHON = SUPPORTED_PYTHONS[0]
 with open(os.path.join(ROOT, ".python-version"), encoding="utf-8") as _fh:
     WORKSPACE_PYTHON = _fh.read().strip()
 OTHER_PYTHONS = [v for v in SUPPORTED_PYTHONS if v not in (OLDEST_PYTHON, WORKSPACE_PYTHON)]
-#: what lowest(<dist>) and pythons-<version>(<dist>) run: the tests without the slow ones, or
-#: for sc-ray (whose tests start Ray clusters) the modules that cover its calls fastest
+#: what lowest(<dist>) and pythons-<version>(<dist>) run: pytest arguments relative to the
+#: package's tests/ folder. By default the tests not marked slow; for sc-ray (whose tests start
+#: Ray clusters) the modules that cover its calls fastest; for sc-workers without the
+#: checkpoint module that kills a child process at every filesystem step of a save.
 QUICK_TESTS: dict[str, list[str]] = {
     "sc-ray": ["test_ray_unit.py", "test_ray_worker_group.py"],
+    "sc-workers": [".", "-m", "not slow", "--ignore={tests}/test_workers_checkpoint_atomic.py"],
 }
 
 
@@ -183,11 +186,15 @@ def api(session: nox.Session, dist: str) -> None:
 
 
 def _quick_tests(dist: str) -> list[str]:
-    """pytest arguments for the fast subset of ``dist``'s tests (see QUICK_TESTS)."""
+    """pytest arguments for the fast subset of ``dist``'s tests (see QUICK_TESTS): options
+    (``-m``, ``--ignore=...``) as they are, other arguments as paths under its tests/."""
     tests = os.path.join(_package_dir(dist), "tests")
-    if dist in QUICK_TESTS:
-        return [os.path.join(tests, name) for name in QUICK_TESTS[dist]]
-    return [tests, "-m", "not slow"]
+    args = QUICK_TESTS.get(dist, [".", "-m", "not slow"])
+    out: list[str] = []
+    for prev, arg in zip(["", *args[:-1]], args, strict=True):
+        is_option = arg.startswith("-") or prev == "-m"
+        out.append(arg.format(tests=tests) if is_option else os.path.normpath(f"{tests}/{arg}"))
+    return out
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["lowest", "guards"])
