@@ -49,10 +49,15 @@ with open(os.path.join(ROOT, ".python-version"), encoding="utf-8") as _fh:
 OTHER_PYTHONS = [v for v in SUPPORTED_PYTHONS if v not in (OLDEST_PYTHON, WORKSPACE_PYTHON)]
 #: what lowest(<dist>) and pythons-<version>(<dist>) run: pytest arguments relative to the
 #: package's tests/ folder. By default the tests not marked slow; for sc-ray (whose tests start
-#: Ray clusters) the modules that cover its calls fastest; for sc-workers without the
-#: checkpoint module that kills a child process at every filesystem step of a save.
+#: Ray clusters) the cluster-free module and two tests of calls and their errors on actors;
+#: for sc-workers all but the checkpoint module that kills a child process at every
+#: filesystem step of a save.
 QUICK_TESTS: dict[str, list[str]] = {
-    "sc-ray": ["test_ray_unit.py", "test_ray_worker_group.py"],
+    "sc-ray": [
+        "test_ray_unit.py",
+        "test_ray_worker_group.py::test_calls_blocking_and_not",
+        "test_ray_worker_group.py::test_errors_deadlines_and_dead_workers",
+    ],
     "sc-workers": [".", "-m", "not slow", "--ignore={tests}/test_workers_checkpoint_atomic.py"],
 }
 
