@@ -20,6 +20,7 @@ import glob
 import os
 import re
 import sys
+from typing import Any
 
 import nox
 
@@ -62,25 +63,24 @@ QUICK_TESTS: dict[str, list[str]] = {
 }
 
 
-def _pyproject(path: str) -> dict[str, object]:
+def _pyproject(path: str) -> dict[str, Any]:
     with open(os.path.join(ROOT, path, "pyproject.toml"), "rb") as fh:
-        return tomllib.load(fh)
+        data: dict[str, Any] = tomllib.load(fh)
+    return data
 
 
 _ROOT_PYPROJECT = _pyproject(".")
 #: the root [dependency-groups] test group, as requirements (lowest(<dist>) installs them
 #: without the lock)
 TEST_REQUIREMENTS: list[str] = [
-    req
-    for req in _ROOT_PYPROJECT["dependency-groups"]["test"]
-    if isinstance(req, str)  # type: ignore[index]
+    req for req in _ROOT_PYPROJECT["dependency-groups"]["test"] if isinstance(req, str)
 ]
 
 
 def _members() -> list[str]:
     """The workspace members, as directories relative to the root, in pyproject order."""
     found: list[str] = []
-    for pattern in _ROOT_PYPROJECT["tool"]["uv"]["workspace"]["members"]:  # type: ignore[index]
+    for pattern in _ROOT_PYPROJECT["tool"]["uv"]["workspace"]["members"]:
         for path in sorted(glob.glob(pattern, root_dir=ROOT)):
             if os.path.isfile(os.path.join(ROOT, path, "pyproject.toml")):
                 found.append(path.replace(os.sep, "/"))
@@ -95,8 +95,9 @@ if _missing:
     raise RuntimeError(f"noxfile: add {_missing} to PACKAGES (in dependency order)")
 
 
-def _project(member: str) -> dict[str, object]:
-    return _pyproject(member)["project"]  # type: ignore[return-value]
+def _project(member: str) -> dict[str, Any]:
+    project: dict[str, Any] = _pyproject(member)["project"]
+    return project
 
 
 def _workspace_deps(dist: str) -> list[str]:
@@ -104,7 +105,7 @@ def _workspace_deps(dist: str) -> list[str]:
     needed: set[str] = set()
     todo = [dist]
     while todo:
-        for req in _project(f"packages/{todo.pop()}").get("dependencies", []):  # type: ignore[attr-defined]
+        for req in _project(f"packages/{todo.pop()}").get("dependencies", []):
             name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
             if name in PACKAGES and name not in needed:
                 needed.add(name)
@@ -261,7 +262,7 @@ def _member_sessions(member: str) -> None:
     """
     name = str(_project(member)["name"])
     tags = [name, "members"]
-    config = _pyproject(member).get("tool", {}).get("mypy")  # type: ignore[attr-defined]
+    config = _pyproject(member).get("tool", {}).get("mypy")
     typing_tests = os.path.join(member, "typing_tests")
     has_typing_tests = os.path.isdir(os.path.join(ROOT, typing_tests))
 
