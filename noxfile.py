@@ -5,23 +5,133 @@ package, its declared dependencies and a root tooling group, from the lock
 (``uv sync --locked --package <dist>``), so an import the package does not declare fails
 there; ``tests(<dist>)`` adds the extras in ``TEST_EXTRAS`` (sc-workers' ``hf``), so that
 the code behind them is tested. ``uv run nox -t <dist>`` runs one package's sessions.
+
+The release guards (docs/guides/contributing.md): ``api(<dist>)`` (breaking changes are in
+the CHANGELOG), ``lowest(<dist>)`` (the lowest declared dependency versions, on the oldest
+Python), ``pythons-<version>(<dist>)`` (the other supported Pythons, from the lock).
+
+The other workspace members (integration/, integration/sc-ext-roundrobin/) get their
+sessions generated from the root pyproject's ``[tool.uv.workspace] members``.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import re
+import sys
+from typing import Any
 
 import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - nox runs on the workspace's 3.11; pytest brings tomli on 3.10
+    import tomli as tomllib
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
 PACKAGES = ["sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-workers"]
 PACKAGE_PARAMS = [nox.param(dist, id=dist, tags=[dist]) for dist in PACKAGES]
 #: extras a package's tests install, so that the code behind them is tested (sc-workers' hf
 #: tests fail rather than skip in that session when transformers is missing)
 TEST_EXTRAS = {"sc-workers": ["hf"]}
+
+#: the Pythons the packages support (their classifiers; requires-python is >=3.10). The
+#: oldest runs lowest(<dist>), the workspace's own (.python-version) runs tests(<dist>), the
+#: others run pythons-<version>(<dist>).
+SUPPORTED_PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+OLDEST_PYTHON = SUPPORTED_PYTHONS[0]
+with open(os.path.join(ROOT, ".python-version"), encoding="utf-8") as _fh:
+    WORKSPACE_PYTHON = _fh.read().strip()
+OTHER_PYTHONS = [v for v in SUPPORTED_PYTHONS if v not in (OLDEST_PYTHON, WORKSPACE_PYTHON)]
+#: what lowest(<dist>) and pythons-<version>(<dist>) run: pytest arguments relative to the
+#: package's tests/ folder. By default the tests not marked slow; for sc-ray (whose tests start
+#: Ray clusters) the cluster-free module and two tests of calls and their errors on actors;
+#: for sc-workers all but the checkpoint module that kills a child process at every
+#: filesystem step of a save.
+QUICK_TESTS: dict[str, list[str]] = {
+    "sc-ray": [
+        "test_ray_unit.py",
+        "test_ray_worker_group.py::test_calls_blocking_and_not",
+        "test_ray_worker_group.py::test_errors_deadlines_and_dead_workers",
+    ],
+    "sc-workers": [".", "-m", "not slow", "--ignore={tests}/test_workers_checkpoint_atomic.py"],
+}
+
+
+def _pyproject(path: str) -> dict[str, Any]:
+    with open(os.path.join(ROOT, path, "pyproject.toml"), "rb") as fh:
+        data: dict[str, Any] = tomllib.load(fh)
+    return data
+
+
+_ROOT_PYPROJECT = _pyproject(".")
+#: the root [dependency-groups] test group, as requirements (lowest(<dist>) installs them
+#: without the lock)
+TEST_REQUIREMENTS: list[str] = [
+    req for req in _ROOT_PYPROJECT["dependency-groups"]["test"] if isinstance(req, str)
+]
+
+
+def _members() -> list[str]:
+    """The workspace members, as directories relative to the root, in pyproject order."""
+    found: list[str] = []
+    for pattern in _ROOT_PYPROJECT["tool"]["uv"]["workspace"]["members"]:
+        for path in sorted(glob.glob(pattern, root_dir=ROOT)):
+            if os.path.isfile(os.path.join(ROOT, path, "pyproject.toml")):
+                found.append(path.replace(os.sep, "/"))
+    return found
+
+
+MEMBERS = _members()
+_missing = sorted(
+    {m.removeprefix("packages/") for m in MEMBERS if m.startswith("packages/")} - set(PACKAGES)
+)
+if _missing:
+    raise RuntimeError(f"noxfile: add {_missing} to PACKAGES (in dependency order)")
+
+
+def _project(member: str) -> dict[str, Any]:
+    project: dict[str, Any] = _pyproject(member)["project"]
+    return project
+
+
+def _workspace_deps(dist: str) -> list[str]:
+    """The workspace packages ``dist`` needs, directly or not, in PACKAGES order."""
+    needed: set[str] = set()
+    todo = [dist]
+    while todo:
+        for req in _project(f"packages/{todo.pop()}").get("dependencies", []):
+            name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
+            if name in PACKAGES and name not in needed:
+                needed.add(name)
+                todo.append(name)
+    return [p for p in PACKAGES if p in needed]
+
+
+def _expose_pyenv_pythons() -> None:
+    """Let every supported Python be found through pyenv's shims.
+
+    pyenv's ``python3.12`` shim fails unless 3.12 is a selected version, and uv and nox stop
+    at that failing shim. With no ``PYENV_VERSION`` set, select the workspace's Python first
+    (so ``python`` stays what it was), then the other supported ones that pyenv has.
+    """
+    versions = os.path.join(
+        os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv")), "versions"
+    )
+    if "PYENV_VERSION" in os.environ or not os.path.isdir(versions):
+        return
+    installed = [v for v in SUPPORTED_PYTHONS if glob.glob(f"{v}.*", root_dir=versions)]
+    if WORKSPACE_PYTHON in installed:
+        installed.remove(WORKSPACE_PYTHON)
+        os.environ["PYENV_VERSION"] = ":".join([WORKSPACE_PYTHON, *installed])
+
+
+_expose_pyenv_pythons()
 
 
 def _sync(session: nox.Session, *args: str) -> None:
@@ -32,6 +142,9 @@ def _sync(session: nox.Session, *args: str) -> None:
         "--locked",
         "--no-default-groups",
         "--exact",
+        # the session's Python, not the workspace's .python-version
+        "--python",
+        session.virtualenv.location,
         *args,
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
         external=True,
@@ -65,6 +178,57 @@ def typecheck(session: nox.Session, dist: str) -> None:
     session.run("mypy", "--strict", os.path.join(pkg, "src"), os.path.join(pkg, "tests"))
 
 
+@nox.session(tags=["guards"])
+@nox.parametrize("dist", PACKAGE_PARAMS)
+def api(session: nox.Session, dist: str) -> None:
+    """Breaking changes to the public API since the last release must be in the CHANGELOG.
+
+    griffe compares ``packages/<dist>/src`` with the baseline ``api/<dist>.json`` (the last
+    release); each breaking change must be named in the ``## Unreleased`` section of the
+    package's CHANGELOG.md. ``python api/sc_api.py baseline --ref <tag>`` renews the baselines.
+    """
+    _sync(session, "--only-group", "api")
+    session.run("python", os.path.join("api", "sc_api.py"), "check", dist)
+
+
+def _quick_tests(dist: str) -> list[str]:
+    """pytest arguments for the fast subset of ``dist``'s tests (see QUICK_TESTS): options
+    (``-m``, ``--ignore=...``) as they are, other arguments as paths under its tests/."""
+    tests = os.path.join(_package_dir(dist), "tests")
+    args = QUICK_TESTS.get(dist, [".", "-m", "not slow"])
+    out: list[str] = []
+    for prev, arg in zip(["", *args[:-1]], args, strict=True):
+        is_option = arg.startswith("-") or prev == "-m"
+        out.append(arg.format(tests=tests) if is_option else os.path.normpath(f"{tests}/{arg}"))
+    return out
+
+
+@nox.session(python=OLDEST_PYTHON, tags=["lowest", "guards"])
+@nox.parametrize("dist", [nox.param(dist, id=dist) for dist in PACKAGES])
+def lowest(session: nox.Session, dist: str) -> None:
+    """Quick tests at the lowest dependency versions allowed, on the oldest Python.
+
+    Not from the lock: ``uv pip install --resolution lowest-direct`` of the package (with
+    its tested extras), the workspace packages it needs and the root ``test`` group, so each
+    lower bound it declares is one that works.
+    """
+    extras = ",".join(TEST_EXTRAS.get(dist, []))
+    target = _package_dir(dist) + (f"[{extras}]" if extras else "")
+    siblings = [arg for dep in _workspace_deps(dist) for arg in ("-e", _package_dir(dep))]
+    session.install("--resolution", "lowest-direct", *siblings, "-e", target, *TEST_REQUIREMENTS)
+    session.run("uv", "pip", "list", silent=False, external=True)
+    session.run("pytest", *_quick_tests(dist), *session.posargs, env={"SC_ISOLATED_PACKAGE": dist})
+
+
+@nox.session(python=OTHER_PYTHONS, tags=["pythons", "guards"])
+@nox.parametrize("dist", [nox.param(dist, id=dist) for dist in PACKAGES])
+def pythons(session: nox.Session, dist: str) -> None:
+    """The package's quick tests on each other supported Python, from the lock."""
+    extras = [arg for extra in TEST_EXTRAS.get(dist, []) for arg in ("--extra", extra)]
+    _sync(session, "--package", dist, "--group", "test", *extras)
+    session.run("pytest", *_quick_tests(dist), *session.posargs, env={"SC_ISOLATED_PACKAGE": dist})
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole workspace."""
@@ -82,48 +246,63 @@ def docs(session: nox.Session) -> None:
     )
 
 
-@nox.session
-def integration(session: nox.Session) -> None:
-    """Cross-package tests: the trainer on Ray and locally, Ray-assembled workers."""
-    _sync(session, "--package", "sc-integration", "--group", "test")
-    session.run("pytest", os.path.join("integration", "tests"), *session.posargs)
+#: a member's tests session keeps the name docs and CI already use
+TEST_SESSION_NAMES = {"sc-integration": "integration"}
 
 
-@nox.session(name="typecheck(sc-integration)", tags=["sc-integration"])
-def typecheck_integration(session: nox.Session) -> None:
-    """mypy --strict on the trainer and the sc-demo command."""
-    _sync(session, "--package", "sc-integration", "--group", "typecheck")
-    session.run(
-        "mypy", "--strict", os.path.join("integration", "src"), os.path.join("integration", "tests")
+def _member_sessions(member: str) -> None:
+    """Register ``tests(<name>)`` and ``typecheck(<name>)`` for a workspace member that is
+    not a released package (integration/, integration/sc-ext-roundrobin/).
+
+    tests: pytest on ``<member>/tests`` with only the member's dependencies, and
+    ``SC_ISOLATED_PACKAGE=<name>``. typecheck: mypy --strict on ``<member>/src`` and
+    ``<member>/tests``, with ``--config-file <member>/pyproject.toml`` when that file has a
+    ``[tool.mypy]`` table (sc-core's plugin, for instance), then pytest on
+    ``<member>/typing_tests`` when the member has them.
+    """
+    name = str(_project(member)["name"])
+    tags = [name, "members"]
+    config = _pyproject(member).get("tool", {}).get("mypy")
+    typing_tests = os.path.join(member, "typing_tests")
+    has_typing_tests = os.path.isdir(os.path.join(ROOT, typing_tests))
+
+    def tests_session(session: nox.Session) -> None:
+        _sync(session, "--package", name, "--group", "test")
+        session.run(
+            "pytest",
+            os.path.join(member, "tests"),
+            *session.posargs,
+            env={"SC_ISOLATED_PACKAGE": name},
+        )
+
+    def typecheck_session(session: nox.Session) -> None:
+        groups = ["--group", "typecheck", *(["--group", "test"] if has_typing_tests else [])]
+        _sync(session, "--package", name, *groups)
+        config_args = ["--config-file", os.path.join(member, "pyproject.toml")] if config else []
+        session.run(
+            "mypy",
+            "--strict",
+            *config_args,
+            os.path.join(member, "src"),
+            os.path.join(member, "tests"),
+        )
+        if has_typing_tests:
+            session.run("pytest", typing_tests)
+
+    tests_session.__doc__ = f"{member}'s tests, with only {name}'s dependencies installed."
+    typecheck_session.__doc__ = (
+        f"mypy --strict on {member}"
+        + (" with its pyproject's [tool.mypy]" if config else "")
+        + (" and its typing_tests" if has_typing_tests else "")
+        + "."
     )
+    nox.session(name=TEST_SESSION_NAMES.get(name, f"tests({name})"), tags=tags)(tests_session)
+    nox.session(name=f"typecheck({name})", tags=tags)(typecheck_session)
 
 
-EXTENSION_DIR = os.path.join("integration", "sc-ext-roundrobin")
-
-
-@nox.session(name="tests(sc-ext-roundrobin)", tags=["sc-ext-roundrobin", "extension"])
-def tests_ext_roundrobin(session: nox.Session) -> None:
-    """The downstream extension's tests, with only sc-dispatch and sc-core installed."""
-    _sync(session, "--package", "sc-ext-roundrobin", "--group", "test")
-    session.run(
-        "pytest",
-        os.path.join(EXTENSION_DIR, "tests"),
-        *session.posargs,
-        env={"SC_ISOLATED_PACKAGE": "sc-ext-roundrobin"},
-    )
-
-
-@nox.session(name="typecheck(sc-ext-roundrobin)", tags=["sc-ext-roundrobin", "extension"])
-def typecheck_ext_roundrobin(session: nox.Session) -> None:
-    """mypy --strict with sc-core's plugin (its pyproject's [tool.mypy]) on the extension."""
-    _sync(session, "--package", "sc-ext-roundrobin", "--group", "typecheck")
-    session.run(
-        "mypy",
-        "--config-file",
-        os.path.join(EXTENSION_DIR, "pyproject.toml"),
-        os.path.join(EXTENSION_DIR, "src"),
-        os.path.join(EXTENSION_DIR, "tests"),
-    )
+for _member in MEMBERS:
+    if not _member.startswith("packages/"):
+        _member_sessions(_member)
 
 
 @nox.session(tags=["typing"])
