@@ -24,8 +24,8 @@ actors of the same cluster:
   DataProto: ``bench_startup.py`` measures a realistic one (sc-protocol, tensordict and a
   first ``DP_COMPUTE_PROTO`` call) against bare actors.
 
-The candidates take turns within each repeat, so that drift in the load of a shared machine
-hits them alike. ``--quick`` is a smoke run with tiny sizes and few repeats (about a minute);
+The candidates take turns within each repeat, in an order reversed every other repeat, so
+that drift in the load of a shared machine hits them alike and neither always runs first. ``--quick`` is a smoke run with tiny sizes and few repeats (about a minute);
 its figures mean nothing. ``integration/benchmarks/report.py`` prints the combined table and
 draws the plot from the JSON files.
 """
@@ -130,10 +130,12 @@ def _group(cls: type, n: int) -> RayWorkerGroup:
 
 
 def _median_times(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Median wall time of each function; the functions take turns."""
+    """Median wall time of each function; the functions take turns, in an order reversed
+    every other repeat (ABBA), so that neither always runs right after the other."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    forward = list(fns.items())
+    for i in range(repeat):
+        for name, fn in forward if i % 2 == 0 else forward[::-1]:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
