@@ -46,9 +46,11 @@ def test_a_call_that_waits_behind_an_abandoned_one_says_so(
     with group((2,)) as wg:
         with pytest.raises(CallTimeoutError):
             wg.wait_for.options(timeout=0.05)([0], release)
-        with caplog.at_level("WARNING", logger="sc_core.worker_group"):
-            with pytest.raises(CallTimeoutError) as info:
-                wg.wait_for.options(timeout=0.05)([], release)
+        with (
+            caplog.at_level("WARNING", logger="sc_core.worker_group"),
+            pytest.raises(CallTimeoutError) as info,
+        ):
+            wg.wait_for.options(timeout=0.05)([], release)
         assert "When this call started, ranks [0, 1] were still running" in str(info.value)
         assert any("waits on ranks [0, 1]" in r.getMessage() for r in caplog.records)
         release.set()
