@@ -325,5 +325,8 @@ def _hsdp_and_resume(actor: Any, mine: dict[str, torch.Tensor], out: Path) -> di
     result["resume_weights_equal"] = all(
         torch.equal(got_weights[k], v) for k, v in expected_weights.items()
     )
-    result["ckpt_files"] = sorted(p.name for p in Path(path).iterdir())
+    root = Path(path)
+    result["ckpt_root"] = sorted(p.name for p in root.iterdir())
+    published = (root / "CURRENT").read_text().strip()
+    result["ckpt_files"] = sorted(p.name for p in (root / published).iterdir())
     return result

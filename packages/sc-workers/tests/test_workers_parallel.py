@@ -89,6 +89,7 @@ def test_fsdp_dp2_matches_single_process(reference: dict[str, Any], tmp_path: Pa
     for out in outs:
         assert out["resume_metrics_equal"]
         assert out["resume_weights_equal"]
+    assert outs[0]["ckpt_root"] == ["CURRENT", "v000001"]
     assert outs[0]["ckpt_files"] == [
         "meta.json",
         "rank_00000_of_00002.pt",
