@@ -25,8 +25,9 @@ actors of the same cluster:
   first ``DP_COMPUTE_PROTO`` call) against bare actors.
 
 The candidates take turns within each repeat, in an order reversed every other repeat, so
-that drift in the load of a shared machine hits them alike and neither always runs first. ``--quick`` is a smoke run with tiny sizes and few repeats (about a minute);
-its figures mean nothing. ``integration/benchmarks/report.py`` prints the combined table and
+that drift in the load of a shared machine hits them alike and neither always runs first.
+``--quick`` is a smoke run with tiny sizes and few repeats (about a minute); its figures
+mean nothing. ``integration/benchmarks/report.py`` prints the combined table and
 draws the plot from the JSON files.
 """
 
