@@ -34,6 +34,42 @@ from sc_core import (
 )
 
 
+def _run_rank(
+    state: Any, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, int, Any]:
+    """Run one rank's call at once: ("ok", rank, value) / ("error", rank, exc) /
+    ("dead", rank, None) / ("pending", rank, None), from ``state.alive`` and
+    ``state.pending_ranks``."""
+    if not state.alive[rank]:
+        return ("dead", rank, None)
+    if rank in state.pending_ranks:
+        return ("pending", rank, None)
+    try:
+        return ("ok", rank, getattr(state.workers[rank], method_name)(*args, **kwargs))
+    except Exception as exc:
+        return ("error", rank, exc)
+
+
+def _values(handles: Sequence[Any], call: Call) -> list[Any]:
+    """The values of the handles of ``_run_rank``, or the contract's error for them."""
+    pending = [r for kind, r, _ in handles if kind == "pending"]
+    if pending:
+        raise CallTimeoutError(call.method_name, pending, call.timeout)
+    dead = [r for kind, r, _ in handles if kind == "dead"]
+    if dead:
+        raise WorkerDiedError(call.method_name, dead, "actor died")
+    errors = [(r, e) for kind, r, e in handles if kind == "error"]
+    if errors:
+        raise WorkerError.from_exception(
+            call.method_name,
+            errors[0][0],
+            errors[0][1],
+            other_failed_ranks=[r for r, _ in errors[1:]],
+        )
+    call.span.add_bytes(fetched=5 * len(handles))
+    return [value for _, _, value in handles]
+
+
 class ListBackend(WorkerGroup):
     """Runs each call at once, storing ("ok", value) / ("error", exc) / ("dead", None)."""
 
@@ -52,33 +88,14 @@ class ListBackend(WorkerGroup):
         call = current_call()
         if call is not None:
             call.span.add_bytes(put=10)
-        if not self.alive[rank]:
-            return ("dead", rank, None)
-        if rank in self.pending_ranks:
-            return ("pending", rank, None)
-        try:
-            return ("ok", rank, getattr(self._workers[rank], method_name)(*args, **kwargs))
-        except Exception as exc:
-            return ("error", rank, exc)
+        return _run_rank(self, rank, method_name, args, kwargs)
 
     def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
-        pending = [r for kind, r, _ in handles if kind == "pending"]
-        if pending:
-            raise CallTimeoutError(call.method_name, pending, call.timeout)
-        dead = [r for kind, r, _ in handles if kind == "dead"]
-        if dead:
-            self._mark_workers_dead(dead, "actor died")
-            raise WorkerDiedError(call.method_name, dead, "actor died")
-        errors = [(r, e) for kind, r, e in handles if kind == "error"]
-        if errors:
-            raise WorkerError.from_exception(
-                call.method_name,
-                errors[0][0],
-                errors[0][1],
-                other_failed_ranks=[r for r, _ in errors[1:]],
-            )
-        call.span.add_bytes(fetched=5 * len(handles))
-        return [value for _, _, value in handles]
+        try:
+            return _values(handles, call)
+        except WorkerDiedError as exc:
+            self._mark_workers_dead(exc.ranks, "actor died")
+            raise
 
     def _is_worker_alive(self, worker: Any) -> bool:
         return self.alive[self._workers.index(worker)]
@@ -97,36 +114,11 @@ class ListProtocolBackend:
         call.span.add_bytes(put=10 * len(call.ranks))
         handles: list[Any] = []
         for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True):
-            if not self.alive[rank]:
-                handles.append(("dead", rank, None))
-            elif rank in self.pending_ranks:
-                handles.append(("pending", rank, None))
-            else:
-                try:
-                    value = getattr(self.workers[rank], method_name)(*args, **kwargs)
-                    handles.append(("ok", rank, value))
-                except Exception as exc:
-                    handles.append(("error", rank, exc))
+            handles.append(_run_rank(self, rank, method_name, args, kwargs))
         return CallHandle(call, handles)
 
     def wait(self, handle: CallHandle) -> list[Any]:
-        call, handles = handle.call, handle.rank_handles
-        pending = [r for kind, r, _ in handles if kind == "pending"]
-        if pending:
-            raise CallTimeoutError(call.method_name, pending, call.timeout)
-        dead = [r for kind, r, _ in handles if kind == "dead"]
-        if dead:
-            raise WorkerDiedError(call.method_name, dead, "actor died")
-        errors = [(r, e) for kind, r, e in handles if kind == "error"]
-        if errors:
-            raise WorkerError.from_exception(
-                call.method_name,
-                errors[0][0],
-                errors[0][1],
-                other_failed_ranks=[r for r, _ in errors[1:]],
-            )
-        call.span.add_bytes(fetched=5 * len(handles))
-        return [value for _, _, value in handles]
+        return _values(handle.rank_handles, handle.call)
 
     def pending(self, handle: CallHandle) -> list[Any]:
         return [LazyFuture.completed(v, "list") for v in self.wait(handle)]

@@ -265,6 +265,13 @@ def create_colocated_worker_cls_fused(
 # --- one group per role -------------------------------------------------------------------
 
 
+def _check_prefix_set(where: str, prefix_set: Iterable[str]) -> None:
+    if isinstance(prefix_set, str):
+        raise ConfigTypeError(
+            f"{where}: prefix_set must be a collection of role names, got the string {prefix_set!r}"
+        )
+
+
 def shallow_copy(group: WG) -> WG:
     """A group sharing ``group``'s workers, backend, liveness and lifecycle, with its own
     mesh caches and the same proxies rebound to it. It keeps ``group`` alive while in use (a
@@ -289,10 +296,7 @@ def spawn(group: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
     roles: dict[str, dict[str, str]] | None = getattr(
         group._user_defined_cls, COLOCATED_METHODS_ATTR, None
     )
-    if isinstance(prefix_set, str):
-        raise ConfigTypeError(
-            f"{where}: prefix_set must be a collection of role names, got the string {prefix_set!r}"
-        )
+    _check_prefix_set(where, prefix_set)
     result: dict[str, WG] = {}
     for prefix in prefix_set:
         if roles is not None:
@@ -331,10 +335,7 @@ def spawn_fused(group: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
             f"{where}: the worker class {getattr(cls, '__qualname__', None)} is not a fused "
             "worker; build it with create_colocated_worker_cls_fused"
         )
-    if isinstance(prefix_set, str):
-        raise ConfigTypeError(
-            f"{where}: prefix_set must be a collection of role names, got the string {prefix_set!r}"
-        )
+    _check_prefix_set(where, prefix_set)
     result: dict[str, WG] = {}
     for prefix in prefix_set:
         if prefix not in raw:

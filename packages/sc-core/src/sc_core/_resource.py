@@ -39,6 +39,8 @@ class ResourcePool:
         n_gpus_per_node: int = 8,
     ) -> None:
         self._store: list[int] = []
+        #: How many open worker groups use the pool (see _sc_acquire / _sc_release_user).
+        self._sc_users = 0
         if process_on_nodes is not None:
             if isinstance(process_on_nodes, (str, bytes)) or not isinstance(
                 process_on_nodes, Sequence
@@ -60,13 +62,12 @@ class ResourcePool:
 
     def _sc_acquire(self) -> None:
         """A worker group starts using the pool."""
-        self.__dict__["_sc_users"] = self.__dict__.get("_sc_users", 0) + 1
+        self._sc_users += 1
 
     def _sc_release_user(self) -> None:
         """A worker group stopped using the pool (it was closed); the last one releases it."""
-        users = max(0, self.__dict__.get("_sc_users", 0) - 1)
-        self.__dict__["_sc_users"] = users
-        if users == 0:
+        self._sc_users = max(0, self._sc_users - 1)
+        if self._sc_users == 0:
             self.release()
 
     def release(self) -> None:

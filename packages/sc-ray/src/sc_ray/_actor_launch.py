@@ -23,7 +23,7 @@ __all__ = [
     "Launched",
     "check_worker_env",
     "launch_actors",
-    "start_timeout",
+    "resolve_start_timeout",
 ]
 
 #: Variables the worker group sets for every actor; ``worker_env`` may not set them.
@@ -44,7 +44,7 @@ RESERVED_ENV_VARS = (
 )
 
 
-def start_timeout(given: float | None, fallback: float) -> float:
+def resolve_start_timeout(given: float | None, fallback: float) -> float:
     """The seconds to wait for the actors' constructors: ``given``, else
     ``SC_RAY_WORKER_START_TIMEOUT_S``, else ``fallback``."""
     if given is not None:

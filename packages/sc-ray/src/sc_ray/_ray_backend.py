@@ -27,7 +27,7 @@ from ._futures import Deadline, RayFuture, await_with_deadline
 from ._nbytes import estimate_nbytes, is_bulk
 from ._wire import ensure_tensordict_wire, is_tensordict
 
-__all__ = ["RayBackend"]
+__all__ = ["RayBackend", "wait_refs"]
 
 logger = logging.getLogger("sc_ray")
 
@@ -133,88 +133,9 @@ class RayBackend:
 
     def wait(self, handle: CallHandle) -> list[Any]:
         call = handle.call
-        return self.wait_refs(
+        return wait_refs(
             handle.rank_handles, call.ranks, call.method_name, call.deadline, call.timeout, call
         )
-
-    def wait_refs(
-        self,
-        refs: Sequence[rapi.ObjectRef],
-        ranks: Sequence[int],
-        method: str,
-        deadline: float | None,
-        timeout: float | None,
-        call: Call | None,
-    ) -> list[Any]:
-        """The values of ``refs`` (one per rank in ``ranks``); raises as soon as a rank
-        fails, or when the deadline passes.
-
-        The common case, every rank answering within a poll interval, costs one ``ray.get``;
-        otherwise the ranks are polled with ``ray.wait`` so that a failure is reported while
-        other ranks still run."""
-        start = time.time()
-        first = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
-        try:
-            got = rapi.get(refs, timeout_s=first)
-        except Exception:  # a timeout or a failure: find out rank by rank below
-            pass
-        else:
-            self._record(call, ranks, range(len(refs)), got, start)
-            return got
-        pending: dict[int, rapi.ObjectRef] = dict(enumerate(refs))
-        values: list[Any] = [None] * len(refs)
-        while pending:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            slice_s = _POLL_S if remaining is None else min(_POLL_S, remaining)
-            ready, _ = rapi.wait(list(pending.values()), len(pending), slice_s)
-            if ready:
-                ready_ids = {id(r) for r in ready}
-                done = [i for i, r in pending.items() if id(r) in ready_ids]
-                self._collect(done, pending, values, ranks, method, call, start)
-            elif remaining is not None and remaining <= 0:
-                waiting = [ranks[i] for i in sorted(pending)]
-                raise CallTimeoutError(method, waiting, timeout)
-        return values
-
-    @staticmethod
-    def _record(
-        call: Call | None, ranks: Sequence[int], done: Sequence[int], got: list[Any], start: float
-    ) -> None:
-        if call is None or not call.span.recording:
-            return
-        now = time.time()
-        for i in done:
-            call.span.add_phase("execute", start, now, ranks[i])
-        call.span.add_bytes(fetched=sum(estimate_nbytes(v) for v in got))
-
-    def _collect(
-        self,
-        done: list[int],
-        pending: dict[int, rapi.ObjectRef],
-        values: list[Any],
-        ranks: Sequence[int],
-        method: str,
-        call: Call | None,
-        start: float,
-    ) -> None:
-        try:
-            got = rapi.get([pending[i] for i in done])
-        except Exception:
-            got = None
-        if got is not None:
-            for i, value in zip(done, got, strict=True):
-                values[i] = value
-                del pending[i]
-            self._record(call, ranks, done, got, start)
-            return
-        failures: dict[int, rapi.RemoteFailure] = {}
-        for i in done:
-            try:
-                values[i] = rapi.get([pending[i]])[0]
-            except Exception as exc:
-                failures[ranks[i]] = rapi.classify_failure(exc)
-            del pending[i]
-        _raise_failures(failures, method)
 
     # --- non-blocking calls ------------------------------------------------------------------
 
@@ -282,6 +203,85 @@ class RayBackend:
             logger.info(
                 "released placement group %s of an attached group", rapi.placement_group_id(pg)
             )
+
+
+def wait_refs(
+    refs: Sequence[rapi.ObjectRef],
+    ranks: Sequence[int],
+    method: str,
+    deadline: float | None,
+    timeout: float | None,
+    call: Call | None,
+) -> list[Any]:
+    """The values of ``refs`` (one per rank in ``ranks``); raises as soon as a rank
+    fails, or when the deadline passes.
+
+    The common case, every rank answering within a poll interval, costs one ``ray.get``;
+    otherwise the ranks are polled with ``ray.wait`` so that a failure is reported while
+    other ranks still run."""
+    start = time.time()
+    first = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
+    try:
+        got = rapi.get(refs, timeout_s=first)
+    except Exception:  # a timeout or a failure: find out rank by rank below
+        pass
+    else:
+        _record(call, ranks, range(len(refs)), got, start)
+        return got
+    pending: dict[int, rapi.ObjectRef] = dict(enumerate(refs))
+    values: list[Any] = [None] * len(refs)
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        slice_s = _POLL_S if remaining is None else min(_POLL_S, remaining)
+        ready, _ = rapi.wait(list(pending.values()), len(pending), slice_s)
+        if ready:
+            ready_ids = {id(r) for r in ready}
+            done = [i for i, r in pending.items() if id(r) in ready_ids]
+            _collect(done, pending, values, ranks, method, call, start)
+        elif remaining is not None and remaining <= 0:
+            waiting = [ranks[i] for i in sorted(pending)]
+            raise CallTimeoutError(method, waiting, timeout)
+    return values
+
+
+def _record(
+    call: Call | None, ranks: Sequence[int], done: Sequence[int], got: list[Any], start: float
+) -> None:
+    if call is None or not call.span.recording:
+        return
+    now = time.time()
+    for i in done:
+        call.span.add_phase("execute", start, now, ranks[i])
+    call.span.add_bytes(fetched=sum(estimate_nbytes(v) for v in got))
+
+
+def _collect(
+    done: list[int],
+    pending: dict[int, rapi.ObjectRef],
+    values: list[Any],
+    ranks: Sequence[int],
+    method: str,
+    call: Call | None,
+    start: float,
+) -> None:
+    try:
+        got = rapi.get([pending[i] for i in done])
+    except Exception:
+        got = None
+    if got is not None:
+        for i, value in zip(done, got, strict=True):
+            values[i] = value
+            del pending[i]
+        _record(call, ranks, done, got, start)
+        return
+    failures: dict[int, rapi.RemoteFailure] = {}
+    for i in done:
+        try:
+            values[i] = rapi.get([pending[i]])[0]
+        except Exception as exc:
+            failures[ranks[i]] = rapi.classify_failure(exc)
+        del pending[i]
+    _raise_failures(failures, method)
 
 
 def _raise_failures(failures: Mapping[int, rapi.RemoteFailure], method: str) -> None:

@@ -140,7 +140,6 @@ class RayResourcePool(ResourcePool):
         self.placement_timeout_s = placement_timeout_s
         self.check_capacity = bool(check_capacity)
         self.pgs: list[rapi.PlacementGroup] | None = None
-        self._sc_users = 0
 
     def add_node(self, process_count: int) -> None:
         """Append a node running ``process_count`` processes (before placement only)."""
@@ -293,16 +292,6 @@ class RayResourcePool(ResourcePool):
             n = len(rapi.placement_group_bundles(pg))
             slots.extend(BundleSlot(pg, b, node_index, b, n) for b in range(n))
         return slots
-
-    def _sc_acquire(self) -> None:
-        """A worker group starts using the pool."""
-        self._sc_users += 1
-
-    def _sc_release_user(self) -> None:
-        """A worker group stopped using the pool; the last one releases it."""
-        self._sc_users = max(0, self._sc_users - 1)
-        if self._sc_users == 0:
-            self.release()
 
     def release(self) -> None:
         """Remove the pool's placement groups (killing whatever still runs in them)."""

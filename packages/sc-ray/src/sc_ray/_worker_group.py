@@ -17,10 +17,15 @@ from sc_core import ConfigTypeError, InvalidConfigError, WorkerGroup, WorkerGrou
 
 from . import _ray_api as rapi
 from ._actor_class import actor_class, twin_names
-from ._actor_launch import RESERVED_ENV_VARS, check_worker_env, launch_actors, start_timeout
+from ._actor_launch import (
+    RESERVED_ENV_VARS,
+    check_worker_env,
+    launch_actors,
+    resolve_start_timeout,
+)
 from ._class_with_init import RayClassWithInitArgs
 from ._errors import DetachedWorkerError
-from ._ray_backend import RayBackend
+from ._ray_backend import RayBackend, wait_refs
 from ._resource_pool import RayResourcePool
 
 __all__ = ["RESERVED_ENV_VARS", "RayWorkerGroup"]
@@ -81,7 +86,7 @@ class RayWorkerGroup(WorkerGroup[W]):
         self.ray_cls_with_init = ray_cls_with_init
         self._detached = bool(detached)
         self._bin_pack = bool(bin_pack)
-        self._start_timeout = _start_timeout(start_timeout, ray_wait_register_center_timeout)
+        self._start_timeout = resolve_start_timeout(start_timeout, ray_wait_register_center_timeout)
         self.device_name = device_name or (
             resource_pool.device_name if isinstance(resource_pool, RayResourcePool) else "cuda"
         )
@@ -157,16 +162,9 @@ class RayWorkerGroup(WorkerGroup[W]):
             self._worker_names = launched.names
             self._master_addr, self._master_port = launched.master_addr, launched.master_port
             refs = [rapi.ready_ref(w) for w in self._workers]
-            starter = RayBackend(
-                self.name_prefix,
-                self._workers,
-                frozenset(),
-                release_attached_pgs=False,
-                probe_timeout=self._start_timeout,
-            )
             deadline = rapi.monotonic() + self._start_timeout
             ranks = tuple(range(len(refs)))
-            starter.wait_refs(refs, ranks, "__init__", deadline, self._start_timeout, None)
+            wait_refs(refs, ranks, "__init__", deadline, self._start_timeout, None)
         except BaseException:
             for worker in created:
                 rapi.kill(worker)
@@ -265,6 +263,3 @@ class RayWorkerGroup(WorkerGroup[W]):
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"world_size={self.world_size}"
         return f"RayWorkerGroup({self.name_prefix!r}, {self.sub_cls_name or '?'}, {state})"
-
-
-_start_timeout = start_timeout

@@ -23,7 +23,7 @@ def chunk_of(param: Tensor) -> tuple[list[int], list[int]]:
     """
     if isinstance(param, DTensor):
         # the DCP planner's hook; torch leaves it unannotated
-        chunks: list[Any] = param.__create_chunk_list__()  # type: ignore[no-untyped-call]
+        chunks: list[Any] = param.__create_chunk_list__()  # type: ignore[no-untyped-call]  # a DTensor method without annotations
         if len(chunks) != 1:  # pragma: no cover - DTensor keeps one local block per rank
             raise CheckpointError(f"a DTensor with {len(chunks)} local chunks is not supported")
         return list(param.shape), [int(o) for o in chunks[0].offsets]
