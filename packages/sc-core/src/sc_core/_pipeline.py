@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sc_dispatch import DispatchError, Execute, pop_padding_size, unpad_output
 
-from ._backend import CallHandle, RankArgs
+from ._backend import Backend, CallHandle, RankArgs
 from ._busy import AbandonedCall, describe_busy
 from ._call import Call
 from ._errors import CallTimeoutError, WorkerDiedError, WorkerError, WorkerGroupError
@@ -95,10 +95,17 @@ def route(
 
 
 def start(
-    group: WorkerGroup, call: Call, method_name: str, rank_args: list[RankArgs]
+    group: WorkerGroup,
+    call: Call,
+    method_name: str,
+    rank_args: list[RankArgs],
+    backend: Backend | None = None,
 ) -> CallHandle:
-    """Start ``method_name`` on the call's ranks through the group's backend."""
-    handle = group._sc_backend(method_name).start(call, method_name, rank_args)
+    """Start ``method_name`` on the call's ranks through the group's backend (``backend``,
+    when the caller looked it up already)."""
+    if backend is None:
+        backend = group._sc_backend(method_name)
+    handle = backend.start(call, method_name, rank_args)
     if len(handle.rank_handles) != len(call.ranks):
         raise WorkerGroupError(
             f"{type(group).__name__}.{method_name}: the backend started {len(handle.rank_handles)} "
@@ -107,11 +114,13 @@ def start(
     return handle
 
 
-def wait(group: WorkerGroup, handle: CallHandle) -> list[Any]:
+def wait(group: WorkerGroup, handle: CallHandle, backend: Backend | None = None) -> list[Any]:
     """The call's values; on a failure the group gives up on the ranks still running it."""
     call = handle.call
+    if backend is None:
+        backend = group._sc_backend(call.method_name)
     try:
-        outputs = group._sc_backend(call.method_name).wait(handle)
+        outputs = backend.wait(handle)
     except (CallTimeoutError, WorkerDiedError, WorkerError) as exc:
         if isinstance(exc, WorkerDiedError):
             reason = f"{exc.reason} during {call.method_name}" if exc.reason else ""
@@ -148,12 +157,16 @@ def give_up(group: WorkerGroup, handle: CallHandle, exc: BaseException) -> None:
         )
 
 
-def _waiting_behind(group: WorkerGroup, call: Call) -> dict[int, AbandonedCall]:
+def _waiting_behind(
+    group: WorkerGroup, call: Call, backend: Backend | None = None
+) -> dict[int, AbandonedCall]:
     """The call's ranks still busy with an abandoned call (logged: the call waits)."""
     liveness = group._liveness
     if not liveness.busy:
         return {}
-    waiting = liveness.busy.current(group._sc_backend(call.method_name).is_done, call.ranks)
+    if backend is None:
+        backend = group._sc_backend(call.method_name)
+    waiting = liveness.busy.current(backend.is_done, call.ranks)
     if waiting:
         logger.warning(
             "worker group %s: %s waits on ranks %s, %s",
@@ -216,7 +229,7 @@ def run_call(
     backend = group._sc_backend(name)
     call = new_call(group, name, attrs.execute_mode, blocking, timeout, spec.joins_shards)
     span = call.span
-    waiting = _waiting_behind(group, call)
+    waiting = _waiting_behind(group, call, backend)
     try:
         group._liveness.check_alive(call)
         with span.phase("dispatch"):
@@ -233,10 +246,10 @@ def run_call(
             rank_args = (
                 [(d_args, d_kwargs)] if rank_zero else per_rank_arguments(n, d_args, d_kwargs)
             )
-            handle = start(group, call, target, rank_args)
+            handle = start(group, call, target, rank_args, backend)
         if blocking:
             with span.phase("wait"):
-                outputs = wait(group, handle)
+                outputs = wait(group, handle, backend)
         else:
             outputs = backend.pending(handle)
         with span.phase("collect"):
