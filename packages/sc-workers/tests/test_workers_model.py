@@ -79,6 +79,52 @@ def test_value_head_tied_embeddings_and_bad_mask() -> None:
         critic(ids, mask[:, :5], pos)
 
 
+def test_value_head_starts_at_zero() -> None:
+    ids, mask, pos = _inputs()
+    torch.manual_seed(0)
+    critic = TinyCausalLM(ModelConfig(), value_head=True)
+    assert torch.equal(critic(ids, mask, pos), torch.zeros(2, 6))
+    assert critic.lm_head.weight.abs().sum() == 0
+    # the body is still random: a policy built from the same seed is not zero
+    assert _model()(ids, mask, pos).abs().sum() > 0
+
+
+def test_absolute_positions_cache_padding_and_shift() -> None:
+    rope_only, absolute = _model(), _model(absolute_position_embeddings=True)
+    assert rope_only.embed_positions is None
+    assert absolute.embed_positions is not None
+    assert absolute.embed_positions.weight.shape == (2048, 32)
+    ids, mask, pos = _inputs()
+    with torch.no_grad():
+        full = absolute(ids, mask, pos)
+        cache = KVCache(2)
+        parts = [absolute(ids[:, :4], mask[:, :4], pos[:, :4], cache)]
+        for i in (4, 5):
+            parts.append(absolute(ids[:, i : i + 1], mask[:, : i + 1], pos[:, i : i + 1], cache))
+        torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+        unpadded = absolute(ids[:1, 2:], mask[:1, 2:], pos[:1, 2:])[0]
+        torch.testing.assert_close(full[0, 2:], unpadded, atol=1e-5, rtol=1e-5)
+        # rotary attention sees only distances: shifting every position changes nothing;
+        # the absolute table makes the model see where a token is
+        torch.testing.assert_close(rope_only(ids, mask, pos + 3), rope_only(ids, mask, pos))
+        assert not torch.allclose(absolute(ids, mask, pos + 3), full)
+
+
+def test_absolute_positions_beyond_the_table() -> None:
+    model = _model(absolute_position_embeddings=True, max_position_embeddings=8)
+    ids, mask, pos = _inputs()
+    model(ids, mask, pos + 2)  # positions up to 7 fit
+    with pytest.raises(BatchError, match=r"position 8 is beyond .*max_position_embeddings 8"):
+        model(ids, mask, pos + 3)
+
+
+def test_absolute_positions_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"absolute_position_embeddings must be a bool, got 1"):
+        ModelConfig(absolute_position_embeddings=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"built-in model; the Hugging Face model at path='m'"):
+        ModelConfig(path="m", absolute_position_embeddings=True)
+
+
 def test_seeded_init_is_reproducible() -> None:
     torch.manual_seed(3)
     a = TinyCausalLM(ModelConfig())

@@ -23,6 +23,13 @@ class ModelConfig(ConfigBase):
     With ``path`` the seed initialises what the checkpoint does not hold (a critic's value
     head), identically on every rank. ``eos_token_id`` is one id or a tuple of ids (any of
     them ends a response).
+
+    ``absolute_position_embeddings`` adds a learned embedding of each token's position
+    (``position_ids``, below ``max_position_embeddings``) to its token embedding, on top of
+    the rotary embeddings: rotary attention sees only relative distances, and a task whose
+    answer depends on absolute positions (reversing a string: answer token ``i`` copies
+    prompt token ``L - i``) is much harder to learn from scratch without it. Built-in model
+    only.
     """
 
     _section: ClassVar[str] = "model"
@@ -41,6 +48,7 @@ class ModelConfig(ConfigBase):
     eos_token_id: int | tuple[int, ...] = 1
     seed: int = 0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    absolute_position_embeddings: bool = False
 
     def __post_init__(self) -> None:
         o = self._section
@@ -66,6 +74,16 @@ class ModelConfig(ConfigBase):
                 f"{o}: head dim {self.hidden_size // self.num_attention_heads} "
                 f"(hidden_size {self.hidden_size} / num_attention_heads "
                 f"{self.num_attention_heads}) must be even for rotary embeddings"
+            )
+        if not isinstance(self.absolute_position_embeddings, bool):
+            raise ConfigError(
+                f"{o}.absolute_position_embeddings must be a bool, "
+                f"got {self.absolute_position_embeddings!r}"
+            )
+        if self.path is not None and self.absolute_position_embeddings:
+            raise ConfigError(
+                f"{o}.absolute_position_embeddings is an option of the built-in model; the "
+                f"Hugging Face model at path={self.path!r} brings its own position encoding"
             )
         given: object = self.eos_token_id
         if isinstance(given, list):  # a list from code rather than through from_dict

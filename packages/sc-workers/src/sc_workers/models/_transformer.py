@@ -1,11 +1,13 @@
 """A small decoder-only transformer, built in so that nothing is downloaded.
 
 Pre-norm blocks (RMSNorm), rotary position embeddings driven by ``position_ids`` (so left
-padding works), SiLU-gated MLP, and an optional key/value cache for generation. Projection
-names follow the Llama convention (``q_proj`` ... ``down_proj``) so the tensor-parallel
-plan of the megatron engine can address them. Attention reads the number of heads from the
-width of its (possibly tensor-parallel, hence local) projections, so the same module works
-unsharded and under column/row-parallel sharding.
+padding works), optionally learned absolute position embeddings as well
+(``ModelConfig.absolute_position_embeddings``), SiLU-gated MLP, and an optional key/value
+cache for generation. Projection names follow the Llama convention (``q_proj`` ...
+``down_proj``) so the tensor-parallel plan of the megatron engine can address them.
+Attention reads the number of heads from the width of its (possibly tensor-parallel, hence
+local) projections, so the same module works unsharded and under column/row-parallel
+sharding.
 """
 
 from __future__ import annotations
@@ -145,6 +147,11 @@ class TinyCausalLM(nn.Module):
         self.config = config
         self.value_head = value_head
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.absolute_position_embeddings
+            else None
+        )
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
@@ -159,7 +166,9 @@ class TinyCausalLM(nn.Module):
         return KVCache(len(self.layers))
 
     def reset_parameters(self) -> None:
-        """Normal(0, 0.02) weights, unit norms, zero biases; seed the RNG first for determinism."""
+        """Normal(0, 0.02) weights, unit norms, zero biases, and a zero value head (a new
+        critic predicts 0 for every state, so its first advantages are the plain returns
+        rather than noise); seed the RNG first for determinism."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -167,6 +176,20 @@ class TinyCausalLM(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.RMSNorm) and module.weight is not None:
                 nn.init.ones_(module.weight)
+        if self.value_head:
+            nn.init.zeros_(self.lm_head.weight)
+
+    def _checked_positions(self, position_ids: Tensor) -> Tensor:
+        """``position_ids`` as indices of the absolute position table (padding may carry
+        negative positions: they read row 0, and attention ignores them anyway)."""
+        limit = self.config.max_position_embeddings
+        highest = int(position_ids.max()) if position_ids.numel() else 0
+        if highest >= limit:
+            raise BatchError(
+                f"TinyCausalLM: position {highest} is beyond the absolute position table "
+                f"(max_position_embeddings {limit}); raise max_position_embeddings"
+            )
+        return position_ids.clamp(min=0)
 
     def forward(
         self,
@@ -191,6 +214,8 @@ class TinyCausalLM(nn.Module):
         allowed = (key_ok & causal) | (k_pos == q_pos)
         cos, sin = self.rotary(position_ids)
         x = self.embed_tokens(input_ids)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(self._checked_positions(position_ids))
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, allowed, cache, i)
         out: Tensor = self.lm_head(self.norm(x))
