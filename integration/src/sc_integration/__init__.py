@@ -9,7 +9,7 @@ built-in model of sc-workers learns from scratch on a couple of CPU cores.
 
 from ._backends import LocalBackend, RayBackend, WorkerBackend, make_backend
 from ._balance import balanced_order, shard_token_sums
-from ._config import ALGORITHMS, BACKENDS, Algorithm, Backend, TrainerConfig
+from ._config import ALGORITHMS, BACKENDS, DEVICES, Algorithm, Backend, Device, TrainerConfig
 from ._errors import (
     BackendMismatchError,
     CheckpointMismatchError,
@@ -24,15 +24,17 @@ from ._errors import (
 )
 from ._output import PLOT_PANELS, RunOutput, check_resumable, read_metrics, resolve_checkpoint
 from ._roles import Role
-from ._runner import TaskRunner
+from ._runner import TaskRunner, make_task
 from ._settings import SETTINGS
 from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
+from ._text_task import TextDigitsTask
 from ._trainer import RayPPOTrainer, RunResult
 
 __all__ = [
     "SETTINGS",
     "ALGORITHMS",
     "BACKENDS",
+    "DEVICES",
     "PLOT_PANELS",
     "TASK_MODES",
     "Algorithm",
@@ -41,6 +43,7 @@ __all__ = [
     "CharTokenizer",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "Device",
     "IntegrationError",
     "LocalBackend",
     "RayBackend",
@@ -54,6 +57,7 @@ __all__ = [
     "TaskError",
     "TaskMode",
     "TaskRunner",
+    "TextDigitsTask",
     "TrainerConfig",
     "TrainerConfigError",
     "TrainerStateError",
@@ -63,6 +67,7 @@ __all__ = [
     "balanced_order",
     "check_resumable",
     "make_backend",
+    "make_task",
     "read_metrics",
     "resolve_checkpoint",
     "shard_token_sums",

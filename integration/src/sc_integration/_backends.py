@@ -73,8 +73,10 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, num_cpus: int) -> None:
+    def __init__(self, num_cpus: int, use_gpu: bool = False) -> None:
         self.num_cpus = num_cpus
+        #: each worker process gets one GPU (Ray finds the machine's GPUs itself)
+        self.use_gpu = use_gpu
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -104,7 +106,7 @@ class RayBackend:
     ) -> ResourcePoolManager:
         from sc_ray import ResourcePoolManager as RayResourcePoolManager
 
-        return RayResourcePoolManager(spec, mapping, use_gpu=False)
+        return RayResourcePoolManager(spec, mapping, use_gpu=self.use_gpu)
 
     def class_with_init(self, cls: type[W], **kwargs: Any) -> ClassWithInitArgs[W]:
         from sc_ray import RayClassWithInitArgs
@@ -172,9 +174,17 @@ class LocalBackend:
 
 
 def make_backend(config: TrainerConfig) -> WorkerBackend:
-    """The backend ``config.backend`` names."""
+    """The backend ``config.backend`` names; ``device="cuda"`` needs a visible CUDA device."""
+    if config.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TrainerConfigError(
+                "make_backend: device='cuda' but no CUDA device is visible "
+                "(torch.cuda.is_available() is False); use device='cpu'"
+            )
     if config.backend == "ray":
-        return RayBackend(config.ray_num_cpus)
+        return RayBackend(config.ray_num_cpus, use_gpu=config.device == "cuda")
     if config.backend == "local":
         return LocalBackend()
     raise TrainerConfigError(f"make_backend: unknown backend {config.backend!r}")

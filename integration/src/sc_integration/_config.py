@@ -9,12 +9,14 @@ from typing import Literal
 from ._errors import TrainerConfigError
 from ._task import TaskConfig
 
-__all__ = ["ALGORITHMS", "BACKENDS", "Algorithm", "Backend", "TrainerConfig"]
+__all__ = ["ALGORITHMS", "BACKENDS", "DEVICES", "Algorithm", "Backend", "Device", "TrainerConfig"]
 
 Algorithm = Literal["ppo", "grpo"]
 Backend = Literal["ray", "local"]
+Device = Literal["cpu", "cuda"]
 ALGORITHMS: tuple[Algorithm, ...] = ("ppo", "grpo")
 BACKENDS: tuple[Backend, ...] = ("ray", "local")
+DEVICES: tuple[Device, ...] = ("cpu", "cuda")
 
 
 def _positive(owner: str, **values: int | float) -> None:
@@ -35,6 +37,12 @@ class TrainerConfig:
 
     Rows per step are ``prompts_per_step * responses_per_prompt``; every dp size divides it.
     ``responses_per_prompt`` is the GRPO group size (PPO may sample several too).
+
+    ``absolute_positions`` gives the built-in model learned absolute position embeddings
+    (``None``: on for the built-in model; a Hugging Face model brings its own position
+    encoding, so ``True`` with ``model_path`` is an error). ``model_path`` trains the local
+    Hugging Face causal LM in that directory on the task as text, through its own
+    tokenizer. ``device`` is where the workers compute (``"cuda"``: one GPU per worker).
     """
 
     algorithm: Algorithm = "ppo"
@@ -57,10 +65,14 @@ class TrainerConfig:
     gamma: float = 1.0
     lam: float = 1.0
     temperature: float = 1.0
-    # model (the built-in tiny causal transformer of sc-workers)
+    # model: the built-in tiny causal transformer of sc-workers, or a local Hugging Face
+    # causal-LM directory (model_path; its config then sets the shape, not the three below)
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
+    absolute_positions: bool | None = None
+    model_path: str | None = None
+    device: Device = "cpu"
     # bookkeeping
     val_every: int = 25
     save_every: int = 50
@@ -75,6 +87,22 @@ class TrainerConfig:
             raise TrainerConfigError(
                 f"{owner}.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
             )
+        if self.device not in DEVICES:
+            raise TrainerConfigError(
+                f"{owner}.device must be one of {DEVICES}, got {self.device!r}"
+            )
+        if self.absolute_positions is not None and not isinstance(self.absolute_positions, bool):
+            raise TrainerConfigError(
+                f"{owner}.absolute_positions must be a bool or None, "
+                f"got {self.absolute_positions!r}"
+            )
+        if self.model_path is not None and self.absolute_positions:
+            raise TrainerConfigError(
+                f"{owner}: absolute_positions is an option of the built-in model; the Hugging "
+                f"Face model at model_path={self.model_path!r} brings its own position encoding"
+            )
+        if self.model_path is not None and not self.model_path:
+            raise TrainerConfigError(f"{owner}.model_path must not be empty")
         if self.backend not in BACKENDS:
             raise TrainerConfigError(
                 f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}"
@@ -146,6 +174,11 @@ class TrainerConfig:
                 )
         if not self.output_dir:
             raise TrainerConfigError(f"{owner}.output_dir must not be empty")
+
+    @property
+    def uses_absolute_positions(self) -> bool:
+        """Whether the built-in model gets absolute position embeddings (``None``: yes)."""
+        return self.model_path is None and self.absolute_positions is not False
 
     @property
     def rows_per_step(self) -> int:

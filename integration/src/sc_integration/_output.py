@@ -191,6 +191,8 @@ _RESUME_KEYS = (
     "hidden_size",
     "num_layers",
     "num_heads",
+    "absolute_positions",
+    "model_path",
     "task",
 )
 

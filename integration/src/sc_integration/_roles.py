@@ -29,6 +29,7 @@ from sc_workers import (
     OptimConfig,
     RefConfig,
     RolloutConfig,
+    hf_model_config,
 )
 
 from ._backends import WorkerBackend
@@ -41,6 +42,7 @@ __all__ = [
     "RoleClasses",
     "TrainerGroups",
     "build_worker_groups",
+    "model_config",
     "registered_method_names",
     "role_classes",
     "role_group",
@@ -61,12 +63,14 @@ class Role(enum.Enum):
     Critic = "critic"
 
 
-def worker_configs(
-    config: TrainerConfig, task: DigitsTask, dp_size: int
-) -> tuple[ActorRolloutRefConfig, CriticConfig]:
-    """The sc-workers configuration of the actor/rollout/ref and critic workers."""
+def model_config(config: TrainerConfig, task: DigitsTask) -> ModelConfig:
+    """The model of every role: the Hugging Face directory ``config.model_path`` (its
+    architecture and token ids), or the built-in transformer sized by ``config`` for
+    ``task``'s tokenizer and sequence length."""
+    if config.model_path is not None:
+        return hf_model_config(config.model_path, seed=config.seed)
     tok = task.tokenizer
-    model = ModelConfig(
+    return ModelConfig(
         vocab_size=tok.vocab_size,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_layers,
@@ -76,7 +80,15 @@ def worker_configs(
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
         seed=config.seed,
+        absolute_position_embeddings=config.uses_absolute_positions,
     )
+
+
+def worker_configs(
+    config: TrainerConfig, task: DigitsTask, dp_size: int
+) -> tuple[ActorRolloutRefConfig, CriticConfig]:
+    """The sc-workers configuration of the actor/rollout/ref and critic workers."""
+    model = model_config(config, task)
     n = config.responses_per_prompt
     mini_prompts = config.prompts_per_step // config.ppo_mini_batches
     micro = mini_prompts * n // dp_size  # one micro-batch per mini-batch: tiny model, few rows
@@ -103,7 +115,7 @@ def worker_configs(
             seed=config.seed,
         ),
         ref=RefConfig(log_prob_micro_batch_size_per_gpu=rows_per_rank),
-        device="cpu",
+        device=config.device,
     )
     critic = CriticConfig(
         model=model,
@@ -114,7 +126,7 @@ def worker_configs(
         rollout_n=n,
         data_loader_seed=config.seed,
         optim=OptimConfig(lr=config.critic_lr, weight_decay=0.0),
-        device="cpu",
+        device=config.device,
     )
     return actor_rollout_ref, critic
 

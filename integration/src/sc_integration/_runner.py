@@ -10,16 +10,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sc_core import SpanRecorder
-from sc_workers import ActorRolloutRefWorker, CriticWorker
+from sc_workers import ActorRolloutRefWorker, CriticWorker, load_hf_tokenizer
 
 from ._backends import WorkerBackend, make_backend
 from ._config import TrainerConfig
 from ._output import RunOutput, check_resumable, resolve_checkpoint
 from ._roles import Role
 from ._task import DigitsTask
+from ._text_task import TextDigitsTask
 from ._trainer import ProgressFn, RayPPOTrainer, RunResult
 
-__all__ = ["TaskRunner"]
+__all__ = ["TaskRunner", "make_task"]
+
+
+def make_task(config: TrainerConfig) -> DigitsTask:
+    """The task of a run: token by token for the built-in model, as text through the
+    tokenizer of the Hugging Face model at ``config.model_path``."""
+    if config.model_path is None:
+        return DigitsTask(config.task)
+    return TextDigitsTask(config.task, load_hf_tokenizer(config.model_path))
 
 
 class TaskRunner:
@@ -59,7 +68,7 @@ class TaskRunner:
         spec, mapping = self.resource_pool_spec()
         return RayPPOTrainer(
             cfg,
-            DigitsTask(cfg.task),
+            make_task(cfg),
             self.role_worker_mapping(),
             backend.resource_pool_manager(spec, mapping),
             backend,

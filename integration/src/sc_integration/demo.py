@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._config import ALGORITHMS, BACKENDS, TrainerConfig
+from ._config import ALGORITHMS, BACKENDS, DEVICES, TrainerConfig
 from ._errors import ScIntegrationError
 from ._runner import TaskRunner
 from ._task import TASK_MODES, TaskConfig
@@ -161,6 +161,29 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"checkpoint every N steps, and after the last (default: {d.save_every})",
     )
     add(
+        "--absolute-positions",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="give the built-in model learned absolute position embeddings besides its rotary "
+        "ones; without them it does not learn to reverse the digits (default: on, except "
+        "with --model)",
+    )
+    add(
+        "--model",
+        dest="model_path",
+        default=None,
+        metavar="PATH",
+        help="train the local Hugging Face causal-LM directory PATH (config, weights, "
+        "tokenizer) on the task as text, instead of the built-in model (needs sc-workers[hf])",
+    )
+    add(
+        "--device",
+        choices=DEVICES,
+        default=d.device,
+        help=f"where the workers compute; cuda gives each worker process one GPU "
+        f"(default: {d.device})",
+    )
+    add(
         "--task",
         dest="task_mode",
         choices=TASK_MODES,
@@ -212,6 +235,9 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
         val_every=args.val_every,
         save_every=args.save_every,
         entropy_coeff=args.entropy_coeff,
+        absolute_positions=args.absolute_positions,
+        model_path=args.model_path,
+        device=args.device,
         task=TaskConfig(length=args.task_length, mode=args.task_mode),
     )
 

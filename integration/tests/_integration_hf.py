@@ -1,0 +1,52 @@
+"""A tiny Hugging Face model directory for the digit task, built in code (no hub access).
+
+A Qwen2 causal LM (2 layers, width 64, tied embeddings) and a character-level word tokenizer
+over the task's characters, saved with ``save_pretrained`` as a user's checkpoint would be.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SPECIAL = ["<pad>", "<eos>", "<bos>"]
+CHARS = list("0123456789=")
+
+
+def build_tokenizer() -> Any:
+    """One token per character of the task; pad 0, eos 1, bos 2."""
+    transformers: Any = importlib.import_module("transformers")
+    tokenizers: Any = importlib.import_module("tokenizers")
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL, *CHARS])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
+    )
+
+
+def save_tiny_qwen2(path: Path, seed: int = 0) -> str:
+    """Write the model and its tokenizer to ``path``; returns it as a string."""
+    transformers: Any = importlib.import_module("transformers")
+    tokenizer = build_tokenizer()
+    config = transformers.Qwen2Config(
+        vocab_size=len(SPECIAL) + len(CHARS),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return str(path)
