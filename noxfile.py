@@ -316,12 +316,49 @@ def typing(session: nox.Session) -> None:
     session.run("pytest", os.path.join("packages", "sc-core", "typing_tests"), *session.posargs)
 
 
+#: test folders whose ``gpu``-marked tests the gpu session runs, in this order
+GPU_TEST_DIRS = [
+    *(os.path.join(_package_dir(dist), "tests") for dist in PACKAGES),
+    os.path.join("integration", "tests"),
+]
+
+
+@nox.session(default=False, tags=["gpu"])
+def gpu(session: nox.Session) -> None:
+    """GPU checks (not run by default; skipped without a CUDA device): every test marked
+    ``gpu``, ``sc-demo --device cuda`` for a few steps, and the GPU benchmark
+    (integration/benchmarks/results/gpu.json). ``integration/gpu-check.sh`` runs it."""
+    _sync(session, "--all-packages", "--all-extras", "--group", "test")
+    visible = session.run(
+        "python", "-c", "import torch; print(torch.cuda.is_available())", silent=True
+    )
+    if "True" not in str(visible):
+        session.skip("no CUDA device is visible (torch.cuda.is_available() is False)")
+    for folder in GPU_TEST_DIRS:
+        session.run("pytest", folder, "-m", "gpu", *session.posargs)
+    out = os.path.join(session.create_tmp(), "sc-demo-cuda")
+    session.run(
+        "sc-demo",
+        *("--device", "cuda", "--workers-per-role", "1", "--steps", "30"),
+        *("--val-every", "10", "--no-progress", "--output-dir", out),
+    )
+    session.run(
+        "python",
+        os.path.join("integration", "benchmarks", "bench_gpu.py"),
+        "--out",
+        os.path.join("integration", "benchmarks", "results", "gpu.json"),
+    )
+
+
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmarks (not run by default): tables, JSON in integration/benchmarks/results."""
+    """Benchmarks (not run by default): tables, JSON in integration/benchmarks/results. The
+    GPU benchmark runs in the gpu session instead."""
     _sync(session, "--package", "sc-integration")
     out = os.path.join("integration", "benchmarks", "results")
     for script in sorted(os.listdir(os.path.join("integration", "benchmarks"))):
+        if script == "bench_gpu.py":
+            continue
         if script.startswith("bench_") and script.endswith(".py"):
             name = script.removeprefix("bench_").removesuffix(".py")
             session.run(

@@ -176,7 +176,12 @@ def free_port() -> int:
 
 
 def _child(
-    rank: int, fn: Callable[[int, int, Path], None], world: int, port: int, out: str
+    rank: int,
+    fn: Callable[[int, int, Path], None],
+    world: int,
+    port: int,
+    out: str,
+    device: str,
 ) -> None:
     torch.set_num_threads(1)
     os.environ.update(
@@ -186,13 +191,20 @@ def _child(
         LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-        SC_WORKERS_DEVICE="cpu",
+        SC_WORKERS_DEVICE=device,
     )
     fn(rank, world, Path(out))
 
 
-def launch(fn: Callable[[int, int, Path], None], world: int, out: Path, timeout: float) -> None:
-    """Run ``fn(rank, world, out)`` in ``world`` spawned processes (gloo); fail on timeout."""
+def launch(
+    fn: Callable[[int, int, Path], None],
+    world: int,
+    out: Path,
+    timeout: float,
+    device: str = "cpu",
+) -> None:
+    """Run ``fn(rank, world, out)`` in ``world`` spawned processes (gloo on CPU; with
+    ``device="cuda"``, nccl and one GPU per rank); fail on timeout."""
     # A fork server imports torch and sc-workers once (preloaded) and forks each rank from
     # that clean, single-threaded process: fresh interpreters like "spawn", without paying
     # the imports once per rank (which dominates the run time on a small machine). It also
@@ -206,7 +218,7 @@ def launch(fn: Callable[[int, int, Path], None], world: int, out: Path, timeout:
         ctx = multiprocessing.get_context("spawn")
     port = free_port()
     procs = [
-        ctx.Process(target=_child, args=(rank, fn, world, port, str(out)), daemon=True)
+        ctx.Process(target=_child, args=(rank, fn, world, port, str(out), device), daemon=True)
         for rank in range(world)
     ]
     for p in procs:
