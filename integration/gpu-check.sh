@@ -5,7 +5,7 @@
 # minutes; each step is timed.
 #
 #   integration/gpu-check.sh            # online: installs uv if missing, then uv + nox
-#   SC_GPU_CHECK_OFFLINE=1 integration/gpu-check.sh
+#   SC_INTEGRATION_GPU_CHECK_OFFLINE=1 integration/gpu-check.sh
 #
 # Offline (a machine that reaches no package index but has python3 with torch and pytest):
 # wheels in .whl/ (if any) are installed into /tmp/sc-site, the five packages and the trainer
@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1
 start=$(date +%s)
 step() { echo "== gpu-check: $* ($(($(date +%s) - start)) s)"; }
 
-if [[ "${SC_GPU_CHECK_OFFLINE:-0}" != "1" ]]; then
+if [[ "${SC_INTEGRATION_GPU_CHECK_OFFLINE:-0}" != "1" ]]; then
     if ! command -v uv >/dev/null 2>&1; then
         step "installing uv"
         python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv
