@@ -38,7 +38,9 @@ from ._errors import (
     NotInitializedError,
     OptionalDependencyError,
     ScWorkersError,
+    SyncLayoutError,
     UnsupportedParallelismError,
+    WeightSyncError,
     WorkersError,
 )
 from ._hf_configs import hf_model_config, hf_worker_configs
@@ -82,6 +84,8 @@ __all__ = [
     "TinyCausalLM",
     "UnsupportedParallelismError",
     "ScWorkersError",
+    "SyncLayoutError",
+    "WeightSyncError",
     "WorkersError",
     "__version__",
     "export_hf_checkpoint",

@@ -24,6 +24,12 @@ catch either the sc-workers class or the builtin::
     │                                             for a multi-rank group, an unknown backend
     ├── NotInitializedError (RuntimeError)        a worker method called before ``init_model``,
     │                                             or one the worker's role does not provide
+    ├── SyncLayoutError (ValueError)              two layouts a weight sync cannot map: a tensor
+    │                                             missing on one side, different full shapes,
+    │                                             a trainer layout that does not cover a tensor
+    ├── WeightSyncError (RuntimeError)            a weight sync failed (a rank died, a piece did
+    │                                             not fit); names the rank and the version, and
+    │                                             the rollout keeps its previous weights
     ├── CheckpointError (RuntimeError)            a checkpoint that is missing, incomplete, or
     │                                             written by a different layout (world size,
     │                                             dp/tp sizes, parameter names or shapes); a
@@ -46,7 +52,9 @@ __all__ = [
     "NotInitializedError",
     "OptionalDependencyError",
     "ScWorkersError",
+    "SyncLayoutError",
     "UnsupportedParallelismError",
+    "WeightSyncError",
     "WorkersError",
 ]
 
@@ -91,3 +99,19 @@ class CheckpointError(ScWorkersError, RuntimeError):
 
 class OptionalDependencyError(ScWorkersError, ImportError):
     """An optional dependency (an extra of sc-workers) is not installed."""
+
+
+class SyncLayoutError(ScWorkersError, ValueError):
+    """The trainer's and the rollout's layouts cannot be mapped onto each other."""
+
+
+class WeightSyncError(ScWorkersError, RuntimeError):
+    """A weight sync failed; the rollout still serves the previous version."""
+
+    def __init__(self, message: str, *, rank: int | None = None, version: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.version = version
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep rank and version through pickling
+        return (type(self), (str(self),), {"rank": self.rank, "version": self.version})
