@@ -47,7 +47,8 @@ from ._hf_configs import hf_model_config, hf_worker_configs
 from ._settings import SETTINGS
 from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
 from .models import HFCausalLM, HFValueModel, TinyCausalLM, load_hf_tokenizer
-from .workers import ROLES, ActorRolloutRefWorker, CriticWorker, export_hf_checkpoint
+from .sync import WeightSync
+from .workers import ROLES, ActorRolloutRefWorker, CriticWorker, RolloutWorker, export_hf_checkpoint
 
 __version__ = "0.1.0"
 
@@ -65,6 +66,7 @@ __all__ = [
     "ConfigError",
     "CriticConfig",
     "CriticWorker",
+    "RolloutWorker",
     "DistributedError",
     "Engine",
     "FSDPConfig",
@@ -85,6 +87,7 @@ __all__ = [
     "UnsupportedParallelismError",
     "ScWorkersError",
     "SyncLayoutError",
+    "WeightSync",
     "WeightSyncError",
     "WorkersError",
     "__version__",

@@ -138,7 +138,9 @@ class RolloutConfig(ConfigBase):
     number of new tokens generated (responses are right-padded to it). ``n`` is the number
     of samples per prompt: the trainer repeats the prompts (``batch.repeat(n,
     interleave=True)``) before ``generate_sequences``; the actor uses it to size
-    mini-batches.
+    mini-batches. ``tensor_model_parallel_size`` is the tensor-parallel size of a separately
+    placed :class:`~sc_workers.RolloutWorker` group (its other ranks are replicas); the
+    hybrid actor samples with the actor's own layout.
     """
 
     _section: ClassVar[str] = "rollout"
@@ -151,11 +153,13 @@ class RolloutConfig(ConfigBase):
     n: int = 1
     log_prob_micro_batch_size_per_gpu: int = 2
     seed: int = 0
+    tensor_model_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         o = self._section
         positive(
             o,
+            tensor_model_parallel_size=self.tensor_model_parallel_size,
             temperature=self.temperature,
             response_length=self.response_length,
             n=self.n,

@@ -1,7 +1,8 @@
 """Engines: a sharded model with its optimizer, behind one small interface.
 
 * :class:`FSDPEngine` — FSDP2 over a dp mesh (HSDP with ``fsdp_size``);
-* :class:`MegatronEngine` — tensor parallelism x FSDP2 on a ``(dp, tp)`` mesh.
+* :class:`MegatronEngine` — tensor parallelism x FSDP2 on a ``(dp, tp)`` mesh;
+* :class:`ReplicatedTPEngine` — tensor parallelism x full replicas (a rollout group).
 
 :func:`make_engine` picks one from a strategy name ("fsdp", "fsdp2" or "megatron").
 """
@@ -16,6 +17,7 @@ from ._base import Engine
 from ._fsdp import FSDPEngine
 from ._megatron import (
     MegatronEngine,
+    ReplicatedTPEngine,
     decoder_layer_plan,
     parallelize_hf_model,
     tensor_parallel_plan,
@@ -28,6 +30,7 @@ __all__ = [
     "Engine",
     "FSDPEngine",
     "MegatronEngine",
+    "ReplicatedTPEngine",
     "ParallelLayout",
     "block_modules",
     "decoder_layer_plan",

@@ -35,6 +35,7 @@ from ._modules import block_modules
 
 __all__ = [
     "MegatronEngine",
+    "ReplicatedTPEngine",
     "decoder_layer_plan",
     "parallelize_hf_model",
     "tensor_parallel_plan",
@@ -146,6 +147,10 @@ class MegatronEngine(Engine):
         )
 
     def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        return shard_module(self, self._tensor_parallel(module, mesh), mesh["dp"])
+
+    def _tensor_parallel(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        """Split ``module``'s layers over the mesh's "tp" dimension (in place)."""
         tp = self.layout.tp_size
         if tp > 1:
             where = f"rank {self.layout.rank}: tensor_model_parallel_size {tp}"
@@ -158,7 +163,7 @@ class MegatronEngine(Engine):
                 raise UnsupportedParallelismError(
                     f"{where} is not implemented for {type(module).__name__}"
                 )
-        return shard_module(self, module, mesh["dp"])
+        return module
 
     @property
     def dp_group(self) -> dist.ProcessGroup:
@@ -166,3 +171,14 @@ class MegatronEngine(Engine):
         if mesh is None:
             raise ConfigError("the megatron engine is not built")
         return mesh.get_group("dp")
+
+
+class ReplicatedTPEngine(MegatronEngine):
+    """Tensor parallelism inside each replica, full copies across replicas: the layout of a
+    rollout group (an inference engine, no FSDP). The mesh is ``(dp, tp)`` as in
+    :class:`MegatronEngine`; its dp dimension counts replicas."""
+
+    strategy = "tp-replicated"
+
+    def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        return self._tensor_parallel(module, mesh)

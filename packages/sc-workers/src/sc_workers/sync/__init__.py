@@ -9,16 +9,19 @@
   (:class:`InMemoryChannel`, for the local backend and a debugger);
 * :mod:`._staging` — packing, and the receiver's staged copy of the incoming version (the
   two-phase apply: receive everything, then commit);
-* :mod:`._transfer` — one rank's part: :func:`send_weights`, :func:`receive_weights`.
+* :mod:`._transfer` — one rank's part: :func:`send_weights`, :func:`receive_weights`;
+* :mod:`._controller` — :class:`WeightSync`, the controller's side (plan, channel, versions).
 """
 
-from ._channel import ChannelSpec, InMemoryChannel, ProcessGroupChannel, open_channel
+from ._channel import Channel, ChannelSpec, InMemoryChannel, ProcessGroupChannel, open_channel
+from ._controller import WeightSync
 from ._layout import ModelLayout, Region, module_regions
 from ._plan import Piece, TransferPlan, build_plan, plan_for
 from ._staging import StagedWeights, held_tensors, pack_pieces, unpack_pieces
 from ._transfer import receive_weights, send_weights
 
 __all__ = [
+    "Channel",
     "ChannelSpec",
     "InMemoryChannel",
     "ModelLayout",
@@ -27,6 +30,7 @@ __all__ = [
     "Region",
     "StagedWeights",
     "TransferPlan",
+    "WeightSync",
     "build_plan",
     "held_tensors",
     "module_regions",

@@ -6,17 +6,17 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from sc_protocol import DataProto
 
 from .._config import ActorRolloutRefConfig, BatchSizes
-from .._errors import BatchError, ConfigError, NotInitializedError
+from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, make_engine
 from ._common import WorkerBase
+from ._generation import generate_batch, meta_float, sampling_params
 from ._ppo import compute_log_prob, gather_tensors, update_policy
-from ._sampling import SamplingParams, eos_tuple, generate
+from ._sync import WeightSyncEndpoint
 
 __all__ = ["ROLES", "ActorRolloutRefWorker"]
 
@@ -34,14 +34,7 @@ ROLES: dict[str, tuple[bool, bool, bool]] = {
 _MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
-def _meta_float(meta: Mapping[str, Any], key: str, default: float, where: str) -> float:
-    value = meta.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise BatchError(f"{where}: meta_info[{key!r}] must be a number, got {value!r}")
-    return float(value)
-
-
-class ActorRolloutRefWorker(WorkerBase):
+class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
     """verl's hybrid worker: one model for training (actor) and sampling (rollout), plus an
     optional frozen reference model (ref), on the FSDP or megatron-style engine.
 
@@ -50,6 +43,9 @@ class ActorRolloutRefWorker(WorkerBase):
     each, its dp rank and whether it returns outputs (tp rank 0). The data methods use
     ``make_nd_compute_dataproto_dispatch_fn`` on those meshes, so a worker group splits a
     batch by dp rank and collects one output per dp group.
+
+    Its actor's weights can be sent to a separately placed :class:`~sc_workers.RolloutWorker`
+    group (the ``sync_*`` methods, driven by :class:`~sc_workers.WeightSync`).
     """
 
     def __init__(self, config: ActorRolloutRefConfig | Mapping[str, Any], role: str) -> None:
@@ -125,6 +121,9 @@ class ActorRolloutRefWorker(WorkerBase):
         seed = cfg.rollout.seed * 1_000_003 + self.layout.dp_rank
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
 
+    def _sync_engine(self, method: str) -> Engine:
+        return self._actor(method)
+
     def _actor(self, method: str) -> Engine:
         if not self._is_actor:
             raise NotInitializedError(f"{self._where(method)}: role {self.role!r} has no actor")
@@ -149,60 +148,8 @@ class ActorRolloutRefWorker(WorkerBase):
             raise NotInitializedError(f"{where}: role {self.role!r} has no rollout")
         if self.actor_engine is None or self._generator is None:
             raise NotInitializedError(f"{where}: call init_model first")
-        t = gather_tensors(prompts, ("input_ids", "attention_mask", "position_ids"), (), where)
-        params = self._sampling_params(prompts.meta_info, where)
-        engine = self.actor_engine
-        with engine.on_device():
-            engine.eval_mode()
-            responses, response_mask = generate(
-                engine,
-                t["input_ids"],
-                t["attention_mask"],
-                t["position_ids"],
-                params,
-                self._generator,
-            )
-        responses, response_mask = responses.cpu(), response_mask.cpu()
-        prompt_ids = t["input_ids"]
-        length = responses.shape[1]
-        delta = torch.arange(1, length + 1, dtype=t["position_ids"].dtype)
-        response_pos = t["position_ids"][:, -1:] + delta[None, :]
-        out = {
-            "prompts": prompt_ids,
-            "responses": responses,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": torch.cat(
-                [t["attention_mask"], response_mask.to(t["attention_mask"].dtype)], dim=1
-            ),
-            "position_ids": torch.cat([t["position_ids"], response_pos], dim=1),
-            "response_mask": response_mask.to(t["attention_mask"].dtype),
-        }
-        return DataProto.from_dict(tensors=out, non_tensors=dict(prompts.non_tensor_batch))
-
-    def _sampling_params(self, meta: Mapping[str, Any], where: str) -> SamplingParams:
-        rc = self.config.rollout
-        mc = self.config.model
-        length = meta.get("response_length", meta.get("max_new_tokens", rc.response_length))
-        temperature = _meta_float(meta, "temperature", rc.temperature, where)
-        top_p = _meta_float(meta, "top_p", rc.top_p, where)
-        top_k = int(meta.get("top_k", rc.top_k))
-        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
-            raise BatchError(f"{where}: response_length must be a positive int, got {length!r}")
-        if temperature <= 0:
-            raise BatchError(f"{where}: temperature must be > 0, got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise BatchError(f"{where}: top_p must be in (0, 1], got {top_p}")
-        eos = meta.get("eos_token_id", mc.eos_token_id)
-        pad = meta.get("pad_token_id", mc.pad_token_id)
-        return SamplingParams(
-            response_length=length,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            do_sample=bool(meta.get("do_sample", rc.do_sample)),
-            eos_token_ids=eos_tuple(eos),
-            pad_token_id=int(pad),
-        )
+        params = sampling_params(prompts.meta_info, self.config.rollout, self.config.model, where)
+        return generate_batch(self.actor_engine, self._generator, prompts, params, where)
 
     # ---------------------------------------------------------------- log-prob
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -215,7 +162,7 @@ class ActorRolloutRefWorker(WorkerBase):
         where = self._where("compute_log_prob")
         engine = self._actor("compute_log_prob")
         t = gather_tensors(data, _MODEL_INPUTS, (), where)
-        temperature = _meta_float(
+        temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
         )
         with engine.on_device():
@@ -236,7 +183,7 @@ class ActorRolloutRefWorker(WorkerBase):
         if self.ref_engine is None:
             raise NotInitializedError(f"{where}: call init_model first")
         t = gather_tensors(data, _MODEL_INPUTS, (), where)
-        temperature = _meta_float(
+        temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
         )
         engine = self.ref_engine
@@ -271,7 +218,7 @@ class ActorRolloutRefWorker(WorkerBase):
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
         t = gather_tensors(data, keys, ("response_mask",), where)
-        temperature = _meta_float(
+        temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
         )
         sizes = self.actor_batch_sizes

@@ -1,0 +1,199 @@
+"""``WeightSync``: the controller's side of moving the trainer's weights into a rollout group.
+
+::
+
+    sync = WeightSync(actor_wg, rollout_wg)   # groups of ActorRolloutRefWorker, RolloutWorker
+    version = sync.sync()                     # after each update: one line per stage
+
+The first sync gathers both groups' layouts, builds (and caches) the transfer plan and opens a
+channel that spans both groups: a torch.distributed group of its own, hosted by the trainer's
+rank 0 (gloo on CPU, nccl on CUDA), or in-memory mailboxes when both groups are in-process
+(sc-core's ``LocalWorkerGroup``). Each sync then runs in two phases: every trainer rank sends
+and every rollout rank receives into a staged copy (the calls run side by side), and only when
+all of them succeeded does every rollout rank switch to the new version. If anything fails,
+the rollout ranks that still answer drop the staged copy and keep serving the previous
+version, :attr:`WeightSync.version` does not advance, and a :class:`WeightSyncError` names the
+rank and the version; the next sync sends everything again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import uuid
+from typing import Any
+
+from .._errors import WeightSyncError
+from ._channel import ChannelSpec
+from ._layout import ModelLayout
+from ._plan import TransferPlan, plan_for
+
+__all__ = ["WeightSync"]
+
+logger = logging.getLogger(__name__)
+
+
+def _is_in_process(group: Any) -> bool:
+    from sc_core import LocalWorkerGroup
+
+    return isinstance(group, LocalWorkerGroup)
+
+
+class WeightSync:
+    """Keeps a rollout group's weights in step with a trainer group's (see the module doc).
+
+    ``timeout_s`` bounds each phase (a rank that does not answer in time fails the sync).
+    """
+
+    def __init__(self, trainer: Any, rollout: Any, *, timeout_s: float = 300.0) -> None:
+        for name, group in (("trainer", trainer), ("rollout", rollout)):
+            missing = [
+                m
+                for m in ("sync_report", "sync_open", "sync_send", "sync_receive", "sync_commit")
+                if not callable(getattr(group, m, None))
+            ]
+            if missing:
+                raise WeightSyncError(
+                    f"WeightSync: the {name} group {group!r} binds no {missing}; its workers "
+                    "must be ActorRolloutRefWorker / RolloutWorker (or mix in WeightSyncEndpoint)"
+                )
+        if not timeout_s > 0:
+            raise WeightSyncError(f"WeightSync: timeout_s must be > 0, got {timeout_s!r}")
+        self.trainer = trainer
+        self.rollout = rollout
+        self.timeout_s = timeout_s
+        #: the version every rollout rank serves (0: their initial weights)
+        self.version = 0
+        # the last version number tried: a failed sync uses its number up, so numbers only grow
+        self._tried = 0
+        self.plan: TransferPlan | None = None
+        self._spec: ChannelSpec | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="sc-weight-sync")
+
+    # ------------------------------------------------------------------ set-up
+    def _prepare(self) -> TransferPlan:
+        if self.plan is not None and self._spec is not None:
+            return self.plan
+        source = ModelLayout.from_ranks(self.trainer.sync_report())
+        destination = ModelLayout.from_ranks(self.rollout.sync_report())
+        plan = plan_for(source, destination)
+        world = source.world_size + destination.world_size
+        name = f"sc-weight-sync-{uuid.uuid4().hex[:12]}"
+        if _is_in_process(self.trainer) and _is_in_process(self.rollout):
+            spec = ChannelSpec("memory", name, world, timeout_s=self.timeout_s)
+        else:
+            host, port, device = self.trainer.sync_endpoint()[0]
+            spec = ChannelSpec(
+                "nccl" if device == "cuda" else "gloo",
+                name,
+                world,
+                host=host,
+                port=port,
+                timeout_s=self.timeout_s,
+            )
+        self._both(
+            "open the sync channel",
+            lambda: self.trainer.sync_open(spec, 0),
+            lambda: self.rollout.sync_open(spec, source.world_size),
+        )
+        logger.info(
+            "weight sync: %d trainer ranks -> %d rollout ranks over %s, %d pieces, %d bytes",
+            source.world_size,
+            destination.world_size,
+            spec.kind,
+            len(plan.pieces),
+            plan.total_bytes,
+        )
+        self.plan, self._spec = plan, spec
+        return plan
+
+    def _both(self, what: str, first: Any, second: Any) -> tuple[Any, Any]:
+        """Run two blocking group calls side by side; raise the first failure (trainer's
+        first), after both have ended or the time limit passed."""
+        futures = [self._pool.submit(first), self._pool.submit(second)]
+        done, pending = concurrent.futures.wait(
+            futures, timeout=self.timeout_s, return_when=concurrent.futures.FIRST_EXCEPTION
+        )
+        for future in futures:
+            if future in done and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]  # an exception, checked above
+        if pending:
+            raise WeightSyncError(
+                f"WeightSync: could not {what} within {self.timeout_s} s", version=self._tried
+            )
+        return futures[0].result(), futures[1].result()
+
+    # -------------------------------------------------------------------- sync
+    def sync(self) -> int:
+        """Send the trainer's current weights to every rollout rank; returns the new version.
+
+        Raises :class:`WeightSyncError` (naming the rank and the version) when a rank fails;
+        the rollout then keeps the previous version and :attr:`version` stays where it was.
+        """
+        self._tried = version = max(self._tried, self.version) + 1
+        try:
+            plan = self._prepare()
+            _, received = self._both(
+                f"move version {version}",
+                lambda: self.trainer.sync_send(plan, version),
+                lambda: self.rollout.sync_receive(plan, version),
+            )
+        except BaseException as exc:
+            self._abort(version)
+            self.plan = None  # set up afresh next time (a rank may have been replaced)
+            self._spec = None
+            if isinstance(exc, WeightSyncError):
+                raise
+            rank = getattr(exc, "rank", None)
+            raise WeightSyncError(
+                f"WeightSync: version {version} failed"
+                + (f" on rank {rank}" if rank is not None else "")
+                + f" ({type(exc).__name__}: {exc}); the rollout keeps version {self.version}",
+                rank=rank if isinstance(rank, int) else None,
+                version=version,
+            ) from exc
+        expected = [plan.received_by(r) for r in range(plan.destination.world_size)]
+        if list(received) != expected:
+            self._abort(version)
+            raise WeightSyncError(
+                f"WeightSync: version {version}: the rollout ranks received {list(received)} "
+                f"bytes, the plan sends {expected}",
+                version=version,
+            )
+        try:
+            self.rollout.sync_commit(version)
+        except BaseException as exc:
+            self.plan = None
+            self._spec = None
+            raise WeightSyncError(
+                f"WeightSync: version {version} could not be switched to on every rollout rank "
+                f"({type(exc).__name__}: {exc}); ranks that answered serve it, the others are "
+                "gone",
+                version=version,
+            ) from exc
+        self.version = version
+        return version
+
+    def _abort(self, version: int) -> None:
+        try:
+            self.rollout.sync_abort(version)
+        except Exception as exc:  # dead ranks cannot answer; the others dropped the staging
+            logger.warning("weight sync: abort of version %d: %s", version, exc)
+
+    def close(self) -> None:
+        """Leave the channel on both groups (idempotent)."""
+        if self._spec is not None:
+            for group in (self.trainer, self.rollout):
+                try:
+                    group.sync_close()
+                except Exception as exc:
+                    logger.warning("weight sync: closing the channel: %s", exc)
+        self._spec = None
+        self.plan = None
+        self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> WeightSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

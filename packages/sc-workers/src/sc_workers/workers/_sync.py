@@ -1,0 +1,142 @@
+"""The worker side of a weight sync: registered methods that :class:`~sc_workers.WeightSync`
+calls on the trainer's group (senders) and on the rollout's group (receivers).
+
+A worker class mixes :class:`WeightSyncEndpoint` in and says which engine holds the weights
+(:meth:`WeightSyncEndpoint._sync_engine`). Its state lives in attributes named ``_sc_sync_*``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sc_dispatch import Dispatch, register
+
+from .._errors import WeightSyncError
+from ..engine import Engine
+from ..sync import (
+    Channel,
+    ChannelSpec,
+    StagedWeights,
+    TransferPlan,
+    held_tensors,
+    module_regions,
+    open_channel,
+    receive_weights,
+    send_weights,
+)
+
+__all__ = ["WeightSyncEndpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSyncEndpoint:
+    """Registered ``sync_*`` methods; the committed weight version is ``weight_version``."""
+
+    rank: int
+    _sc_sync_channel: Channel | None = None
+    _sc_sync_staged: StagedWeights | None = None
+    _sc_sync_version: int = 0
+
+    def _sync_engine(self, method: str) -> Engine:
+        """The engine whose module's parameters this worker sends or receives."""
+        raise NotImplementedError(f"{type(self).__name__} does not take part in weight sync")
+
+    def _sync_where(self, method: str) -> str:
+        return f"{type(self).__name__}.{method} (rank {self.rank})"
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights this worker serves (0: its initial weights)."""
+        return self._sc_sync_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_report(self) -> dict[str, Any]:
+        """This rank's regions of every parameter (see ``sc_workers.sync.module_regions``)."""
+        return module_regions(self._sync_engine("sync_report").module)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_endpoint(self) -> tuple[str, int, str]:
+        """``(node address, a free port, device type)`` for a channel hosted on this rank."""
+        from sc_core import Worker
+
+        engine = self._sync_engine("sync_endpoint")
+        return Worker._get_node_ip(), Worker._get_free_port(), engine.device.type
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_open(self, spec: ChannelSpec, offset: int) -> None:
+        """Join the channel ``spec`` as channel rank ``offset + rank`` (closing an older one)."""
+        if self._sc_sync_channel is not None:
+            self._sc_sync_channel.close()
+        self._sc_sync_channel = open_channel(spec, offset + self.rank)
+
+    def _channel(self, method: str) -> Channel:
+        if self._sc_sync_channel is None:
+            raise WeightSyncError(
+                f"{self._sync_where(method)}: no sync channel; WeightSync opens one first",
+                rank=self.rank,
+            )
+        return self._sc_sync_channel
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_send(self, plan: TransferPlan, version: int) -> int:
+        """Send this rank's pieces of ``plan``; returns the bytes sent."""
+        engine = self._sync_engine("sync_send")
+        channel = self._channel("sync_send")
+        with engine.on_device():
+            held = held_tensors(engine.module, plan.source.ranks[self.rank])
+            sent = send_weights(channel, plan, self.rank, held)
+        logger.debug("rank %d: sent %d bytes of weight version %d", self.rank, sent, version)
+        return sent
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_receive(self, plan: TransferPlan, version: int) -> int:
+        """Receive and stage this rank's pieces of version ``version`` (the live weights stay
+        as they are until :meth:`sync_commit`); returns the bytes received."""
+        where = self._sync_where("sync_receive")
+        if version <= self._sc_sync_version:
+            raise WeightSyncError(
+                f"{where}: version {version} is not newer than the served version "
+                f"{self._sc_sync_version}",
+                rank=self.rank,
+                version=version,
+            )
+        engine = self._sync_engine("sync_receive")
+        channel = self._channel("sync_receive")
+        self._sc_sync_staged = None
+        targets = held_tensors(engine.module, plan.destination.ranks[self.rank])
+        staged = receive_weights(channel, plan, self.rank, targets, version)
+        self._sc_sync_staged = staged
+        return staged.bytes_received
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_commit(self, version: int) -> int:
+        """Switch to the staged version ``version`` (every rank has received its part)."""
+        staged = self._sc_sync_staged
+        if staged is None or staged.version != version:
+            have = None if staged is None else staged.version
+            raise WeightSyncError(
+                f"{self._sync_where('sync_commit')}: version {version} is not staged (staged: "
+                f"{have}); the rank keeps version {self._sc_sync_version}",
+                rank=self.rank,
+                version=version,
+            )
+        staged.commit()
+        self._sc_sync_staged = None
+        self._sc_sync_version = version
+        return version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_abort(self, version: int) -> int:
+        """Drop a staged version; returns the version still served."""
+        if self._sc_sync_staged is not None and self._sc_sync_staged.version == version:
+            self._sc_sync_staged = None
+        return self._sc_sync_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_close(self) -> None:
+        """Leave the sync channel."""
+        if self._sc_sync_channel is not None:
+            self._sc_sync_channel.close()
+            self._sc_sync_channel = None

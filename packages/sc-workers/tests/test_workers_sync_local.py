@@ -1,0 +1,171 @@
+"""WeightSync between in-process groups (sc-core's LocalWorkerGroup, in-memory channel): the
+rollout serves the trainer's weights after a sync, generates what the actor generates, tags
+its batches with the version, and keeps its weights when a sync fails."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _workers_helpers import PROMPT_LEN, actor_config, col, make_tensors
+from sc_core import ClassWithInitArgs, LocalWorkerGroup, ResourcePool
+from sc_protocol import DataProto
+from sc_workers import (
+    ActorRolloutRefWorker,
+    RolloutWorker,
+    SyncLayoutError,
+    WeightSync,
+    WeightSyncError,
+)
+from sc_workers.sync._layout import local_view
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _prompts(n: int = 4) -> DataProto:
+    t = make_tensors(n)
+    mask = t["attention_mask"][:, :PROMPT_LEN]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": t["prompts"],
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+        },
+        non_tensors={"uid": np.array([f"p{i}" for i in range(n)], dtype=object)},
+        meta_info={"do_sample": False},
+    )
+
+
+def _rollout_config(**model: Any) -> Any:
+    cfg = actor_config()
+    # a different seed: the rollout starts from other weights than the trainer
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, seed=123, **model))
+
+
+@pytest.fixture
+def groups() -> Iterator[tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]]]:
+    actor = LocalWorkerGroup(
+        ResourcePool([1]),
+        ClassWithInitArgs(ActorRolloutRefWorker, config=actor_config(), role="actor_rollout"),
+    )
+    rollout = LocalWorkerGroup(
+        ResourcePool([1]), ClassWithInitArgs(RolloutWorker, config=_rollout_config())
+    )
+    try:
+        actor.init_model()
+        rollout.init_model()
+        yield actor, rollout
+    finally:
+        actor.close()
+        rollout.close()
+
+
+def _params(group: LocalWorkerGroup[Any], engine_attr: str) -> dict[str, torch.Tensor]:
+    worker = group.workers[0]
+    module = getattr(worker, engine_attr).module
+    return {n: local_view(p).detach().clone() for n, p in module.named_parameters()}
+
+
+def test_sync_serves_the_trainers_weights_and_generation_matches(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
+) -> None:
+    actor, rollout = groups
+    before = rollout.generate_sequences(_prompts())
+    assert before.meta_info["weight_version"] == 0
+    trainer_weights = _params(actor, "actor_engine")
+    assert not all(
+        torch.equal(trainer_weights[n], t) for n, t in _params(rollout, "rollout_engine").items()
+    )
+    with WeightSync(actor, rollout) as sync:
+        assert sync.sync() == 1
+        assert sync.plan is not None
+        assert sync.plan.total_bytes == sum(4 * t.numel() for t in trainer_weights.values())
+    served = _params(rollout, "rollout_engine")
+    assert all(torch.equal(trainer_weights[n], t) for n, t in served.items())
+    after = rollout.generate_sequences(_prompts())
+    assert after.meta_info["weight_version"] == 1
+    own = actor.generate_sequences(_prompts())
+    assert torch.equal(col(after, "responses"), col(own, "responses"))
+
+
+def test_failed_sync_keeps_the_previous_version(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
+) -> None:
+    actor, rollout = groups
+    sync = WeightSync(actor, rollout, timeout_s=5)
+    assert sync.sync() == 1
+    kept = _params(rollout, "rollout_engine")
+    # the trainer's ranks fail while sending: the rollout must not switch
+    worker = actor.workers[0]
+    original = worker.actor_engine
+
+    class Broken:
+        device = original.device
+        module = original.module
+
+        def on_device(self) -> Any:
+            raise RuntimeError("disk on fire")
+
+    worker.actor_engine = Broken()
+    try:
+        with pytest.raises(WeightSyncError, match=r"version 2 failed .*disk on fire") as info:
+            sync.sync()
+        assert info.value.version == 2
+    finally:
+        worker.actor_engine = original
+    assert sync.version == 1
+    assert all(torch.equal(kept[n], t) for n, t in _params(rollout, "rollout_engine").items())
+    assert rollout.generate_sequences(_prompts()).meta_info["weight_version"] == 1
+    # the next sync repairs it, with a newer version number
+    assert sync.sync() == 3
+    sync.close()
+
+
+def test_shape_mismatch_is_a_typed_error(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
+) -> None:
+    actor, _ = groups
+    wide = LocalWorkerGroup(
+        ResourcePool([1]),
+        ClassWithInitArgs(RolloutWorker, config=_rollout_config(intermediate_size=128)),
+    )
+    try:
+        wide.init_model()
+        sync = WeightSync(actor, wide, timeout_s=5)
+        with pytest.raises(WeightSyncError, match="version 1 failed") as info:
+            sync.sync()
+        assert isinstance(info.value.__cause__, SyncLayoutError)
+        assert "mlp" in str(info.value)
+        assert sync.version == 0
+        assert wide.generate_sequences(_prompts()).meta_info["weight_version"] == 0
+        sync.close()
+    finally:
+        wide.close()
+
+
+def test_weight_sync_needs_sync_endpoints(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
+) -> None:
+    actor, _ = groups
+    with pytest.raises(WeightSyncError, match="binds no"):
+        WeightSync(actor, object())
+    with pytest.raises(WeightSyncError, match="timeout_s must be > 0"):
+        WeightSync(actor, actor, timeout_s=0)
+
+
+def test_rollout_rejects_stale_versions_and_unstaged_commits(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
+) -> None:
+    _, rollout = groups
+    worker = rollout.workers[0]
+    with pytest.raises(WeightSyncError, match="version 3 is not staged"):
+        worker.sync_commit(3)
+    with pytest.raises(WeightSyncError, match="no sync channel"):
+        worker.sync_receive(None, 1)
+    worker._sc_sync_version = 5
+    with pytest.raises(WeightSyncError, match="version 2 is not newer than the served version 5"):
+        worker.sync_receive(None, 2)
