@@ -9,12 +9,24 @@ from typing import Literal
 from ._errors import TrainerConfigError
 from ._task import TaskConfig
 
-__all__ = ["ALGORITHMS", "BACKENDS", "DEVICES", "Algorithm", "Backend", "Device", "TrainerConfig"]
+__all__ = [
+    "ALGORITHMS",
+    "BACKENDS",
+    "DEVICES",
+    "PLACEMENTS",
+    "Algorithm",
+    "Backend",
+    "Device",
+    "Placement",
+    "TrainerConfig",
+]
 
 Algorithm = Literal["ppo", "grpo"]
 Backend = Literal["ray", "local"]
 Device = Literal["cpu", "cuda"]
+Placement = Literal["colocated", "separate"]
 ALGORITHMS: tuple[Algorithm, ...] = ("ppo", "grpo")
+PLACEMENTS: tuple[Placement, ...] = ("colocated", "separate")
 BACKENDS: tuple[Backend, ...] = ("ray", "local")
 DEVICES: tuple[Device, ...] = ("cpu", "cuda")
 
@@ -43,6 +55,11 @@ class TrainerConfig:
     encoding, so ``True`` with ``model_path`` is an error). ``model_path`` trains the local
     Hugging Face causal LM in that directory on the task as text, through its own
     tokenizer. ``device`` is where the workers compute (``"cuda"``: one GPU per worker).
+
+    ``placement="separate"`` samples on a rollout group of its own (``workers_per_role``
+    processes, tensor parallel over ``rollout_tp`` of them, replicas over the rest) whose
+    weights follow the actor's through a weight sync after every update; ``"colocated"``
+    (the default) samples with the actor's own model in the actor's processes.
     """
 
     algorithm: Algorithm = "ppo"
@@ -53,6 +70,8 @@ class TrainerConfig:
     workers_per_role: int = 2
     nnodes: int = 1
     colocate: bool = True
+    placement: Placement = "colocated"
+    rollout_tp: int = 1
     seed: int = 0
     # policy and critic optimisation
     actor_lr: float = 2e-3
@@ -86,6 +105,24 @@ class TrainerConfig:
         if self.algorithm not in ALGORITHMS:
             raise TrainerConfigError(
                 f"{owner}.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
+            )
+        if self.placement not in PLACEMENTS:
+            raise TrainerConfigError(
+                f"{owner}.placement must be one of {PLACEMENTS}, got {self.placement!r}"
+            )
+        if isinstance(self.rollout_tp, bool) or not isinstance(self.rollout_tp, int):
+            raise TrainerConfigError(f"{owner}.rollout_tp must be an int, got {self.rollout_tp!r}")
+        if self.rollout_tp < 1:
+            raise TrainerConfigError(f"{owner}.rollout_tp must be >= 1, got {self.rollout_tp}")
+        if self.rollout_tp > 1 and self.placement != "separate":
+            raise TrainerConfigError(
+                f"{owner}: rollout_tp={self.rollout_tp} needs placement='separate' (a colocated "
+                "rollout samples with the actor's own layout)"
+            )
+        if self.workers_per_role % self.rollout_tp:
+            raise TrainerConfigError(
+                f"{owner}: rollout_tp ({self.rollout_tp}) must divide the rollout group's "
+                f"{self.workers_per_role} workers (workers_per_role)"
             )
         if self.device not in DEVICES:
             raise TrainerConfigError(
@@ -202,5 +239,7 @@ class TrainerConfig:
 
     @property
     def worker_processes(self) -> int:
-        """Worker processes of the run: one per rank, two with the critic in its own pool."""
-        return self.workers_per_role * (1 if self.colocate or not self.uses_critic else 2)
+        """Worker processes of the run: one per rank of each pool (the actor's; the critic's
+        unless colocated; the rollout's when placed separately)."""
+        pools = 1 + (not self.colocate and self.uses_critic) + (self.placement == "separate")
+        return self.workers_per_role * pools

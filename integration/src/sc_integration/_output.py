@@ -193,6 +193,8 @@ _RESUME_KEYS = (
     "num_heads",
     "absolute_positions",
     "model_path",
+    "placement",
+    "rollout_tp",
     "task",
 )
 

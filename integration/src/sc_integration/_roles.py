@@ -29,6 +29,7 @@ from sc_workers import (
     OptimConfig,
     RefConfig,
     RolloutConfig,
+    RolloutWorker,
     hf_model_config,
 )
 
@@ -61,6 +62,7 @@ class Role(enum.Enum):
 
     ActorRolloutRef = "actor_rollout_ref"
     Critic = "critic"
+    Rollout = "rollout"
 
 
 def model_config(config: TrainerConfig, task: DigitsTask) -> ModelConfig:
@@ -113,6 +115,7 @@ def worker_configs(
             n=n,
             log_prob_micro_batch_size_per_gpu=rows_per_rank,
             seed=config.seed,
+            tensor_model_parallel_size=config.rollout_tp,
         ),
         ref=RefConfig(log_prob_micro_batch_size_per_gpu=rows_per_rank),
         device=config.device,
@@ -133,10 +136,12 @@ def worker_configs(
 
 @dataclass(frozen=True)
 class RoleClasses:
-    """The worker class of each role: the actor's always, the critic's for PPO."""
+    """The worker class of each role: the actor's always, the critic's for PPO, the
+    rollout's when sampling runs on a group of its own."""
 
     actor_rollout_ref: type[ActorRolloutRefWorker]
     critic: type[CriticWorker] | None
+    rollout: type[RolloutWorker] | None = None
 
 
 def role_classes(mapping: Mapping[Role, type]) -> RoleClasses:
@@ -156,7 +161,9 @@ def role_classes(mapping: Mapping[Role, type]) -> RoleClasses:
     actor = _subclass(mapping[Role.ActorRolloutRef], ActorRolloutRefWorker, Role.ActorRolloutRef)
     critic_cls = mapping.get(Role.Critic)
     critic = None if critic_cls is None else _subclass(critic_cls, CriticWorker, Role.Critic)
-    return RoleClasses(actor, critic)
+    rollout_cls = mapping.get(Role.Rollout)
+    rollout = None if rollout_cls is None else _subclass(rollout_cls, RolloutWorker, Role.Rollout)
+    return RoleClasses(actor, critic, rollout)
 
 
 def _subclass(cls: object, base: type[W], role: Role) -> type[W]:
@@ -217,6 +224,7 @@ class TrainerGroups:
     actor_rollout: WorkerGroup[ActorRolloutRefWorker]
     critic: WorkerGroup[CriticWorker] | None
     owned: tuple[WorkerGroup[Any], ...]
+    rollout: WorkerGroup[RolloutWorker] | None = None
 
 
 def build_worker_groups(
@@ -231,9 +239,32 @@ def build_worker_groups(
     The actor, its rollout and the reference model are one worker (role
     ``actor_rollout_ref``), so they share a process per rank. A critic mapped to the same
     pool is colocated with them (one class, :meth:`~sc_core.WorkerGroup.spawn` per role);
-    one in a pool of its own gets a group of its own.
+    one in a pool of its own gets a group of its own. A separately placed rollout
+    (``Role.Rollout``) gets a group of its own in its pool.
     """
     manager.create_resource_pool()
+    groups = _training_groups(backend, manager, classes, actor_config, critic_config)
+    if classes.rollout is None:
+        return groups
+    try:
+        rollout_cls = backend.class_with_init(classes.rollout, config=actor_config)
+        rollout = backend.worker_group(manager.get_resource_pool(Role.Rollout), rollout_cls)
+    except BaseException:
+        for group in groups.owned:
+            group.close()
+        raise
+    return TrainerGroups(
+        groups.actor_rollout, groups.critic, (*groups.owned, rollout), rollout=rollout
+    )
+
+
+def _training_groups(
+    backend: WorkerBackend,
+    manager: ResourcePoolManager,
+    classes: RoleClasses,
+    actor_config: ActorRolloutRefConfig,
+    critic_config: CriticConfig,
+) -> TrainerGroups:
     actor_pool = manager.get_resource_pool(Role.ActorRolloutRef)
     actor_cls = backend.class_with_init(
         classes.actor_rollout_ref, config=actor_config, role=Role.ActorRolloutRef.value

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sc_core import SpanRecorder
-from sc_workers import ActorRolloutRefWorker, CriticWorker, load_hf_tokenizer
+from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, load_hf_tokenizer
 
 from ._backends import WorkerBackend, make_backend
 from ._config import TrainerConfig
@@ -46,6 +46,8 @@ class TaskRunner:
         mapping: dict[Role, type] = {Role.ActorRolloutRef: ActorRolloutRefWorker}
         if self.config.uses_critic:
             mapping[Role.Critic] = CriticWorker
+        if self.config.placement == "separate":
+            mapping[Role.Rollout] = RolloutWorker
         return mapping
 
     def resource_pool_spec(self) -> tuple[dict[str, list[int]], dict[Role, str]]:
@@ -60,6 +62,9 @@ class TaskRunner:
             else:
                 spec["critic_pool"] = list(per_node)
                 mapping[Role.Critic] = "critic_pool"
+        if self.config.placement == "separate":
+            spec["rollout_pool"] = list(per_node)
+            mapping[Role.Rollout] = "rollout_pool"
         return spec, mapping
 
     def build_trainer(self, backend: WorkerBackend) -> RayPPOTrainer:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from sc_core import ResourcePoolManager, WorkerGroup
 from sc_protocol import DataProto
-from sc_workers import ActorRolloutRefWorker, CriticWorker
+from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, WeightSync
 from sc_workers.algos import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
@@ -108,6 +108,7 @@ class RayPPOTrainer:
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
         self._groups: TrainerGroups | None = None
+        self._weight_sync: WeightSync | None = None
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
@@ -131,6 +132,10 @@ class RayPPOTrainer:
         self.actor_rollout_wg.init_model()
         if self.use_critic:
             self.critic_wg.init_model()
+        rollout = self._groups.rollout
+        if rollout is not None:
+            rollout.init_model()
+            self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
 
     def _workers(self, attribute: str) -> TrainerGroups:
         if self._groups is None:
@@ -161,8 +166,28 @@ class RayPPOTrainer:
             )
         return critic
 
+    @property
+    def rollout_wg(self) -> WorkerGroup[RolloutWorker] | None:
+        """The separately placed rollout group (``placement="separate"``), else None: the
+        actor's group samples."""
+        return self._workers("rollout_wg").rollout
+
+    def _generate(self, batch: DataProto) -> DataProto:
+        rollout = self.rollout_wg
+        if rollout is None:
+            return self.actor_rollout_wg.generate_sequences(batch)
+        return rollout.generate_sequences(batch)
+
+    def _sync_weights(self, metrics: dict[str, Any]) -> None:
+        """Bring a separately placed rollout to the actor's current weights."""
+        if self._weight_sync is not None:
+            metrics["sync/weight_version"] = self._weight_sync.sync()
+
     def close(self) -> None:
         """Stop every worker (spawned role groups share the workers of the groups owned here)."""
+        sync, self._weight_sync = self._weight_sync, None
+        if sync is not None:
+            sync.close()
         groups, self._groups = self._groups, None
         if groups is None:
             return
@@ -246,7 +271,9 @@ class RayPPOTrainer:
         t = _StageTimer()
         batch = self._train_batch(step)
         with t("generate"):  # prompts in, prompts + responses out (non-tensor columns kept)
-            batch = self.actor_rollout_wg.generate_sequences(batch)
+            batch = self._generate(batch)
+        if "weight_version" in batch.meta_info:  # sampled by a separately placed rollout
+            m["rollout/weight_version"] = batch.meta_info["weight_version"]
         with t("balance"):
             batch = self._balance_batch(batch, m)
         with t("reward"):
@@ -265,6 +292,9 @@ class RayPPOTrainer:
                 m.update(_metrics_of(self.critic_wg.update_critic(batch)))
         with t("update_actor"):
             m.update(_metrics_of(self.actor_rollout_wg.update_actor(batch)))
+        if self._weight_sync is not None:
+            with t("sync_weights"):  # the rollout samples the next step with these weights
+                self._sync_weights(m)
         m.update({f"timing/{k}": v for k, v in t.seconds.items()})
         m["perf/step_time_s"] = sum(t.seconds.values())
         _check_finite(step, m)
@@ -277,7 +307,7 @@ class RayPPOTrainer:
         pad = (-len(batch)) % self.dp_size
         if pad:
             batch = DataProto.concat([batch, batch[:pad]])
-        td = _tensors(self.actor_rollout_wg.generate_sequences(batch), "validate")
+        td = _tensors(self._generate(batch), "validate")
         n = len(texts)
         scores = self.task.score(texts, td["responses"][:n], td["response_mask"][:n])
         return float(scores.mean().item())
@@ -299,6 +329,7 @@ class RayPPOTrainer:
             self._load_checkpoint(resume_from)
         else:
             self.output.start()
+        self._sync_weights({})  # a separate rollout starts from the actor's (restored) weights
         if on_start is not None:
             on_start(self.global_step)
         if not any("val/reward" in r for r in self.history):

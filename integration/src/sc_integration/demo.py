@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._config import ALGORITHMS, BACKENDS, DEVICES, TrainerConfig
+from ._config import ALGORITHMS, BACKENDS, DEVICES, PLACEMENTS, TrainerConfig
 from ._errors import ScIntegrationError
 from ._runner import TaskRunner
 from ._task import TASK_MODES, TaskConfig
@@ -65,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.colocate,
         help="run the critic in the actor/rollout/ref processes, or in a resource pool of its "
         "own (default: colocated)",
+    )
+    add(
+        "--placement",
+        choices=PLACEMENTS,
+        default=d.placement,
+        help="colocated: sample with the actor's model in its processes; separate: sample on a "
+        "rollout group of its own, whose weights follow the actor's by a weight sync after "
+        f"every update (default: {d.placement})",
+    )
+    add(
+        "--rollout-tp",
+        type=int,
+        default=d.rollout_tp,
+        help="tensor-parallel size of a separately placed rollout (default: 1)",
     )
     add(
         "--backend",
@@ -221,6 +235,8 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
             else (1 if args.backend == "local" else TrainerConfig.workers_per_role)
         ),
         colocate=args.colocate,
+        placement=args.placement,
+        rollout_tp=args.rollout_tp,
         seed=args.seed,
         output_dir=args.output_dir,
         resume_from=args.resume_from,
