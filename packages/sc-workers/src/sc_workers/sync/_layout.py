@@ -23,12 +23,28 @@ from .._errors import SyncLayoutError
 __all__ = ["ModelLayout", "Region", "module_regions"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Region:
-    """The box ``[offset[d], offset[d] + shape[d])`` of every dimension ``d`` of a tensor."""
+    """The box ``[offset[d], offset[d] + shape[d])`` of every dimension ``d`` of a tensor.
+
+    Equal boxes compare and hash equal (the hash is computed once: plans hash many)."""
 
     offset: tuple[int, ...]
     shape: tuple[int, ...]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Region):
+            return NotImplemented
+        return self.offset == other.offset and self.shape == other.shape
+
+    def __hash__(self) -> int:
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.offset, self.shape))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     def __post_init__(self) -> None:
         if len(self.offset) != len(self.shape):
@@ -111,6 +127,7 @@ class ModelLayout:
         shapes: dict[str, tuple[int, ...]] = {}
         dtypes: dict[str, str] = {}
         ranks: list[dict[str, Region]] = []
+        interned: dict[tuple[tuple[int, ...], tuple[int, ...]], Region] = {}
         for rank, report in enumerate(reports):
             held: dict[str, Region] = {}
             for name, (shape, dtype, offset, local) in report.items():
@@ -123,7 +140,10 @@ class ModelLayout:
                         f"ModelLayout: rank {rank} reports {name!r} as {shape} {dtype}, another "
                         f"rank as {shapes[name]} {dtypes[name]}"
                     )
-                region = Region(tuple(int(o) for o in offset), tuple(int(s) for s in local))
+                box = (tuple(int(o) for o in offset), tuple(int(s) for s in local))
+                region = interned.get(box)
+                if region is None:
+                    region = interned[box] = Region(*box)
                 if region.numel:
                     held[name] = region
             ranks.append(held)
@@ -145,10 +165,12 @@ class ModelLayout:
                 out.setdefault(region, []).append(rank)
         return out
 
-    def check_covers(self, owner: str) -> None:
-        """Every tensor's distinct regions are disjoint and cover it exactly (what a layout
-        that sends weights must satisfy), else :class:`SyncLayoutError`."""
-        for name, shape in self.shapes.items():
+    def check_covers(self, owner: str, names: Iterable[str] | None = None) -> None:
+        """Every tensor's (or those in ``names``) distinct regions are disjoint and cover it
+        exactly (what a layout that sends weights must satisfy), else
+        :class:`SyncLayoutError`."""
+        for name in self.shapes if names is None else names:
+            shape = self.shapes[name]
             regions = list(self.distinct_regions(name))
             total = sum(r.numel for r in regions)
             if total != math.prod(shape):

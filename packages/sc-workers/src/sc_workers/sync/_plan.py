@@ -8,14 +8,16 @@ element is sent exactly once, and picks among a region's replicas the sender wit
 bytes assigned so far, so the senders share the work instead of one rank sending everything.
 
 Parameters whose layouts look alike (same shape, same regions on every rank) share one cut,
-computed once: a model of thousands of tensors has only a handful of such patterns.
+computed once, and their pieces are spread over a region's holders round robin: building a
+plan costs per pattern, not per piece (a model of thousands of tensors has a handful of
+patterns), and a rank lists only its own pieces (:meth:`TransferPlan.pair`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .._errors import SyncLayoutError
 from ._layout import ModelLayout, Region
@@ -23,8 +25,7 @@ from ._layout import ModelLayout, Region
 __all__ = ["Piece", "TransferPlan", "build_plan", "plan_for"]
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """``region`` (full-tensor coordinates) of parameter ``name``, from source rank ``src`` to
     destination rank ``dst`` (each counted within its own group); ``nbytes`` in the source's
     dtype."""
@@ -37,32 +38,87 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class _Entry:
+    """One cut of a pattern: destination ``dst`` needs ``region``; ``senders[j]`` sends it
+    for the pattern's tensors ``j, j + len(senders), ...`` (round robin over the holders)."""
+
+    dst: int
+    region: Region
+    senders: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    """Tensors whose layouts look alike (same full shape, same boxes on every rank)."""
+
+    names: tuple[str, ...]
+    itemsize: int
+    entries: tuple[_Entry, ...]
+
+
+@dataclass(frozen=True)
 class TransferPlan:
-    """Every piece of one sync, grouped by (sender, receiver) pair in a fixed order."""
+    """Every piece of one sync. Pieces are built per (sender, receiver) pair on demand
+    (:meth:`pair`): a rank only ever lists its own."""
 
     source: ModelLayout
     destination: ModelLayout
-    pieces: tuple[Piece, ...]
-    by_pair: Mapping[tuple[int, int], tuple[Piece, ...]] = field(repr=False)
+    _patterns: tuple[_Pattern, ...] = field(repr=False)
+    _sent: tuple[int, ...] = field(repr=False)
+    _received: tuple[int, ...] = field(repr=False)
+
+    def pair(self, src: int, dst: int) -> list[Piece]:
+        """The pieces ``src`` sends ``dst``, in the order both sides pack and unpack them."""
+        out = []
+        for pattern in self._patterns:
+            for entry in pattern.entries:
+                if entry.dst != dst or src not in entry.senders:
+                    continue
+                nbytes = entry.region.numel * pattern.itemsize
+                step = len(entry.senders)
+                for j, s in enumerate(entry.senders):
+                    if s == src:
+                        out += [
+                            Piece(name, src, dst, entry.region, nbytes)
+                            for name in pattern.names[j::step]
+                        ]
+        return out
+
+    @property
+    def by_pair(self) -> dict[tuple[int, int], list[Piece]]:
+        """Every (sender, receiver) pair that exchanges bytes, and its pieces."""
+        pairs = sorted(
+            {
+                (s, e.dst)
+                for p in self._patterns
+                for e in p.entries
+                for s in e.senders[: len(p.names)]
+            }
+        )
+        return {(s, d): self.pair(s, d) for s, d in pairs}
+
+    @property
+    def pieces(self) -> list[Piece]:
+        return [piece for pieces in self.by_pair.values() for piece in pieces]
 
     def sent_by(self, src: int) -> int:
         """Bytes source rank ``src`` sends."""
-        return sum(p.nbytes for p in self.pieces if p.src == src)
+        return self._sent[src]
 
     def received_by(self, dst: int) -> int:
         """Bytes destination rank ``dst`` receives (in the source's dtype)."""
-        return sum(p.nbytes for p in self.pieces if p.dst == dst)
+        return self._received[dst]
 
     def pieces_for(self, dst: int) -> list[Piece]:
-        return [p for p in self.pieces if p.dst == dst]
+        return [p for s in range(self.source.world_size) for p in self.pair(s, dst)]
 
     @property
     def total_bytes(self) -> int:
-        return sum(p.nbytes for p in self.pieces)
+        return sum(self._sent)
 
-
-def _pattern(layout: ModelLayout, name: str) -> tuple[Region | None, ...]:
-    return tuple(held.get(name) for held in layout.ranks)
+    @property
+    def piece_count(self) -> int:
+        return sum(len(p.names) * len(p.entries) for p in self._patterns)
 
 
 def build_plan(source: ModelLayout, destination: ModelLayout) -> TransferPlan:
@@ -82,27 +138,34 @@ def build_plan(source: ModelLayout, destination: ModelLayout) -> TransferPlan:
                 f"weight sync: {name!r} has shape {source.shapes[name]} in the trainer and "
                 f"{shape} in the rollout"
             )
-    source.check_covers("weight sync (trainer layout)")
-    load = [0] * source.world_size
-    cuts: dict[tuple[object, ...], list[tuple[int, Region, list[int]]]] = {}
-    pieces: list[Piece] = []
+    groups: dict[tuple[object, ...], list[str]] = {}
     for name in sorted(destination.shapes):
-        key = (source.shapes[name], _pattern(source, name), _pattern(destination, name))
-        cut = cuts.get(key)
-        if cut is None:
-            cut = cuts[key] = _cut(source, destination, name)
-        itemsize = source.nbytes(name, Region.full((1,)))
-        for dst, region, holders in cut:
+        key = (
+            source.shapes[name],
+            source.dtypes[name],
+            tuple(held.get(name) for held in source.ranks),
+            tuple(held.get(name) for held in destination.ranks),
+        )
+        groups.setdefault(key, []).append(name)
+    sent = [0] * source.world_size
+    received = [0] * destination.world_size
+    patterns = []
+    # one tensor per pattern stands for all: same shape, same boxes on every rank
+    source.check_covers("weight sync (trainer layout)", [names[0] for names in groups.values()])
+    for names in groups.values():
+        first = names[0]
+        itemsize = source.nbytes(first, Region.full((1,)))
+        entries = []
+        for dst, region, holders in _cut(source, destination, first):
             nbytes = region.numel * itemsize
-            src = min(holders, key=load.__getitem__)  # fewest bytes so far; lowest rank on ties
-            load[src] += nbytes
-            pieces.append(Piece(name, src, dst, region, nbytes))
-    by_pair: dict[tuple[int, int], list[Piece]] = {}
-    for piece in pieces:
-        by_pair.setdefault((piece.src, piece.dst), []).append(piece)
-    return TransferPlan(
-        source, destination, tuple(pieces), {k: tuple(v) for k, v in sorted(by_pair.items())}
-    )
+            # the least loaded holder takes the first tensor, the next one the second...
+            order = tuple(sorted(holders, key=lambda r: (sent[r], r)))
+            for j, s in enumerate(order):
+                sent[s] += nbytes * len(names[j :: len(order)])
+            received[dst] += nbytes * len(names)
+            entries.append(_Entry(dst, region, order))
+        patterns.append(_Pattern(tuple(names), itemsize, tuple(entries)))
+    return TransferPlan(source, destination, tuple(patterns), tuple(sent), tuple(received))
 
 
 def _cut(

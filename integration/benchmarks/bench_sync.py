@@ -1,0 +1,248 @@
+"""Weight-sync benchmark: sc-workers' planned sync against raw torch.distributed baselines.
+
+    uv run python integration/benchmarks/bench_sync.py            # results/sync.json
+    uv run python integration/benchmarks/bench_sync.py --quick    # a smoke run
+
+* ``plan``: building the transfer plan for a model of 10,000 tensors (trainer FSDP dp=4,
+  rollout TP=2 x 2 replicas), uncached, median of 5;
+* ``sync``: a model of ``--mib`` MiB (tensors of 1024 x 1024 float32) from 2 trainer processes
+  (FSDP-style dim-0 shards) to 2 rollout processes (tensor parallel along dim 1), over gloo on
+  this machine, each variant timed between barriers, in turns (median of ``--repeat``):
+
+  - ``sc``: ``send_weights`` / ``receive_weights`` / ``commit`` (packing, one message per
+    sender-receiver pair, staging, the switch to the new version);
+  - ``raw``: a raw ``send``/``recv`` of the same bytes per pair between the same processes
+    (pre-allocated flat buffers: the floor for moving these bytes);
+  - ``broadcast``: the naive way, trainer rank 0 holding the full model and broadcasting every
+    tensor to the rollout ranks, which keep their slices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from sc_workers.sync import (
+    ChannelSpec,
+    ModelLayout,
+    Region,
+    build_plan,
+    open_channel,
+    receive_weights,
+    send_weights,
+)
+
+SENDERS, RECEIVERS = 2, 2
+SIDE = 1024
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _chunk(n: int, parts: int, i: int) -> tuple[int, int]:
+    size = -(-n // parts)
+    return min(i * size, n), min((i + 1) * size, n)
+
+
+def layouts(
+    shapes: dict[str, tuple[int, ...]], senders: int, tp: int, replicas: int
+) -> tuple[ModelLayout, ModelLayout]:
+    """Trainer: dim 0 split over ``senders``; rollout: dim -1 split over tp, replicated.
+    Equal boxes are one Region object, as in layouts built from the ranks' reports."""
+    dtypes = dict.fromkeys(shapes, "float32")
+    boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], Region] = {}
+
+    def box(offset: tuple[int, ...], shape: tuple[int, ...]) -> Region:
+        return boxes.setdefault((offset, shape), Region(offset, shape))
+
+    src = []
+    for s in range(senders):
+        held = {}
+        for name, shape in shapes.items():
+            lo, hi = _chunk(shape[0], senders, s)
+            if hi > lo:
+                held[name] = box((lo, *([0] * (len(shape) - 1))), (hi - lo, *shape[1:]))
+        src.append(held)
+    dst = []
+    for _ in range(replicas):
+        for t in range(tp):
+            held = {}
+            for name, shape in shapes.items():
+                lo, hi = _chunk(shape[-1], tp, t)
+                if hi > lo:
+                    held[name] = box((*([0] * (len(shape) - 1)), lo), (*shape[:-1], hi - lo))
+            dst.append(held)
+    return ModelLayout(shapes, dtypes, tuple(src)), ModelLayout(shapes, dtypes, tuple(dst))
+
+
+def bench_plan(tensors: int) -> dict[str, Any]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(tensors):  # a transformer's mix: matrices, vectors, a few odd shapes
+        kind = i % 5
+        shapes[f"layers.{i // 5}.p{kind}"] = [(512, 512), (512,), (2048, 512), (512, 2048), (7,)][
+            kind
+        ]
+    src, dst = layouts(shapes, 4, 2, 2)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        plan = build_plan(src, dst)
+        times.append(time.perf_counter() - start)
+    return {"tensors": tensors, "pieces": plan.piece_count, "build_s": statistics.median(times)}
+
+
+def _rank(rank: int, world: int, ports: tuple[int, int], mib: float, repeat: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=world
+    )
+    count = max(1, int(mib * 2**20) // (SIDE * SIDE * 4))
+    shapes: dict[str, tuple[int, ...]] = {f"w{i}": (SIDE, SIDE) for i in range(count)}
+    src, dst = layouts(shapes, SENDERS, RECEIVERS, 1)
+    plan = build_plan(src, dst)
+    channel = open_channel(ChannelSpec("gloo", "bench", world, port=ports[1]), rank)
+    gen = torch.Generator().manual_seed(0)
+    full = {n: torch.randn(s, generator=gen) for n, s in shapes.items()} if rank == 0 else {}
+    if rank < SENDERS:
+        held = {}
+        for name, region in src.ranks[rank].items():
+            t = torch.randn(region.shape, generator=gen)
+            held[name] = (t, region)
+    else:
+        r = rank - SENDERS
+        targets = {n: (torch.zeros(reg.shape), reg) for n, reg in dst.ranks[r].items()}
+    # raw baseline: the same bytes per pair, pre-allocated flat buffers
+    pair_bytes = {pair: sum(p.nbytes for p in pieces) for pair, pieces in plan.by_pair.items()}
+    raw_send = {
+        d: torch.empty(n, dtype=torch.uint8) for (s, d), n in pair_bytes.items() if s == rank
+    }
+    raw_recv = {
+        s: torch.empty(n, dtype=torch.uint8)
+        for (s, d), n in pair_bytes.items()
+        if d == rank - SENDERS
+    }
+    receivers = list(range(SENDERS, world))
+    bcast_group: Any = dist.new_group([0, *receivers])
+
+    def sc() -> None:
+        if rank < SENDERS:
+            send_weights(channel, plan, rank, held)
+        else:
+            receive_weights(channel, plan, rank - SENDERS, targets, 1).commit()
+
+    def raw() -> None:
+        works = [dist.isend(t, SENDERS + d) for d, t in raw_send.items()]
+        works += [dist.irecv(t, s) for s, t in raw_recv.items()]
+        for w in works:
+            if w is not None:
+                w.wait()
+
+    def broadcast() -> None:
+        if rank not in (0, *receivers):
+            return
+        for name, shape in shapes.items():
+            t = full[name] if rank == 0 else torch.empty(shape)
+            dist.broadcast(t, 0, group=bcast_group)
+            if rank >= SENDERS:
+                tensor, region = targets[name]
+                tensor.copy_(t[region.within(Region.full(shape))])
+
+    variants = {"sc": sc, "raw": raw, "broadcast": broadcast}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for i in range(repeat + 1):  # the first round warms up
+        order = list(variants.items())
+        for name, fn in order if i % 2 == 0 else order[::-1]:
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            dist.barrier()
+            if i:
+                times[name].append(time.perf_counter() - start)
+    if rank == 0:
+        result: dict[str, Any] = {
+            "mib": count * SIDE * SIDE * 4 / 2**20,
+            "tensors": count,
+            "senders": SENDERS,
+            "receivers": RECEIVERS,
+            "bytes_moved": plan.total_bytes,
+            "sent_per_sender": [plan.sent_by(s) for s in range(SENDERS)],
+            **{f"{k}_s": statistics.median(v) for k, v in times.items()},
+        }
+        result["sc_over_raw"] = result["sc_s"] / result["raw_s"]
+        result["sc_over_broadcast"] = result["sc_s"] / result["broadcast_s"]
+        Path(out).write_text(json.dumps(result), encoding="utf-8")
+    channel.close()
+    dist.destroy_process_group()
+
+
+def bench_sync(mib: float, repeat: int) -> dict[str, Any]:
+    world = SENDERS + RECEIVERS
+    ports = (_port(), _port())
+    out = Path(f"/tmp/sc-bench-sync-{os.getpid()}.json")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, ports, mib, repeat, str(out)))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=900)
+    failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
+    if failed:
+        raise RuntimeError(f"bench_sync: ranks exited with {failed}")
+    result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    out.unlink()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--out", type=Path, default=Path("integration/benchmarks/results/sync.json")
+    )
+    parser.add_argument("--mib", type=float, default=256.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--plan-tensors", type=int, default=10_000)
+    parser.add_argument("--quick", action="store_true", help="16 MiB, one repeat, 1000 tensors")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.mib, args.repeat, args.plan_tensors = 16.0, 1, 1000
+    results: dict[str, Any] = {
+        "benchmark": "weight sync",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "loadavg_at_start": list(os.getloadavg()),
+        },
+    }
+    results["plan"] = bench_plan(args.plan_tensors)
+    print(f"plan: {results['plan']}", flush=True)
+    results["sync"] = bench_sync(args.mib, args.repeat)
+    print(f"sync: {results['sync']}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
