@@ -143,7 +143,7 @@ def _rank(rank: int, world: int, ports: tuple[int, int], mib: float, repeat: int
         if rank < SENDERS:
             send_weights(channel, plan, rank, held)
         else:
-            receive_weights(channel, plan, rank - SENDERS, targets, 1).commit()
+            receive_weights(channel, plan, rank - SENDERS, targets, 1).staged.commit()
 
     def raw() -> None:
         works = [dist.isend(t, SENDERS + d) for d, t in raw_send.items()]

@@ -92,7 +92,7 @@ def sync_job(
     if trainer:
         result["sent"] = send_weights(
             channel, plan, world_rank, held_tensors(model, source.ranks[world_rank])
-        )
+        ).wire_bytes
         full = {
             n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
             for n, p in model.named_parameters()
@@ -100,7 +100,7 @@ def sync_job(
         result["full"] = full
     else:
         regions = destination.ranks[world_rank]
-        staged = receive_weights(channel, plan, world_rank, held_tensors(model, regions), 1)
+        staged = receive_weights(channel, plan, world_rank, held_tensors(model, regions), 1).staged
         staged.commit()
         result["received"] = staged.bytes_received
         result["expected_bytes"] = sum(r.numel * 4 for r in regions.values())

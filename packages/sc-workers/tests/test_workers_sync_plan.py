@@ -203,7 +203,7 @@ def _run_sync(
                 name: (torch.zeros(region.shape), region)
                 for name, region in destination.ranks[rank].items()
             }
-            staged[rank] = receive_weights(channel, plan, rank, targets, version)
+            staged[rank] = receive_weights(channel, plan, rank, targets, version).staged
         except BaseException as exc:
             errors.append(exc)
 

@@ -14,6 +14,7 @@ is opened by every participant with the same :class:`ChannelSpec` (the controlle
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Mapping
@@ -103,7 +104,8 @@ class ProcessGroupChannel:
 class _Mailboxes:
     def __init__(self) -> None:
         self.cond = threading.Condition()
-        self.boxes: dict[tuple[int, int], torch.Tensor] = {}
+        # messages from one rank to another, in the order they were sent
+        self.boxes: dict[tuple[int, int], collections.deque[torch.Tensor]] = {}
         self.open = 0
 
 
@@ -112,7 +114,8 @@ _mail: dict[str, _Mailboxes] = {}
 
 
 class InMemoryChannel:
-    """Mailboxes in this process: a send is a copy left for the peer, a receive waits for it."""
+    """Mailboxes in this process: a send is a copy queued for the peer, a receive waits for
+    the oldest one (messages between two ranks arrive in the order they were sent)."""
 
     def __init__(self, spec: ChannelSpec, rank: int) -> None:
         self.spec = spec
@@ -128,12 +131,14 @@ class InMemoryChannel:
         boxes = self._boxes
         with boxes.cond:
             for peer, tensor in sends.items():
-                boxes.boxes[(self.rank, peer)] = tensor.clone()
+                boxes.boxes.setdefault((self.rank, peer), collections.deque()).append(
+                    tensor.clone()
+                )
             boxes.cond.notify_all()
         deadline = time.monotonic() + self.spec.timeout_s
         for peer, out in sorted(receives.items()):
             with boxes.cond:
-                while (peer, self.rank) not in boxes.boxes:
+                while not boxes.boxes.get((peer, self.rank)):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise WeightSyncError(
@@ -142,7 +147,7 @@ class InMemoryChannel:
                             rank=self.rank,
                         )
                     boxes.cond.wait(left)
-                data = boxes.boxes.pop((peer, self.rank))
+                data = boxes.boxes[(peer, self.rank)].popleft()
             if data.numel() != out.numel():
                 raise WeightSyncError(
                     f"weight sync: channel rank {self.rank} expected {out.numel()} bytes from "

@@ -43,9 +43,14 @@ class WeightSync:
     """Keeps a rollout group's weights in step with a trainer group's (see the module doc).
 
     ``timeout_s`` bounds each phase (a rank that does not answer in time fails the sync).
+    ``delta=True`` sends, after the first sync over a channel, only the words that changed
+    since the last synced version (positions and values where that is smaller than the dense
+    message), bit-exact with a dense sync; both sides keep the last version's messages.
     """
 
-    def __init__(self, trainer: Any, rollout: Any, *, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, trainer: Any, rollout: Any, *, timeout_s: float = 300.0, delta: bool = False
+    ) -> None:
         for name, group in (("trainer", trainer), ("rollout", rollout)):
             missing = [
                 m
@@ -62,6 +67,12 @@ class WeightSync:
         self.trainer = trainer
         self.rollout = rollout
         self.timeout_s = timeout_s
+        self.delta = bool(delta)
+        #: bytes the last sync put on the wire (all pairs), and what a dense sync would
+        self.last_wire_bytes = 0
+        self.last_dense_bytes = 0
+        # the version both sides hold delta baselines of (over the current channel)
+        self._base: int | None = None
         #: the version every rollout rank serves (0: their initial weights)
         self.version = 0
         # the last version number tried: a failed sync uses its number up, so numbers only grow
@@ -101,7 +112,7 @@ class WeightSync:
             source.world_size,
             destination.world_size,
             spec.kind,
-            len(plan.pieces),
+            plan.piece_count,
             plan.total_bytes,
         )
         self.plan, self._spec = plan, spec
@@ -133,15 +144,17 @@ class WeightSync:
         self._tried = version = max(self._tried, self.version) + 1
         try:
             plan = self._prepare()
+            base = self._base if self.delta else None
             _, received = self._both(
                 f"move version {version}",
-                lambda: self.trainer.sync_send(plan, version),
-                lambda: self.rollout.sync_receive(plan, version),
+                lambda: self.trainer.sync_send(plan, version, base, self.delta),
+                lambda: self.rollout.sync_receive(plan, version, base, self.delta),
             )
         except BaseException as exc:
             self._abort(version)
             self.plan = None  # set up afresh next time (a rank may have been replaced)
             self._spec = None
+            self._base = None
             if isinstance(exc, WeightSyncError):
                 raise
             rank = getattr(exc, "rank", None)
@@ -153,11 +166,13 @@ class WeightSync:
                 version=version,
             ) from exc
         expected = [plan.received_by(r) for r in range(plan.destination.world_size)]
-        if list(received) != expected:
+        staged = [int(r[0]) for r in received]
+        if staged != expected:
             self._abort(version)
+            self._base = None
             raise WeightSyncError(
-                f"WeightSync: version {version}: the rollout ranks received {list(received)} "
-                f"bytes, the plan sends {expected}",
+                f"WeightSync: version {version}: the rollout ranks staged {staged} bytes, the "
+                f"plan sends {expected}",
                 version=version,
             )
         try:
@@ -165,6 +180,7 @@ class WeightSync:
         except BaseException as exc:
             self.plan = None
             self._spec = None
+            self._base = None
             raise WeightSyncError(
                 f"WeightSync: version {version} could not be switched to on every rollout rank "
                 f"({type(exc).__name__}: {exc}); ranks that answered serve it, the others are "
@@ -172,6 +188,9 @@ class WeightSync:
                 version=version,
             ) from exc
         self.version = version
+        self._base = version
+        self.last_wire_bytes = sum(int(r[1]) for r in received)
+        self.last_dense_bytes = plan.total_bytes
         return version
 
     def _abort(self, version: int) -> None:
@@ -190,6 +209,7 @@ class WeightSync:
                     logger.warning("weight sync: closing the channel: %s", exc)
         self._spec = None
         self.plan = None
+        self._base = None
         self._pool.shutdown(wait=False)
 
     def __enter__(self) -> WeightSync:

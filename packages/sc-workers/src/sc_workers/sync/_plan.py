@@ -84,6 +84,24 @@ class TransferPlan:
                         ]
         return out
 
+    def receivers_of(self, src: int) -> list[int]:
+        """The destination ranks ``src`` sends to."""
+        return sorted(
+            {e.dst for p in self._patterns for e in p.entries if src in e.senders[: len(p.names)]}
+        )
+
+    def senders_to(self, dst: int) -> list[int]:
+        """The source ranks that send to ``dst``."""
+        return sorted(
+            {
+                s
+                for p in self._patterns
+                for e in p.entries
+                if e.dst == dst
+                for s in e.senders[: len(p.names)]
+            }
+        )
+
     @property
     def by_pair(self) -> dict[tuple[int, int], list[Piece]]:
         """Every (sender, receiver) pair that exchanges bytes, and its pieces."""

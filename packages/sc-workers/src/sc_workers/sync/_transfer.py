@@ -2,20 +2,49 @@
 
 Channel ranks: the trainer's rank ``r`` is channel rank ``r``, the rollout's rank ``r`` is
 channel rank ``S + r`` (``S`` the trainer's world size, ``plan.source.world_size``).
+
+A dense sync is one message per (sender, receiver) pair. A delta sync (``baseline`` given,
+on both sides: each pair's dense message of the last synced version) first exchanges a small
+header per pair (dense or sparse, and the payload's size), then the payloads, each encoded by
+:mod:`._delta` against the baseline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from ._channel import Channel
+from ._delta import decode, encode
 from ._layout import Region
-from ._plan import TransferPlan
+from ._plan import Piece, TransferPlan
 from ._staging import StagedWeights, pack_pieces, unpack_pieces
 
-__all__ = ["receive_weights", "send_weights"]
+__all__ = ["Received", "Sent", "receive_weights", "send_weights"]
+
+
+@dataclass
+class Sent:
+    """What a sender moved: bytes on the wire, and each receiver's dense message (the
+    baseline of the next delta sync)."""
+
+    wire_bytes: int
+    messages: dict[int, torch.Tensor]
+
+
+@dataclass
+class Received:
+    """A receiver's staged weights, bytes on the wire, and each sender's dense message."""
+
+    staged: StagedWeights
+    wire_bytes: int
+    messages: dict[int, torch.Tensor]
+
+
+def _word(plan: TransferPlan, pieces: list[Piece]) -> int:
+    return min((plan.source.nbytes(p.name, Region.full((1,))) for p in pieces), default=1)
 
 
 def send_weights(
@@ -23,16 +52,25 @@ def send_weights(
     plan: TransferPlan,
     src_rank: int,
     held: Mapping[str, tuple[torch.Tensor, Region]],
-) -> int:
-    """Send every piece ``src_rank`` owes (one message per receiver); returns the bytes sent."""
+    baseline: Mapping[int, torch.Tensor] | None = None,
+) -> Sent:
+    """Send every piece ``src_rank`` owes (one message per receiver; against ``baseline``,
+    only what changed)."""
     offset = plan.source.world_size
-    sends = {
-        offset + dst: pack_pieces(pieces, held)
-        for (src, dst), pieces in plan.by_pair.items()
-        if src == src_rank
+    pairs = {d: plan.pair(src_rank, d) for d in plan.receivers_of(src_rank)}
+    messages = {d: pack_pieces(pieces, held) for d, pieces in pairs.items()}
+    if baseline is None:
+        channel.exchange({offset + d: m for d, m in messages.items()}, {})
+        return Sent(sum(int(m.numel()) for m in messages.values()), messages)
+    encoded = {d: encode(m, baseline.get(d), _word(plan, pairs[d])) for d, m in messages.items()}
+    headers = {
+        offset + d: torch.tensor([mode, payload.numel()], dtype=torch.int64)
+        for d, (mode, payload) in encoded.items()
     }
-    channel.exchange(sends, {})
-    return sum(int(t.numel()) for t in sends.values())
+    channel.exchange(headers, {})
+    channel.exchange({offset + d: payload for d, (_, payload) in encoded.items()}, {})
+    wire = sum(int(p.numel()) + 16 for _, p in encoded.values())
+    return Sent(wire, messages)
 
 
 def receive_weights(
@@ -41,19 +79,41 @@ def receive_weights(
     dst_rank: int,
     targets: Mapping[str, tuple[torch.Tensor, Region]],
     version: int,
-) -> StagedWeights:
+    baseline: Mapping[int, torch.Tensor] | None = None,
+) -> Received:
     """Receive this rank's pieces into a new :class:`StagedWeights` for ``version``, checked
     complete; the live parameters are untouched until its ``commit``."""
     staged = StagedWeights(version, dst_rank, targets)
     device = next(iter(targets.values()))[0].device if targets else torch.device("cpu")
-    pairs = {src: pieces for (src, dst), pieces in plan.by_pair.items() if dst == dst_rank}
-    receives = {
-        src: torch.empty(sum(p.nbytes for p in pieces), dtype=torch.uint8, device=device)
-        for src, pieces in pairs.items()
-    }
-    channel.exchange({}, receives)
+    pairs = {src: plan.pair(src, dst_rank) for src in plan.senders_to(dst_rank)}
+    sizes = {src: sum(p.nbytes for p in pieces) for src, pieces in pairs.items()}
+    if baseline is None:
+        messages = {
+            src: torch.empty(n, dtype=torch.uint8, device=device) for src, n in sizes.items()
+        }
+        channel.exchange({}, messages)
+        wire = sum(sizes.values())
+    else:
+        headers = {src: torch.empty(2, dtype=torch.int64) for src in pairs}
+        channel.exchange({}, headers)
+        payloads = {
+            src: torch.empty(int(h[1]), dtype=torch.uint8, device=device)
+            for src, h in headers.items()
+        }
+        channel.exchange({}, payloads)
+        messages = {
+            src: decode(
+                int(headers[src][0]),
+                payloads[src],
+                baseline.get(src),
+                _word(plan, pairs[src]),
+                sizes[src],
+            )
+            for src in pairs
+        }
+        wire = sum(int(p.numel()) + 16 for p in payloads.values())
     dtypes = {name: getattr(torch, d) for name, d in plan.source.dtypes.items()}
     for src, pieces in pairs.items():
-        unpack_pieces(staged, pieces, receives[src], dtypes)
+        unpack_pieces(staged, pieces, messages[src], dtypes)
     staged.check_complete()
-    return staged
+    return Received(staged, wire, messages)

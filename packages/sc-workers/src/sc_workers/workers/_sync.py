@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
 from sc_dispatch import Dispatch, register
 
 from .._errors import WeightSyncError
@@ -38,6 +39,30 @@ class WeightSyncEndpoint:
     _sc_sync_channel: Channel | None = None
     _sc_sync_staged: StagedWeights | None = None
     _sc_sync_version: int = 0
+    # delta sync: each peer's dense message of a version, by version (sender and receiver)
+    _sc_sync_baselines: dict[int, dict[int, torch.Tensor]] | None = None
+
+    def _sync_baseline(self, base: int | None, method: str) -> dict[int, torch.Tensor] | None:
+        """The messages of version ``base`` (``None``: a dense sync)."""
+        if base is None:
+            return None
+        baselines = self._sc_sync_baselines or {}
+        if base not in baselines:
+            raise WeightSyncError(
+                f"{self._sync_where(method)}: no baseline of version {base} for a delta sync "
+                f"(have {sorted(baselines)})",
+                rank=self.rank,
+                version=base,
+            )
+        return baselines[base]
+
+    def _keep_baseline(
+        self, version: int, messages: dict[int, torch.Tensor], base: int | None
+    ) -> None:
+        """Keep ``version``'s messages (and ``base``'s, until ``version`` is committed)."""
+        kept = {v: m for v, m in (self._sc_sync_baselines or {}).items() if v == base}
+        kept[version] = messages
+        self._sc_sync_baselines = kept
 
     def _sync_engine(self, method: str) -> Engine:
         """The engine whose module's parameters this worker sends or receives."""
@@ -66,9 +91,11 @@ class WeightSyncEndpoint:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_open(self, spec: ChannelSpec, offset: int) -> None:
-        """Join the channel ``spec`` as channel rank ``offset + rank`` (closing an older one)."""
+        """Join the channel ``spec`` as channel rank ``offset + rank`` (closing an older one,
+        and dropping the baselines of delta syncs over it)."""
         if self._sc_sync_channel is not None:
             self._sc_sync_channel.close()
+        self._sc_sync_baselines = None
         self._sc_sync_channel = open_channel(spec, offset + self.rank)
 
     def _channel(self, method: str) -> Channel:
@@ -80,20 +107,30 @@ class WeightSyncEndpoint:
         return self._sc_sync_channel
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sync_send(self, plan: TransferPlan, version: int) -> int:
-        """Send this rank's pieces of ``plan``; returns the bytes sent."""
+    def sync_send(
+        self, plan: TransferPlan, version: int, base: int | None = None, delta: bool = False
+    ) -> int:
+        """Send this rank's pieces of ``plan`` (with ``base``, only what changed since that
+        version; ``delta`` keeps this version's messages for the next one); returns the bytes
+        put on the wire."""
         engine = self._sync_engine("sync_send")
         channel = self._channel("sync_send")
+        baseline = self._sync_baseline(base, "sync_send")
         with engine.on_device():
             held = held_tensors(engine.module, plan.source.ranks[self.rank])
-            sent = send_weights(channel, plan, self.rank, held)
-        logger.debug("rank %d: sent %d bytes of weight version %d", self.rank, sent, version)
-        return sent
+            sent = send_weights(channel, plan, self.rank, held, baseline)
+        if delta:
+            self._keep_baseline(version, sent.messages, base)
+        logger.debug("rank %d: sent %d bytes of version %d", self.rank, sent.wire_bytes, version)
+        return sent.wire_bytes
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sync_receive(self, plan: TransferPlan, version: int) -> int:
+    def sync_receive(
+        self, plan: TransferPlan, version: int, base: int | None = None, delta: bool = False
+    ) -> tuple[int, int]:
         """Receive and stage this rank's pieces of version ``version`` (the live weights stay
-        as they are until :meth:`sync_commit`); returns the bytes received."""
+        as they are until :meth:`sync_commit`; ``base`` and ``delta`` as in
+        :meth:`sync_send`); returns ``(bytes staged, bytes on the wire)``."""
         where = self._sync_where("sync_receive")
         if version <= self._sc_sync_version:
             raise WeightSyncError(
@@ -104,11 +141,14 @@ class WeightSyncEndpoint:
             )
         engine = self._sync_engine("sync_receive")
         channel = self._channel("sync_receive")
+        baseline = self._sync_baseline(base, "sync_receive")
         self._sc_sync_staged = None
         targets = held_tensors(engine.module, plan.destination.ranks[self.rank])
-        staged = receive_weights(channel, plan, self.rank, targets, version)
-        self._sc_sync_staged = staged
-        return staged.bytes_received
+        got = receive_weights(channel, plan, self.rank, targets, version, baseline)
+        self._sc_sync_staged = got.staged
+        if delta:
+            self._keep_baseline(version, got.messages, base)
+        return got.staged.bytes_received, got.wire_bytes
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_commit(self, version: int) -> int:
@@ -129,9 +169,11 @@ class WeightSyncEndpoint:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_abort(self, version: int) -> int:
-        """Drop a staged version; returns the version still served."""
+        """Drop a staged version (and its delta baseline); returns the version still served."""
         if self._sc_sync_staged is not None and self._sc_sync_staged.version == version:
             self._sc_sync_staged = None
+        if self._sc_sync_baselines is not None:
+            self._sc_sync_baselines.pop(version, None)
         return self._sc_sync_version
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
