@@ -139,11 +139,16 @@ def _rank(rank: int, world: int, ports: tuple[int, int], mib: float, repeat: int
     receivers = list(range(SENDERS, world))
     bcast_group: Any = dist.new_group([0, *receivers])
 
+    buffers: dict[int, torch.Tensor] = {}  # reused from sync to sync, as the workers do
+
     def sc() -> None:
+        nonlocal buffers
         if rank < SENDERS:
-            send_weights(channel, plan, rank, held)
+            buffers = send_weights(channel, plan, rank, held, buffers=buffers).messages
         else:
-            receive_weights(channel, plan, rank - SENDERS, targets, 1).staged.commit()
+            got = receive_weights(channel, plan, rank - SENDERS, targets, 1, buffers=buffers)
+            got.staged.commit()
+            buffers = got.messages
 
     def raw() -> None:
         works = [dist.isend(t, SENDERS + d) for d, t in raw_send.items()]

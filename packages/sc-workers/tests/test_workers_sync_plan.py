@@ -19,6 +19,7 @@ from sc_workers.sync import (
     StagedWeights,
     build_plan,
     open_channel,
+    pack_pieces,
     plan_for,
     receive_weights,
     send_weights,
@@ -180,13 +181,14 @@ def _holdings(layout: ModelLayout, full: dict[str, torch.Tensor], rank: int) -> 
 
 def _run_sync(
     source: ModelLayout, destination: ModelLayout, full: dict[str, torch.Tensor], version: int
-) -> list[StagedWeights]:
+) -> list[tuple[StagedWeights, dict[str, torch.Tensor]]]:
     """Every rank on its own thread over one in-memory channel; returns each receiver's
-    staged weights (targets start as zeros)."""
+    staged weights and its tensors after the commit (they start as zeros)."""
     plan = build_plan(source, destination)
     s, d = source.world_size, destination.world_size
     spec = ChannelSpec("memory", f"test-{id(plan)}-{version}", s + d, timeout_s=30)
     staged: list[StagedWeights | None] = [None] * d
+    received: list[dict[str, Any]] = [{} for _ in range(d)]
     errors: list[BaseException] = []
 
     def sender(rank: int) -> None:
@@ -204,6 +206,7 @@ def _run_sync(
                 for name, region in destination.ranks[rank].items()
             }
             staged[rank] = receive_weights(channel, plan, rank, targets, version).staged
+            received[rank] = targets
         except BaseException as exc:
             errors.append(exc)
 
@@ -215,7 +218,14 @@ def _run_sync(
         t.join(60)
     if errors:
         raise errors[0]
-    return [x for x in staged if x is not None]
+    out = []
+    for weights, targets in zip(staged, received, strict=True):
+        if weights is not None:
+            # nothing written before the commit, everything after it
+            assert all(not t.any() for t, _ in targets.values())
+            weights.commit()
+            out.append((weights, {n: t for n, (t, _) in targets.items()}))
+    return out
 
 
 def test_in_memory_sync_fsdp_to_tp_replicas() -> None:
@@ -225,11 +235,11 @@ def test_in_memory_sync_fsdp_to_tp_replicas() -> None:
     source = sharded_layout(shapes, 2, 1)
     destination = sharded_layout(shapes, 2, 2, dim=1)
     staged = _run_sync(source, destination, full, version=1)
-    for rank, weights in enumerate(staged):
+    for rank, (weights, tensors) in enumerate(staged):
         assert weights.version == 1
         for name, region in destination.ranks[rank].items():
             expected = full[name][region.within(Region.full(shapes[name]))]
-            assert torch.equal(weights.buffers[name], expected), (rank, name)
+            assert torch.equal(tensors[name], expected), (rank, name)
         assert weights.bytes_received == 4 * sum(r.numel for r in destination.ranks[rank].values())
 
 
@@ -239,19 +249,44 @@ def test_commit_applies_only_a_complete_version() -> None:
     staged = StagedWeights(3, 0, {"w": (live, region)})
     with pytest.raises(WeightSyncError, match=r"v3: rank 0 received 0 of the 4 elements of 'w'"):
         staged.commit()
-    assert torch.equal(live, torch.zeros(4))
     plan = build_plan(sharded_layout({"w": (4,)}, 2, 1), sharded_layout({"w": (4,)}, 1, 1))
     first = plan.pieces_for(0)[0]
-    staged.fill(first, torch.ones(2).view(torch.uint8), torch.float32)
+    dtypes = {"w": torch.float32}
+    staged.add([first], torch.ones(2).view(torch.uint8), dtypes)
     with pytest.raises(WeightSyncError, match="received 2 of the 4"):
         staged.commit()
     with pytest.raises(WeightSyncError, match=r"got a piece of 'v', which it does not hold"):
-        staged.fill(
-            type(first)("v", 0, 0, first.region, first.nbytes),
-            torch.ones(2).view(torch.uint8),
-            torch.float32,
-        )
+        staged.add([first._replace(name="v")], torch.ones(2).view(torch.uint8), dtypes)
+    with pytest.raises(WeightSyncError, match="got a message of 4 bytes for pieces of 8"):
+        staged.add([first], torch.ones(1).view(torch.uint8), dtypes)
+    outside = first._replace(region=Region((3,), (2,)))
+    with pytest.raises(WeightSyncError, match=r"got region .* outside the"):
+        staged.add([outside], torch.ones(2).view(torch.uint8), dtypes)
     assert math.isclose(float(live.sum()), 0.0)
+
+
+def test_pack_handles_mixed_dtypes() -> None:
+    """A float32 piece after a bfloat16 one starts off its alignment; the bytes still match."""
+    shapes = {"a": (3,), "b": (4,)}
+    layout = ModelLayout(
+        shapes,
+        {"a": "bfloat16", "b": "float32"},
+        ({"a": Region.full((3,)), "b": Region.full((4,))},),
+    )
+    dst = ModelLayout(shapes, layout.dtypes, ({"a": Region.full((3,)), "b": Region.full((4,))},))
+    plan = build_plan(layout, dst)
+    held = {
+        "a": (torch.arange(3, dtype=torch.bfloat16), Region.full((3,))),
+        "b": (torch.arange(4, dtype=torch.float32) + 0.5, Region.full((4,))),
+    }
+    message = pack_pieces(plan.pair(0, 0), held)
+    assert message.numel() == 3 * 2 + 4 * 4
+    live = {"a": torch.zeros(3, dtype=torch.bfloat16), "b": torch.zeros(4)}
+    staged = StagedWeights(1, 0, {n: (t, Region.full(t.shape)) for n, t in live.items()})
+    staged.add(plan.pair(0, 0), message, {"a": torch.bfloat16, "b": torch.float32})
+    staged.commit()
+    assert torch.equal(live["a"], held["a"][0])
+    assert torch.equal(live["b"], held["b"][0])
 
 
 def test_in_memory_channel_times_out_naming_the_silent_peer() -> None:

@@ -17,7 +17,7 @@ from ._channel import Channel, ChannelSpec, InMemoryChannel, ProcessGroupChannel
 from ._controller import WeightSync
 from ._layout import ModelLayout, Region, module_regions
 from ._plan import Piece, TransferPlan, build_plan, plan_for
-from ._staging import StagedWeights, held_tensors, pack_pieces, unpack_pieces
+from ._staging import StagedWeights, held_tensors, pack_pieces
 from ._transfer import receive_weights, send_weights
 
 __all__ = [
@@ -39,5 +39,4 @@ __all__ = [
     "plan_for",
     "receive_weights",
     "send_weights",
-    "unpack_pieces",
 ]

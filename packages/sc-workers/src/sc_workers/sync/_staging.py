@@ -1,11 +1,13 @@
 """Packing pieces into one message per (sender, receiver) pair, and the receiver's staging.
 
 A sender packs the bytes of every piece it owes one receiver, in plan order, into one flat
-``uint8`` tensor (one message, whatever the pieces' dtypes). The receiver unpacks them into
-:class:`StagedWeights`: a private copy of each of its parameters for the incoming version,
-filled piece by piece and checked complete (every element written exactly once, counted).
-Only :meth:`StagedWeights.commit` touches the live parameters, so generation never sees a mix
-of versions, and a failed sync leaves them as they were.
+``uint8`` tensor (one message, whatever the pieces' dtypes), copying each piece once, straight
+into its place in the message (a buffer reused from sync to sync when the caller keeps it).
+The receiver keeps the messages as they arrived in :class:`StagedWeights`: the incoming
+version, checked complete (every element of every parameter covered exactly once, counted)
+but not applied. Only :meth:`StagedWeights.commit` writes the live parameters, each element
+copied once from its message, so generation never sees a mix of versions and a failed sync
+leaves them as they were.
 """
 
 from __future__ import annotations
@@ -19,29 +21,41 @@ from .._errors import WeightSyncError
 from ._layout import Region, local_view
 from ._plan import Piece
 
-__all__ = ["StagedWeights", "pack_pieces", "unpack_pieces"]
+__all__ = ["StagedWeights", "held_tensors", "pack_pieces"]
 
 
 def pack_pieces(
-    pieces: Sequence[Piece], held: Mapping[str, tuple[torch.Tensor, Region]]
+    pieces: Sequence[Piece],
+    held: Mapping[str, tuple[torch.Tensor, Region]],
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bytes of ``pieces``, concatenated in order, from this sender's ``held`` tensors
-    (``name -> (local tensor, the region it holds)``)."""
-    parts = []
-    for piece in pieces:
-        tensor, region = held[piece.name]
-        part = tensor[piece.region.within(region)].detach().contiguous().reshape(-1)
-        parts.append(part.view(torch.uint8))
-    if not parts:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.cat(parts)
+    (``name -> (local tensor, the region it holds)``); written into ``out`` when it is a
+    ``uint8`` tensor of the right size, else into a new one."""
+    total = sum(p.nbytes for p in pieces)
+    first = next(iter(held.values()))[0] if held else None
+    device = first.device if first is not None else torch.device("cpu")
+    if out is None or out.numel() != total or out.dtype != torch.uint8 or out.device != device:
+        out = torch.empty(total, dtype=torch.uint8, device=device)
+    at = 0
+    with torch.no_grad():
+        for piece in pieces:
+            tensor, region = held[piece.name]
+            values = tensor[piece.region.within(region)]
+            slot = out[at : at + piece.nbytes]
+            if at % tensor.element_size() == 0:  # aligned: copy straight into place
+                slot.view(tensor.dtype).view(piece.region.shape).copy_(values)
+            else:  # after a piece of a smaller dtype: through a contiguous copy
+                slot.copy_(values.contiguous().view(-1).view(torch.uint8))
+            at += piece.nbytes
+    return out
 
 
 class StagedWeights:
-    """The incoming version of one receiver's parameters, filled before it is applied.
+    """The incoming version of one receiver's parameters: the messages that carry it, checked
+    complete, applied by :meth:`commit`.
 
-    ``targets`` maps each parameter name to ``(live local tensor, the region it holds)``; the
-    staging copies have the live tensors' shapes, dtypes and device.
+    ``targets`` maps each parameter name to ``(live local tensor, the region it holds)``.
     """
 
     def __init__(
@@ -50,73 +64,62 @@ class StagedWeights:
         self.version = version
         self.rank = rank
         self._targets = dict(targets)
-        self.buffers = {
-            name: torch.empty_like(tensor.detach()) for name, (tensor, _) in targets.items()
-        }
         self._filled = dict.fromkeys(targets, 0)
+        self._messages: list[tuple[Sequence[Piece], torch.Tensor, Mapping[str, torch.dtype]]] = []
         self.bytes_received = 0
 
-    def fill(self, piece: Piece, data: torch.Tensor, source_dtype: torch.dtype) -> None:
-        """Write one piece (its bytes in ``data``, laid out in ``source_dtype``)."""
-        target = self._targets.get(piece.name)
-        if target is None:
-            raise WeightSyncError(
-                f"weight sync v{self.version}: rank {self.rank} got a piece of {piece.name!r}, "
-                "which it does not hold",
-                rank=self.rank,
-                version=self.version,
-            )
-        _, region = target
-        if piece.region.intersect(region) != piece.region:
-            raise WeightSyncError(
-                f"weight sync v{self.version}: rank {self.rank} got region {piece.region} of "
-                f"{piece.name!r}, outside the {region} it holds",
-                rank=self.rank,
-                version=self.version,
-            )
-        values = data.view(source_dtype).reshape(piece.region.shape)
-        self.buffers[piece.name][piece.region.within(region)].copy_(values)
-        self._filled[piece.name] += piece.region.numel
-        self.bytes_received += data.numel()
+    def _error(self, message: str) -> WeightSyncError:
+        return WeightSyncError(
+            f"weight sync v{self.version}: rank {self.rank} {message}",
+            rank=self.rank,
+            version=self.version,
+        )
+
+    def add(
+        self,
+        pieces: Sequence[Piece],
+        message: torch.Tensor,
+        source_dtypes: Mapping[str, torch.dtype],
+    ) -> None:
+        """Keep one message holding ``pieces`` in order (checked against the targets)."""
+        expected = sum(p.nbytes for p in pieces)
+        if message.numel() != expected:
+            raise self._error(f"got a message of {message.numel()} bytes for pieces of {expected}")
+        for piece in pieces:
+            target = self._targets.get(piece.name)
+            if target is None:
+                raise self._error(f"got a piece of {piece.name!r}, which it does not hold")
+            if piece.region.intersect(target[1]) != piece.region:
+                raise self._error(
+                    f"got region {piece.region} of {piece.name!r}, outside the {target[1]} it holds"
+                )
+            self._filled[piece.name] += piece.region.numel
+        self._messages.append((pieces, message, source_dtypes))
+        self.bytes_received += int(message.numel())
 
     def check_complete(self) -> None:
-        """Every element of every staged tensor was written (counted), else WeightSyncError."""
+        """Every element of every target is covered (counted), else WeightSyncError."""
         for name, (tensor, _) in self._targets.items():
             if self._filled[name] != tensor.numel():
-                raise WeightSyncError(
-                    f"weight sync v{self.version}: rank {self.rank} received "
-                    f"{self._filled[name]} of the {tensor.numel()} elements of {name!r}",
-                    rank=self.rank,
-                    version=self.version,
+                raise self._error(
+                    f"received {self._filled[name]} of the {tensor.numel()} elements of {name!r}"
                 )
 
     @torch.no_grad()
     def commit(self) -> None:
-        """Copy the staged version into the live parameters (after :meth:`check_complete`)."""
+        """Write the staged version into the live parameters (after :meth:`check_complete`)."""
         self.check_complete()
-        for name, (tensor, _) in self._targets.items():
-            tensor.copy_(self.buffers[name])
-
-
-def unpack_pieces(
-    staged: StagedWeights,
-    pieces: Sequence[Piece],
-    message: torch.Tensor,
-    source_dtypes: Mapping[str, torch.dtype],
-) -> None:
-    """Fill ``staged`` from one message holding ``pieces`` in order."""
-    expected = sum(p.nbytes for p in pieces)
-    if message.numel() != expected:
-        raise WeightSyncError(
-            f"weight sync v{staged.version}: rank {staged.rank} got a message of "
-            f"{message.numel()} bytes for pieces of {expected}",
-            rank=staged.rank,
-            version=staged.version,
-        )
-    at = 0
-    for piece in pieces:
-        staged.fill(piece, message[at : at + piece.nbytes], source_dtypes[piece.name])
-        at += piece.nbytes
+        for pieces, message, dtypes in self._messages:
+            at = 0
+            for piece in pieces:
+                tensor, region = self._targets[piece.name]
+                dtype = dtypes[piece.name]
+                raw = message[at : at + piece.nbytes]
+                if at % dtype.itemsize:  # after a piece of a smaller dtype: realign
+                    raw = raw.clone()
+                values = raw.view(dtype).view(piece.region.shape)
+                tensor[piece.region.within(region)].copy_(values)
+                at += piece.nbytes
 
 
 def held_tensors(

@@ -20,7 +20,7 @@ from ._channel import Channel
 from ._delta import decode, encode
 from ._layout import Region
 from ._plan import Piece, TransferPlan
-from ._staging import StagedWeights, pack_pieces, unpack_pieces
+from ._staging import StagedWeights, pack_pieces
 
 __all__ = ["Received", "Sent", "receive_weights", "send_weights"]
 
@@ -53,12 +53,15 @@ def send_weights(
     src_rank: int,
     held: Mapping[str, tuple[torch.Tensor, Region]],
     baseline: Mapping[int, torch.Tensor] | None = None,
+    buffers: Mapping[int, torch.Tensor] | None = None,
 ) -> Sent:
     """Send every piece ``src_rank`` owes (one message per receiver; against ``baseline``,
-    only what changed)."""
+    only what changed). ``buffers`` (each receiver's message of an earlier sync) are reused
+    to pack into."""
     offset = plan.source.world_size
     pairs = {d: plan.pair(src_rank, d) for d in plan.receivers_of(src_rank)}
-    messages = {d: pack_pieces(pieces, held) for d, pieces in pairs.items()}
+    reuse = buffers or {}
+    messages = {d: pack_pieces(pieces, held, reuse.get(d)) for d, pieces in pairs.items()}
     if baseline is None:
         channel.exchange({offset + d: m for d, m in messages.items()}, {})
         return Sent(sum(int(m.numel()) for m in messages.values()), messages)
@@ -80,17 +83,18 @@ def receive_weights(
     targets: Mapping[str, tuple[torch.Tensor, Region]],
     version: int,
     baseline: Mapping[int, torch.Tensor] | None = None,
+    buffers: Mapping[int, torch.Tensor] | None = None,
 ) -> Received:
     """Receive this rank's pieces into a new :class:`StagedWeights` for ``version``, checked
-    complete; the live parameters are untouched until its ``commit``."""
+    complete; the live parameters are untouched until its ``commit``. ``buffers`` (each
+    sender's message of an earlier, committed sync) are reused to receive into."""
     staged = StagedWeights(version, dst_rank, targets)
     device = next(iter(targets.values()))[0].device if targets else torch.device("cpu")
     pairs = {src: plan.pair(src, dst_rank) for src in plan.senders_to(dst_rank)}
     sizes = {src: sum(p.nbytes for p in pieces) for src, pieces in pairs.items()}
     if baseline is None:
-        messages = {
-            src: torch.empty(n, dtype=torch.uint8, device=device) for src, n in sizes.items()
-        }
+        reuse = buffers or {}
+        messages = {src: _buffer(reuse.get(src), n, device) for src, n in sizes.items()}
         channel.exchange({}, messages)
         wire = sum(sizes.values())
     else:
@@ -114,6 +118,12 @@ def receive_weights(
         wire = sum(int(p.numel()) + 16 for p in payloads.values())
     dtypes = {name: getattr(torch, d) for name, d in plan.source.dtypes.items()}
     for src, pieces in pairs.items():
-        unpack_pieces(staged, pieces, messages[src], dtypes)
+        staged.add(pieces, messages[src], dtypes)
     staged.check_complete()
     return Received(staged, wire, messages)
+
+
+def _buffer(old: torch.Tensor | None, size: int, device: torch.device) -> torch.Tensor:
+    if old is not None and old.numel() == size and old.device == device:
+        return old
+    return torch.empty(size, dtype=torch.uint8, device=device)

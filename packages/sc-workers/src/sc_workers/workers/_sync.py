@@ -41,6 +41,8 @@ class WeightSyncEndpoint:
     _sc_sync_version: int = 0
     # delta sync: each peer's dense message of a version, by version (sender and receiver)
     _sc_sync_baselines: dict[int, dict[int, torch.Tensor]] | None = None
+    # dense sync: the last messages sent / received, reused as buffers by the next one
+    _sc_sync_buffers: dict[int, torch.Tensor] | None = None
 
     def _sync_baseline(self, base: int | None, method: str) -> dict[int, torch.Tensor] | None:
         """The messages of version ``base`` (``None``: a dense sync)."""
@@ -96,6 +98,7 @@ class WeightSyncEndpoint:
         if self._sc_sync_channel is not None:
             self._sc_sync_channel.close()
         self._sc_sync_baselines = None
+        self._sc_sync_buffers = None
         self._sc_sync_channel = open_channel(spec, offset + self.rank)
 
     def _channel(self, method: str) -> Channel:
@@ -118,9 +121,12 @@ class WeightSyncEndpoint:
         baseline = self._sync_baseline(base, "sync_send")
         with engine.on_device():
             held = held_tensors(engine.module, plan.source.ranks[self.rank])
-            sent = send_weights(channel, plan, self.rank, held, baseline)
+            reuse = None if delta else self._sc_sync_buffers
+            sent = send_weights(channel, plan, self.rank, held, baseline, reuse)
         if delta:
             self._keep_baseline(version, sent.messages, base)
+        else:
+            self._sc_sync_buffers = sent.messages
         logger.debug("rank %d: sent %d bytes of version %d", self.rank, sent.wire_bytes, version)
         return sent.wire_bytes
 
@@ -144,10 +150,13 @@ class WeightSyncEndpoint:
         baseline = self._sync_baseline(base, "sync_receive")
         self._sc_sync_staged = None
         targets = held_tensors(engine.module, plan.destination.ranks[self.rank])
-        got = receive_weights(channel, plan, self.rank, targets, version, baseline)
+        reuse = None if delta else self._sc_sync_buffers
+        got = receive_weights(channel, plan, self.rank, targets, version, baseline, reuse)
         self._sc_sync_staged = got.staged
         if delta:
             self._keep_baseline(version, got.messages, base)
+        else:
+            self._sc_sync_buffers = got.messages
         return got.staged.bytes_received, got.wire_bytes
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
