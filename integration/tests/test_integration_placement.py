@@ -12,6 +12,7 @@ import pytest
 import ray
 import torch
 from _integration_runs import assert_finite_training_metrics, assert_same_metrics, run, tiny_config
+from sc_core import SpanRecorder
 from sc_integration import TaskRunner, TrainerConfigError, read_metrics
 from sc_integration._backends import make_backend
 from sc_integration.demo import build_parser, config_from_args
@@ -55,7 +56,7 @@ def test_separate_tp2_rollout_on_ray(ray_cluster: None, tmp_path: Path) -> None:
     weights of the update before it, and greedy generation equals the actor's own."""
     config = tiny_config(tmp_path, workers_per_role=2, placement="separate", rollout_tp=2)
     runner = TaskRunner(config)
-    with make_backend(config).running():
+    with make_backend(config).running(), SpanRecorder() as recorder:
         trainer = runner.build_trainer(make_backend(config))
         trainer.init_workers()
         try:
@@ -68,6 +69,10 @@ def test_separate_tp2_rollout_on_ray(ray_cluster: None, tmp_path: Path) -> None:
         finally:
             trainer.close()
     assert mine.meta_info["weight_version"] == 5
+    # the weights went from worker to worker: the driver fetched a few bytes of counts
+    sync_spans = [s for s in recorder.spans if s.method.endswith(("sync_send", "sync_receive"))]
+    assert len(sync_spans) == 2 * 5
+    assert all(s.bytes_fetched < 1024 for s in sync_spans), [s.bytes_fetched for s in sync_spans]
     assert mine.batch is not None
     assert theirs.batch is not None
     assert torch.equal(mine.batch["responses"], theirs.batch["responses"])
