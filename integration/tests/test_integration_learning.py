@@ -19,13 +19,13 @@ pytestmark = pytest.mark.timeout(600)
 STEPS = 75
 
 
-def _val_rewards(tmp_path: Path, **overrides: object) -> dict[int, float]:
+def _val_rewards(tmp_path: Path, steps: int = STEPS, **overrides: object) -> dict[int, float]:
     config = TrainerConfig(
         backend="local",
         workers_per_role=1,
-        steps=STEPS,
+        steps=steps,
         val_every=25,
-        save_every=STEPS,
+        save_every=steps,
         output_dir=str(tmp_path),
         **overrides,  # type: ignore[arg-type]
     )
@@ -45,5 +45,5 @@ def test_default_settings_solve_the_task(algorithm: str, tmp_path: Path) -> None
 def test_without_absolute_positions_the_policy_plateaus(tmp_path: Path) -> None:
     """Rotary embeddings alone give the tiny model no cheap way to tell which prompt digit
     answer position i mirrors: the same run stays far from solving the task."""
-    val = _val_rewards(tmp_path, absolute_positions=False)
-    assert val[STEPS] < 0.7, val
+    val = _val_rewards(tmp_path, steps=50, absolute_positions=False)
+    assert val[50] < 0.7, val  # with them the same run is at 0.99 by step 50

@@ -4,12 +4,10 @@ the actor's by a weight sync after every update (``sc-demo --placement separate
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 import torch
 from _integration_runs import assert_finite_training_metrics, assert_same_metrics, run, tiny_config
 from sc_core import SpanRecorder
@@ -40,15 +38,6 @@ def test_separate_local_rollout_gives_the_colocated_numbers(tmp_path: Path) -> N
         _without_sync_keys(history),
         _without_sync_keys(read_metrics(colocated.output.metrics_path)),
     )
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def test_separate_tp2_rollout_on_ray(ray_cluster: None, tmp_path: Path) -> None:

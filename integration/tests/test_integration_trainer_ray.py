@@ -5,7 +5,6 @@ All tests of this module share one Ray cluster of 4 CPUs; each run stops its wor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,6 @@ from _integration_runs import (
 from sc_integration import CheckpointMismatchError, RunResult, TaskRunner, read_metrics
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

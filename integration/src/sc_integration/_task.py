@@ -158,17 +158,37 @@ class DigitsTask:
         picked: np.ndarray = self.train_strings[rng.choice(len(self.train_strings), n, False)]
         return picked
 
-    def encode_prompts(self, texts: Sequence[str] | np.ndarray) -> dict[str, torch.Tensor]:
-        """``input_ids``, ``attention_mask`` and ``position_ids`` of the prompts, ``[B, P]``."""
+    def _check_prompts(self, texts: Sequence[str] | np.ndarray, where: str) -> None:
+        """At least one prompt, each a string of ``config.length`` digits."""
         if len(texts) == 0:
-            raise TaskError("DigitsTask.encode_prompts: got no prompts")
-        rows = []
+            raise TaskError(f"{where}: got no prompts")
         for text in texts:
             if len(text) != self.config.length or not str(text).isdigit():
-                raise TaskError(
-                    f"DigitsTask.encode_prompts: prompt {text!r} is not {self.config.length} digits"
-                )
-            rows.append([self.tokenizer.bos_token_id, *self.tokenizer.encode(f"{text}=")])
+                raise TaskError(f"{where}: prompt {text!r} is not {self.config.length} digits")
+
+    @staticmethod
+    def _check_responses(
+        texts: Sequence[str] | np.ndarray,
+        responses: torch.Tensor,
+        response_mask: torch.Tensor | None,
+        where: str,
+    ) -> None:
+        """One row of responses per prompt, and a mask of the same shape (if any)."""
+        if responses.dim() != 2 or responses.shape[0] != len(texts):
+            raise TaskError(
+                f"{where}: expected responses of shape [{len(texts)}, R], got "
+                f"{list(responses.shape)}"
+            )
+        if response_mask is not None and response_mask.shape != responses.shape:
+            raise TaskError(
+                f"{where}: response_mask shape {list(response_mask.shape)} "
+                f"differs from responses shape {list(responses.shape)}"
+            )
+
+    def encode_prompts(self, texts: Sequence[str] | np.ndarray) -> dict[str, torch.Tensor]:
+        """``input_ids``, ``attention_mask`` and ``position_ids`` of the prompts, ``[B, P]``."""
+        self._check_prompts(texts, "DigitsTask.encode_prompts")
+        rows = [[self.tokenizer.bos_token_id, *self.tokenizer.encode(f"{text}=")] for text in texts]
         input_ids = torch.tensor(rows, dtype=torch.long)
         attention_mask = torch.ones_like(input_ids)
         position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids).clone()
@@ -192,20 +212,11 @@ class DigitsTask:
         the whole score on the last token) tells the critic which position was wrong.
         """
         where = "DigitsTask.token_scores"
-        if responses.dim() != 2 or responses.shape[0] != len(texts):
-            raise TaskError(
-                f"{where}: expected responses of shape [{len(texts)}, R], got "
-                f"{list(responses.shape)}"
-            )
+        self._check_responses(texts, responses, response_mask, where)
         length = self.config.length
         if responses.shape[1] < length:
             raise TaskError(
                 f"{where}: responses have {responses.shape[1]} tokens, the task needs {length}"
-            )
-        if response_mask is not None and response_mask.shape != responses.shape:
-            raise TaskError(
-                f"{where}: response_mask shape {list(response_mask.shape)} "
-                f"differs from responses shape {list(responses.shape)}"
             )
         targets = torch.tensor(
             [self.tokenizer.encode(self.target(str(t))) for t in texts], dtype=torch.long

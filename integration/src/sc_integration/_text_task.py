@@ -58,14 +58,7 @@ class TextDigitsTask(DigitsTask):
 
     def encode_prompts(self, texts: Sequence[str] | np.ndarray) -> dict[str, torch.Tensor]:
         """Left-padded ``input_ids``, ``attention_mask`` and ``position_ids``, ``[B, P]``."""
-        if len(texts) == 0:
-            raise TaskError("TextDigitsTask.encode_prompts: got no prompts")
-        for text in texts:
-            if len(text) != self.config.length or not str(text).isdigit():
-                raise TaskError(
-                    f"TextDigitsTask.encode_prompts: prompt {text!r} is not "
-                    f"{self.config.length} digits"
-                )
+        self._check_prompts(texts, "TextDigitsTask.encode_prompts")
         width = self.prompt_length
         pad = int(self.hf_tokenizer.pad_token_id)
         input_ids = torch.full((len(texts), width), pad, dtype=torch.long)
@@ -92,18 +85,8 @@ class TextDigitsTask(DigitsTask):
         The score is the fraction of the answer's characters that the decoded response
         (special tokens and whitespace dropped) has right, position by position.
         """
-        where = "TextDigitsTask.token_scores"
-        if responses.dim() != 2 or responses.shape[0] != len(texts):
-            raise TaskError(
-                f"{where}: expected responses of shape [{len(texts)}, R], got "
-                f"{list(responses.shape)}"
-            )
+        self._check_responses(texts, responses, response_mask, "TextDigitsTask.token_scores")
         mask = torch.ones_like(responses) if response_mask is None else response_mask
-        if mask.shape != responses.shape:
-            raise TaskError(
-                f"{where}: response_mask shape {list(mask.shape)} differs from responses "
-                f"shape {list(responses.shape)}"
-            )
         out = torch.zeros(responses.shape, dtype=torch.float32)
         lengths = mask.cpu().long().sum(dim=1)
         length = self.config.length

@@ -159,6 +159,7 @@ def test_saved_files_follow_the_umask(tmp_path: Path) -> None:
     assert (tmp_path / "a.pt").stat().st_mode & 0o777 == 0o644
 
 
+@pytest.mark.slow  # a child process is killed mid-save
 def test_a_killed_save_leaves_a_temporary_that_the_next_save_removes(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""

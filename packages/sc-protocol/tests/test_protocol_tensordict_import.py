@@ -47,6 +47,7 @@ _REGISTERED = """
 """
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and tensordict
 def test_import_and_round_trip_leave_dynamo_out_then_dynamo_gets_the_marks() -> None:
     out = _run(
         """
@@ -81,6 +82,7 @@ def test_import_and_round_trip_leave_dynamo_out_then_dynamo_gets_the_marks() -> 
     assert out["hooked_after"] is False
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and tensordict
 def test_eager_switch_imports_tensordict_as_it_is() -> None:
     out = _run(
         """
@@ -96,6 +98,7 @@ def test_eager_switch_imports_tensordict_as_it_is() -> None:
     assert out == {"dynamo": True, "pending": 0, "hooked": False}
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and tensordict
 def test_tensordict_imported_first_is_left_alone() -> None:
     out = _run(
         """

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from sc_protocol import DataProto
 from sc_workers import (
@@ -123,6 +124,21 @@ def make_tensors(batch: int = BATCH, seed: int = 0) -> dict[str, torch.Tensor]:
         "values": 0.1 * torch.randn(batch, RESP_LEN, generator=g),
         "returns": torch.randn(batch, RESP_LEN, generator=g),
     }
+
+
+def prompt_batch(n: int = 4, **meta: Any) -> DataProto:
+    """``n`` left-padded prompts (with a ``uid`` column) for ``generate_sequences``."""
+    t = make_tensors(n)
+    mask = t["attention_mask"][:, :PROMPT_LEN]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": t["prompts"],
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+        },
+        non_tensors={"uid": np.array([f"p{i}" for i in range(n)], dtype=object)},
+        meta_info=meta,
+    )
 
 
 def proto(tensors: dict[str, torch.Tensor], **meta: Any) -> DataProto:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 import torch
 from _workers_helpers import (
@@ -15,6 +14,7 @@ from _workers_helpers import (
     critic_config,
     full_weights,
     make_tensors,
+    prompt_batch,
     proto,
     rows,
 )
@@ -47,22 +47,8 @@ def worker() -> Iterator[ActorRolloutRefWorker]:
         yield w
 
 
-def _prompts(n: int = 4, **meta: object) -> DataProto:
-    t = make_tensors(n)
-    mask = t["attention_mask"][:, :PROMPT_LEN]
-    return DataProto.from_dict(
-        tensors={
-            "input_ids": t["prompts"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-        },
-        non_tensors={"uid": np.array([f"p{i}" for i in range(n)], dtype=object)},
-        meta_info=meta,
-    )
-
-
 def test_generate_sequences_shapes_and_masks(worker: ActorRolloutRefWorker) -> None:
-    prompts = _prompts(4, do_sample=False)
+    prompts = prompt_batch(4, do_sample=False)
     out = worker.generate_sequences(prompts)
     assert out.batch is not None
     responses = col(out, "responses")
@@ -75,17 +61,17 @@ def test_generate_sequences_shapes_and_masks(worker: ActorRolloutRefWorker) -> N
     assert (steps == torch.arange(1, RESP_LEN + 1)).all()
     assert list(out.non_tensor_batch["uid"]) == ["p0", "p1", "p2", "p3"]
     # greedy decoding is deterministic, and top-k 1 sampling is greedy
-    again = worker.generate_sequences(_prompts(4, do_sample=False))
+    again = worker.generate_sequences(prompt_batch(4, do_sample=False))
     assert again.batch is not None
     assert torch.equal(col(again, "responses"), responses)
-    top1 = worker.generate_sequences(_prompts(4, top_k=1))
+    top1 = worker.generate_sequences(prompt_batch(4, top_k=1))
     assert top1.batch is not None
     assert torch.equal(col(top1, "responses"), responses)
 
 
 def test_generation_stops_at_eos(worker: ActorRolloutRefWorker) -> None:
     # every token is an eos: each response is one token, then padding with mask 0
-    out = worker.generate_sequences(_prompts(3, eos_token_id=list(range(32)), pad_token_id=0))
+    out = worker.generate_sequences(prompt_batch(3, eos_token_id=list(range(32)), pad_token_id=0))
     assert out.batch is not None
     assert col(out, "response_mask").tolist() == [[1, 0, 0, 0]] * 3
     assert col(out, "responses")[:, 1:].eq(0).all()
@@ -93,12 +79,12 @@ def test_generation_stops_at_eos(worker: ActorRolloutRefWorker) -> None:
 
 def test_sampling_settings_are_validated(worker: ActorRolloutRefWorker) -> None:
     with pytest.raises(BatchError, match=r"temperature must be > 0, got 0\.0"):
-        worker.generate_sequences(_prompts(2, temperature=0.0))
+        worker.generate_sequences(prompt_batch(2, temperature=0.0))
     with pytest.raises(BatchError, match=r"meta_info\['top_p'\] must be a number, got 'x'"):
-        worker.generate_sequences(_prompts(2, top_p="x"))
+        worker.generate_sequences(prompt_batch(2, top_p="x"))
     with pytest.raises(BatchError, match="response_length must be a positive int, got 0"):
-        worker.generate_sequences(_prompts(2, response_length=0))
-    short = worker.generate_sequences(_prompts(2, max_new_tokens=2))
+        worker.generate_sequences(prompt_batch(2, response_length=0))
+    short = worker.generate_sequences(prompt_batch(2, max_new_tokens=2))
     assert short.batch is not None
     assert col(short, "responses").shape == (2, 2)
 
@@ -166,7 +152,7 @@ def test_worker_errors(worker: ActorRolloutRefWorker, single_rank: None) -> None
     with pytest.raises(NotInitializedError, match="role 'ref' has no actor"):
         ref_only.compute_log_prob(proto(t))
     with pytest.raises(NotInitializedError, match="role 'ref' has no rollout"):
-        ref_only.generate_sequences(_prompts(2))
+        ref_only.generate_sequences(prompt_batch(2))
     with pytest.raises(NotInitializedError, match="call init_model first"):
         ref_only.compute_ref_log_prob(proto(t))
     actor_only = ActorRolloutRefWorker(actor_config(), "actor")
@@ -207,7 +193,7 @@ def test_through_a_local_worker_group() -> None:
     )
     try:
         wg.init_model()
-        gen = wg.generate_sequences(_prompts(4, do_sample=False))
+        gen = wg.generate_sequences(prompt_batch(4, do_sample=False))
         assert col(gen, "responses").shape == (4, RESP_LEN)
         lp = wg.compute_log_prob(gen)
         assert lp.batch["old_log_probs"].shape == (4, RESP_LEN)

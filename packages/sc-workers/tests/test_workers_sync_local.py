@@ -8,12 +8,10 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from _workers_helpers import PROMPT_LEN, actor_config, col, make_tensors
+from _workers_helpers import actor_config, col, prompt_batch
 from sc_core import ClassWithInitArgs, LocalWorkerGroup, ResourcePool
-from sc_protocol import DataProto
 from sc_workers import (
     ActorRolloutRefWorker,
     RolloutWorker,
@@ -24,20 +22,6 @@ from sc_workers import (
 from sc_workers.sync._layout import local_view
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _prompts(n: int = 4) -> DataProto:
-    t = make_tensors(n)
-    mask = t["attention_mask"][:, :PROMPT_LEN]
-    return DataProto.from_dict(
-        tensors={
-            "input_ids": t["prompts"],
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-        },
-        non_tensors={"uid": np.array([f"p{i}" for i in range(n)], dtype=object)},
-        meta_info={"do_sample": False},
-    )
 
 
 def _rollout_config(**model: Any) -> Any:
@@ -74,7 +58,7 @@ def test_sync_serves_the_trainers_weights_and_generation_matches(
     groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
 ) -> None:
     actor, rollout = groups
-    before = rollout.generate_sequences(_prompts())
+    before = rollout.generate_sequences(prompt_batch(do_sample=False))
     assert before.meta_info["weight_version"] == 0
     trainer_weights = _params(actor, "actor_engine")
     assert not all(
@@ -86,9 +70,9 @@ def test_sync_serves_the_trainers_weights_and_generation_matches(
         assert sync.plan.total_bytes == sum(4 * t.numel() for t in trainer_weights.values())
     served = _params(rollout, "rollout_engine")
     assert all(torch.equal(trainer_weights[n], t) for n, t in served.items())
-    after = rollout.generate_sequences(_prompts())
+    after = rollout.generate_sequences(prompt_batch(do_sample=False))
     assert after.meta_info["weight_version"] == 1
-    own = actor.generate_sequences(_prompts())
+    own = actor.generate_sequences(prompt_batch(do_sample=False))
     assert torch.equal(col(after, "responses"), col(own, "responses"))
 
 
@@ -119,7 +103,9 @@ def test_failed_sync_keeps_the_previous_version(
         worker.actor_engine = original
     assert sync.version == 1
     assert all(torch.equal(kept[n], t) for n, t in _params(rollout, "rollout_engine").items())
-    assert rollout.generate_sequences(_prompts()).meta_info["weight_version"] == 1
+    assert (
+        rollout.generate_sequences(prompt_batch(do_sample=False)).meta_info["weight_version"] == 1
+    )
     # the next sync repairs it, with a newer version number
     assert sync.sync() == 3
     sync.close()
@@ -141,7 +127,9 @@ def test_shape_mismatch_is_a_typed_error(
         assert isinstance(info.value.__cause__, SyncLayoutError)
         assert "mlp" in str(info.value)
         assert sync.version == 0
-        assert wide.generate_sequences(_prompts()).meta_info["weight_version"] == 0
+        assert (
+            wide.generate_sequences(prompt_batch(do_sample=False)).meta_info["weight_version"] == 0
+        )
         sync.close()
     finally:
         wide.close()
