@@ -7,7 +7,8 @@
 #   integration/gpu-check.sh            # online: installs uv if missing, then uv + nox
 #   SC_INTEGRATION_GPU_CHECK_OFFLINE=1 integration/gpu-check.sh
 #
-# Offline (a machine that reaches no package index but has python3 with torch and pytest):
+# Offline (a machine that reaches no package index but has python3 with torch and pytest;
+# SC_INTEGRATION_GPU_CHECK_PYTHON names another interpreter):
 # wheels in .whl/ (if any) are installed into /tmp/sc-site, the five packages and the trainer
 # are used from their source folders, and the same tests, demo and benchmark run; parts
 # whose dependencies are missing (Ray, tensordict) are reported as skipped, not failed.
@@ -29,7 +30,12 @@ if [[ "${SC_INTEGRATION_GPU_CHECK_OFFLINE:-0}" != "1" ]]; then
     exit 0
 fi
 
-python=python3
+python=${SC_INTEGRATION_GPU_CHECK_PYTHON:-python3}
+if ! "$python" -c "import torch" 2>/dev/null; then
+    echo "gpu-check: $python cannot import torch; offline mode needs a Python with torch" \
+        "(set SC_INTEGRATION_GPU_CHECK_PYTHON to one)" >&2
+    exit 2
+fi
 if compgen -G ".whl/*.whl" >/dev/null; then
     step "installing the carried wheels"
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -39,7 +45,10 @@ fi
 src=""
 for dir in packages/*/src integration/src; do src="$src:$PWD/$dir"; done
 export PYTHONPATH="${src#:}${PYTHONPATH:+:$PYTHONPATH}"
-"$python" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device is visible'"
+if ! "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu-check: no CUDA device is visible (torch.cuda.is_available() is False)" >&2
+    exit 2
+fi
 "$python" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
 
 status=0
