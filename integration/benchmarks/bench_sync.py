@@ -5,9 +5,18 @@
 
 * ``plan``: building the transfer plan for a model of 10,000 tensors (trainer FSDP dp=4,
   rollout TP=2 x 2 replicas), uncached, median of 5;
-* ``sync``: a model of ``--mib`` MiB (tensors of 1024 x 1024 float32) from 2 trainer processes
-  (FSDP-style dim-0 shards) to 2 rollout processes (tensor parallel along dim 1), over gloo on
-  this machine, each variant timed between barriers, in turns (median of ``--repeat``):
+* ``sync``: a model of about ``--mib`` MiB of float32 from 2 trainer processes (FSDP-style
+  dim-0 shards) to 2 rollout processes (tensor parallel, one replica), over gloo on this
+  machine, in two layouts:
+
+  - ``transformer`` (``results["sync"]``): decoder layers of hidden size 1024 (q, k, v, o,
+    gate, up, down, two norms), split as Megatron splits them: column-parallel weights along
+    dim 0 (their pieces are contiguous on both sides and travel without a copy), row-parallel
+    ones (o, down: a third of the bytes) along dim 1, norms replicated;
+  - ``row-parallel`` (``results["sync_row_parallel"]``): the worst case, every tensor a
+    1024 x 1024 matrix split along dim 1, so every byte is packed by its sender;
+
+  each variant timed between barriers, in turns (median of ``--repeat``):
 
   - ``sc``: ``send_weights`` / ``receive_weights`` / ``commit`` (packing, one message per
     sender-receiver pair, staging, the switch to the new version);
@@ -22,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -46,6 +56,7 @@ from sc_workers.sync import (
 
 SENDERS, RECEIVERS = 2, 2
 SIDE = 1024
+HIDDEN, FFN = 1024, 2816
 
 
 def _port() -> int:
@@ -59,11 +70,45 @@ def _chunk(n: int, parts: int, i: int) -> tuple[int, int]:
     return min(i * size, n), min((i + 1) * size, n)
 
 
+def model(layout: str, mib: float) -> tuple[dict[str, tuple[int, ...]], dict[str, int | None]]:
+    """Parameter shapes of about ``mib`` MiB, and the dimension tensor parallelism splits each
+    along (``None``: replicated)."""
+    if layout == "row-parallel":
+        count = max(1, int(mib * 2**20) // (SIDE * SIDE * 4))
+        return {f"w{i}": (SIDE, SIDE) for i in range(count)}, dict.fromkeys(
+            (f"w{i}" for i in range(count)), 1
+        )
+    per_layer = {
+        "q": ((HIDDEN, HIDDEN), 0),
+        "k": ((HIDDEN, HIDDEN), 0),
+        "v": ((HIDDEN, HIDDEN), 0),
+        "o": ((HIDDEN, HIDDEN), 1),
+        "gate": ((FFN, HIDDEN), 0),
+        "up": ((FFN, HIDDEN), 0),
+        "down": ((HIDDEN, FFN), 1),
+        "norm1": ((HIDDEN,), None),
+        "norm2": ((HIDDEN,), None),
+    }
+    layer_bytes = 4 * sum(math.prod(shape) for shape, _ in per_layer.values())
+    shapes: dict[str, tuple[int, ...]] = {}
+    split: dict[str, int | None] = {}
+    for i in range(max(1, round(mib * 2**20 / layer_bytes))):
+        for name, (shape, dim) in per_layer.items():
+            shapes[f"layers.{i}.{name}"] = shape
+            split[f"layers.{i}.{name}"] = dim
+    return shapes, split
+
+
 def layouts(
-    shapes: dict[str, tuple[int, ...]], senders: int, tp: int, replicas: int
+    shapes: dict[str, tuple[int, ...]],
+    senders: int,
+    tp: int,
+    replicas: int,
+    split: dict[str, int | None] | None = None,
 ) -> tuple[ModelLayout, ModelLayout]:
-    """Trainer: dim 0 split over ``senders``; rollout: dim -1 split over tp, replicated.
-    Equal boxes are one Region object, as in layouts built from the ranks' reports."""
+    """Trainer: dim 0 split over ``senders``; rollout: each tensor split over tp along
+    ``split[name]`` (default: the last dim; ``None``: whole), replicated. Equal boxes are one
+    Region object, as in layouts built from the ranks' reports."""
     dtypes = dict.fromkeys(shapes, "float32")
     boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], Region] = {}
 
@@ -83,9 +128,15 @@ def layouts(
         for t in range(tp):
             held = {}
             for name, shape in shapes.items():
-                lo, hi = _chunk(shape[-1], tp, t)
+                dim = len(shape) - 1 if split is None else split[name]
+                if dim is None:
+                    held[name] = box((0,) * len(shape), shape)
+                    continue
+                lo, hi = _chunk(shape[dim], tp, t)
                 if hi > lo:
-                    held[name] = box((*([0] * (len(shape) - 1)), lo), (*shape[:-1], hi - lo))
+                    offset = tuple(lo if d == dim else 0 for d in range(len(shape)))
+                    size = tuple(hi - lo if d == dim else n for d, n in enumerate(shape))
+                    held[name] = box(offset, size)
             dst.append(held)
     return ModelLayout(shapes, dtypes, tuple(src)), ModelLayout(shapes, dtypes, tuple(dst))
 
@@ -106,14 +157,15 @@ def bench_plan(tensors: int) -> dict[str, Any]:
     return {"tensors": tensors, "pieces": plan.piece_count, "build_s": statistics.median(times)}
 
 
-def _rank(rank: int, world: int, ports: tuple[int, int], mib: float, repeat: int, out: str) -> None:
+def _rank(
+    rank: int, world: int, ports: tuple[int, int], layout: str, mib: float, repeat: int, out: str
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=world
     )
-    count = max(1, int(mib * 2**20) // (SIDE * SIDE * 4))
-    shapes: dict[str, tuple[int, ...]] = {f"w{i}": (SIDE, SIDE) for i in range(count)}
-    src, dst = layouts(shapes, SENDERS, RECEIVERS, 1)
+    shapes, split = model(layout, mib)
+    src, dst = layouts(shapes, SENDERS, RECEIVERS, 1, split)
     plan = build_plan(src, dst)
     channel = open_channel(ChannelSpec("gloo", "bench", world, port=ports[1]), rank)
     gen = torch.Generator().manual_seed(0)
@@ -139,15 +191,19 @@ def _rank(rank: int, world: int, ports: tuple[int, int], mib: float, repeat: int
     receivers = list(range(SENDERS, world))
     bcast_group: Any = dist.new_group([0, *receivers])
 
-    buffers: dict[int, torch.Tensor] = {}  # reused from sync to sync, as the workers do
+    # reused from sync to sync, as the workers do
+    buffers: dict[int, torch.Tensor] = {}
+    spare: dict[str, torch.Tensor] = {}
 
     def sc() -> None:
-        nonlocal buffers
+        nonlocal buffers, spare
         if rank < SENDERS:
             buffers = send_weights(channel, plan, rank, held, buffers=buffers).messages
         else:
-            got = receive_weights(channel, plan, rank - SENDERS, targets, 1, buffers=buffers)
-            got.staged.commit()
+            got = receive_weights(
+                channel, plan, rank - SENDERS, targets, 1, buffers=buffers, spare=spare
+            )
+            spare = got.staged.commit()
             buffers = got.messages
 
     def raw() -> None:
@@ -180,8 +236,9 @@ def _rank(rank: int, world: int, ports: tuple[int, int], mib: float, repeat: int
                 times[name].append(time.perf_counter() - start)
     if rank == 0:
         result: dict[str, Any] = {
-            "mib": count * SIDE * SIDE * 4 / 2**20,
-            "tensors": count,
+            "layout": layout,
+            "mib": sum(4 * math.prod(s) for s in shapes.values()) / 2**20,
+            "tensors": len(shapes),
             "senders": SENDERS,
             "receivers": RECEIVERS,
             "bytes_moved": plan.total_bytes,
@@ -195,13 +252,13 @@ def _rank(rank: int, world: int, ports: tuple[int, int], mib: float, repeat: int
     dist.destroy_process_group()
 
 
-def bench_sync(mib: float, repeat: int) -> dict[str, Any]:
+def bench_sync(layout: str, mib: float, repeat: int) -> dict[str, Any]:
     world = SENDERS + RECEIVERS
     ports = (_port(), _port())
     out = Path(f"/tmp/sc-bench-sync-{os.getpid()}.json")
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_rank, args=(r, world, ports, mib, repeat, str(out)))
+        ctx.Process(target=_rank, args=(r, world, ports, layout, mib, repeat, str(out)))
         for r in range(world)
     ]
     for p in procs:
@@ -241,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["plan"] = bench_plan(args.plan_tensors)
     print(f"plan: {results['plan']}", flush=True)
-    results["sync"] = bench_sync(args.mib, args.repeat)
-    print(f"sync: {results['sync']}", flush=True)
+    for key, layout in (("sync", "transformer"), ("sync_row_parallel", "row-parallel")):
+        results[key] = bench_sync(layout, args.mib, args.repeat)
+        print(f"{key}: {results[key]}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")

@@ -9,7 +9,10 @@ is opened by every participant with the same :class:`ChannelSpec` (the controlle
 * :class:`InMemoryChannel` — mailboxes in this process, for groups whose workers all live in
   the driver (the local backend): the same sync, every step visible to a debugger.
 
-:meth:`Channel.exchange` posts every send and receive of one rank and waits for all of them.
+:meth:`Channel.isend` and :meth:`Channel.irecv` post one message and return a
+:class:`Pending` to wait on; messages between two ranks are matched by their ``tag`` (in the
+order they were posted, for equal tags). :meth:`Channel.exchange` posts every send and receive
+of one rank and waits for all of them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import torch.distributed as dist
 
 from .._errors import ConfigError, WeightSyncError
 
-__all__ = ["Channel", "ChannelSpec", "InMemoryChannel", "ProcessGroupChannel", "open_channel"]
+__all__ = [
+    "Channel",
+    "ChannelSpec",
+    "InMemoryChannel",
+    "Pending",
+    "ProcessGroupChannel",
+    "open_channel",
+]
 
 ChannelKind = Literal["gloo", "nccl", "memory"]
 
@@ -55,9 +65,28 @@ class ChannelSpec:
             raise ConfigError(f"ChannelSpec.timeout_s must be > 0, got {self.timeout_s}")
 
 
+class Pending(Protocol):
+    def wait(self) -> None:
+        """Block until the message has been sent / received (bounded by the spec's timeout)."""
+        ...
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
 class Channel(Protocol):
     rank: int
     spec: ChannelSpec
+
+    def isend(self, peer: int, tensor: torch.Tensor, tag: int = 0) -> Pending:
+        """Start sending ``tensor`` (contiguous) to channel rank ``peer``."""
+        ...
+
+    def irecv(self, peer: int, tensor: torch.Tensor, tag: int = 0) -> Pending:
+        """Start receiving a message from ``peer`` into ``tensor`` (contiguous, same size)."""
+        ...
 
     def exchange(
         self, sends: Mapping[int, torch.Tensor], receives: Mapping[int, torch.Tensor]
@@ -87,13 +116,22 @@ class ProcessGroupChannel:
         else:
             self._pg = c10d.ProcessGroupGloo(self._store, rank, spec.world_size, timeout)
 
+    def isend(self, peer: int, tensor: torch.Tensor, tag: int = 0) -> Pending:
+        if not tensor.numel():
+            return _Done()
+        work: Pending = self._pg.send([tensor], peer, tag)
+        return work
+
+    def irecv(self, peer: int, tensor: torch.Tensor, tag: int = 0) -> Pending:
+        if not tensor.numel():
+            return _Done()
+        work: Pending = self._pg.recv([tensor], peer, tag)
+        return work
+
     def exchange(
         self, sends: Mapping[int, torch.Tensor], receives: Mapping[int, torch.Tensor]
     ) -> None:
-        works = [self._pg.send([t], peer, 0) for peer, t in sorted(sends.items()) if t.numel()]
-        works += [self._pg.recv([t], peer, 0) for peer, t in sorted(receives.items()) if t.numel()]
-        for work in works:
-            work.wait()
+        _exchange(self, sends, receives)
 
     def close(self) -> None:
         shutdown = getattr(self._pg, "shutdown", None)
@@ -104,8 +142,8 @@ class ProcessGroupChannel:
 class _Mailboxes:
     def __init__(self) -> None:
         self.cond = threading.Condition()
-        # messages from one rank to another, in the order they were sent
-        self.boxes: dict[tuple[int, int], collections.deque[torch.Tensor]] = {}
+        # messages (from, to, tag), in the order they were sent
+        self.boxes: dict[tuple[int, int, int], collections.deque[torch.Tensor]] = {}
         self.open = 0
 
 
@@ -125,36 +163,21 @@ class InMemoryChannel:
             self._boxes.open += 1
         self._closed = False
 
+    def isend(self, peer: int, tensor: torch.Tensor, tag: int = 0) -> Pending:
+        boxes = self._boxes
+        with boxes.cond:
+            key = (self.rank, peer, tag)
+            boxes.boxes.setdefault(key, collections.deque()).append(tensor.clone())
+            boxes.cond.notify_all()
+        return _Done()
+
+    def irecv(self, peer: int, tensor: torch.Tensor, tag: int = 0) -> Pending:
+        return _MailboxReceive(self, peer, tensor, tag)
+
     def exchange(
         self, sends: Mapping[int, torch.Tensor], receives: Mapping[int, torch.Tensor]
     ) -> None:
-        boxes = self._boxes
-        with boxes.cond:
-            for peer, tensor in sends.items():
-                boxes.boxes.setdefault((self.rank, peer), collections.deque()).append(
-                    tensor.clone()
-                )
-            boxes.cond.notify_all()
-        deadline = time.monotonic() + self.spec.timeout_s
-        for peer, out in sorted(receives.items()):
-            with boxes.cond:
-                while not boxes.boxes.get((peer, self.rank)):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise WeightSyncError(
-                            f"weight sync: channel rank {self.rank} waited {self.spec.timeout_s} s "
-                            f"for channel rank {peer}, which sent nothing",
-                            rank=self.rank,
-                        )
-                    boxes.cond.wait(left)
-                data = boxes.boxes[(peer, self.rank)].popleft()
-            if data.numel() != out.numel():
-                raise WeightSyncError(
-                    f"weight sync: channel rank {self.rank} expected {out.numel()} bytes from "
-                    f"channel rank {peer}, got {data.numel()}",
-                    rank=self.rank,
-                )
-            out.copy_(data)
+        _exchange(self, sends, receives)
 
     def close(self) -> None:
         """Leave the channel; the last participant to leave drops its mailboxes."""
@@ -165,6 +188,46 @@ class InMemoryChannel:
             self._boxes.open -= 1
             if self._boxes.open == 0:
                 _mail.pop(self.spec.name, None)
+
+
+class _MailboxReceive:
+    """A receive from an in-memory mailbox: :meth:`wait` takes the oldest message with its
+    tag (waiting for it up to the spec's timeout) and copies it into place."""
+
+    def __init__(self, channel: InMemoryChannel, peer: int, out: torch.Tensor, tag: int) -> None:
+        self._channel, self._peer, self._out, self._tag = channel, peer, out, tag
+
+    def wait(self) -> None:
+        channel, peer, out = self._channel, self._peer, self._out
+        boxes, key = channel._boxes, (peer, channel.rank, self._tag)
+        deadline = time.monotonic() + channel.spec.timeout_s
+        with boxes.cond:
+            while not boxes.boxes.get(key):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WeightSyncError(
+                        f"weight sync: channel rank {channel.rank} waited "
+                        f"{channel.spec.timeout_s} s for channel rank {peer}, which sent nothing",
+                        rank=channel.rank,
+                    )
+                boxes.cond.wait(left)
+            data = boxes.boxes[key].popleft()
+        if data.numel() != out.numel():
+            raise WeightSyncError(
+                f"weight sync: channel rank {channel.rank} expected {out.numel()} bytes from "
+                f"channel rank {peer}, got {data.numel()}",
+                rank=channel.rank,
+            )
+        out.copy_(data)
+
+
+def _exchange(
+    channel: Channel, sends: Mapping[int, torch.Tensor], receives: Mapping[int, torch.Tensor]
+) -> None:
+    pending = [channel.isend(peer, t) for peer, t in sorted(sends.items())]
+    pending += [channel.irecv(peer, t) for peer, t in sorted(receives.items())]
+    for p in pending:
+        p.wait()
 
 
 def open_channel(spec: ChannelSpec, rank: int) -> Channel:

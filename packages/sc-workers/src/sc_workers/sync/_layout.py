@@ -199,9 +199,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def local_view(param: Any) -> torch.Tensor:
-    """The tensor a rank holds for ``param`` (a DTensor's local shard, else itself)."""
-    to_local = getattr(param, "to_local", None)
-    local: torch.Tensor = param if to_local is None else to_local()
+    """The tensor a rank holds for ``param``: a DTensor's own local shard (the object itself,
+    not a view of it, so a commit that switches its storage reaches the parameter), else
+    ``param``."""
+    local: torch.Tensor | None = getattr(param, "_local_tensor", None)
+    if local is None:
+        to_local = getattr(param, "to_local", None)
+        local = param if to_local is None else to_local()
     return local
 
 

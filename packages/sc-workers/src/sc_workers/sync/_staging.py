@@ -1,13 +1,16 @@
-"""Packing pieces into one message per (sender, receiver) pair, and the receiver's staging.
+"""Packing pieces, and the receiver's staging of an incoming version.
 
-A sender packs the bytes of every piece it owes one receiver, in plan order, into one flat
-``uint8`` tensor (one message, whatever the pieces' dtypes), copying each piece once, straight
-into its place in the message (a buffer reused from sync to sync when the caller keeps it).
-The receiver keeps the messages as they arrived in :class:`StagedWeights`: the incoming
-version, checked complete (every element of every parameter covered exactly once, counted)
-but not applied. Only :meth:`StagedWeights.commit` writes the live parameters, each element
-copied once from its message, so generation never sees a mix of versions and a failed sync
-leaves them as they were.
+A sender packs the bytes of pieces, in plan order, into one flat ``uint8`` tensor (whatever
+the pieces' dtypes), copying each piece once, straight into its place (a buffer reused from
+sync to sync when the caller keeps it).
+
+A receiver stages the incoming version in :class:`StagedWeights`: a second set of tensors
+shaped like its live parameters (reused from sync to sync), filled either straight off the
+wire or by unpacking messages, and checked complete (every element of every parameter covered
+exactly once, counted). The live parameters are untouched until :meth:`StagedWeights.commit`,
+which switches each of them to its staged storage (a pointer swap, no copy; the old storage
+becomes the staging space of the next sync), so generation never sees a mix of versions and a
+failed sync leaves them as they were.
 """
 
 from __future__ import annotations
@@ -52,20 +55,27 @@ def pack_pieces(
 
 
 class StagedWeights:
-    """The incoming version of one receiver's parameters: the messages that carry it, checked
-    complete, applied by :meth:`commit`.
+    """The incoming version of one receiver's parameters, staged beside the live ones.
 
-    ``targets`` maps each parameter name to ``(live local tensor, the region it holds)``.
+    ``targets`` maps each parameter name to ``(live local tensor, the region it holds)``;
+    ``spare`` (what an earlier :meth:`commit` returned) is reused as the staging space where a
+    tensor of the same shape, dtype and device is there.
     """
 
     def __init__(
-        self, version: int, rank: int, targets: Mapping[str, tuple[torch.Tensor, Region]]
+        self,
+        version: int,
+        rank: int,
+        targets: Mapping[str, tuple[torch.Tensor, Region]],
+        spare: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.version = version
         self.rank = rank
         self._targets = dict(targets)
         self._filled = dict.fromkeys(targets, 0)
-        self._messages: list[tuple[Sequence[Piece], torch.Tensor, Mapping[str, torch.dtype]]] = []
+        self._staging = {
+            name: _reuse((spare or {}).get(name), live) for name, (live, _) in targets.items()
+        }
         self.bytes_received = 0
 
     def _error(self, message: str) -> WeightSyncError:
@@ -75,16 +85,8 @@ class StagedWeights:
             version=self.version,
         )
 
-    def add(
-        self,
-        pieces: Sequence[Piece],
-        message: torch.Tensor,
-        source_dtypes: Mapping[str, torch.dtype],
-    ) -> None:
-        """Keep one message holding ``pieces`` in order (checked against the targets)."""
-        expected = sum(p.nbytes for p in pieces)
-        if message.numel() != expected:
-            raise self._error(f"got a message of {message.numel()} bytes for pieces of {expected}")
+    def expect(self, pieces: Sequence[Piece]) -> None:
+        """Count ``pieces`` as coming to this rank (checked against what it holds)."""
         for piece in pieces:
             target = self._targets.get(piece.name)
             if target is None:
@@ -94,8 +96,46 @@ class StagedWeights:
                     f"got region {piece.region} of {piece.name!r}, outside the {target[1]} it holds"
                 )
             self._filled[piece.name] += piece.region.numel
-        self._messages.append((pieces, message, source_dtypes))
-        self.bytes_received += int(message.numel())
+            self.bytes_received += piece.nbytes
+
+    def slot(self, piece: Piece) -> torch.Tensor:
+        """Where ``piece`` goes in the staging space (a view)."""
+        return self._staging[piece.name][piece.region.within(self._targets[piece.name][1])]
+
+    def staging(self, name: str) -> tuple[torch.Tensor, Region]:
+        """The staging tensor of ``name`` and the region it holds."""
+        return self._staging[name], self._targets[name][1]
+
+    @torch.no_grad()
+    def unpack(
+        self,
+        pieces: Sequence[Piece],
+        message: torch.Tensor,
+        source_dtypes: Mapping[str, torch.dtype],
+    ) -> None:
+        """Copy ``pieces`` (packed in order in ``message``, in the source's dtypes) into their
+        slots (already :meth:`expect`-ed)."""
+        at = 0
+        for piece in pieces:
+            dtype = source_dtypes[piece.name]
+            raw = message[at : at + piece.nbytes]
+            if at % dtype.itemsize:  # after a piece of a smaller dtype: realign
+                raw = raw.clone()
+            self.slot(piece).copy_(raw.view(dtype).view(piece.region.shape))
+            at += piece.nbytes
+
+    def add(
+        self,
+        pieces: Sequence[Piece],
+        message: torch.Tensor,
+        source_dtypes: Mapping[str, torch.dtype],
+    ) -> None:
+        """:meth:`expect` ``pieces`` and :meth:`unpack` them from one ``message``."""
+        expected = sum(p.nbytes for p in pieces)
+        if message.numel() != expected:
+            raise self._error(f"got a message of {message.numel()} bytes for pieces of {expected}")
+        self.expect(pieces)
+        self.unpack(pieces, message, source_dtypes)
 
     def check_complete(self) -> None:
         """Every element of every target is covered (counted), else WeightSyncError."""
@@ -106,20 +146,50 @@ class StagedWeights:
                 )
 
     @torch.no_grad()
-    def commit(self) -> None:
-        """Write the staged version into the live parameters (after :meth:`check_complete`)."""
+    def commit(self) -> dict[str, torch.Tensor]:
+        """Switch the live parameters to the staged version (after :meth:`check_complete`).
+
+        A live tensor that owns its storage (the usual case) takes the staged storage, no
+        copy; any other (a view into a larger buffer) gets the staged values copied in.
+        Returns the spare space for the next sync's ``spare``."""
+        if self._targets and not self._staging:
+            raise self._error("committed this version already")
         self.check_complete()
-        for pieces, message, dtypes in self._messages:
-            at = 0
-            for piece in pieces:
-                tensor, region = self._targets[piece.name]
-                dtype = dtypes[piece.name]
-                raw = message[at : at + piece.nbytes]
-                if at % dtype.itemsize:  # after a piece of a smaller dtype: realign
-                    raw = raw.clone()
-                values = raw.view(dtype).view(piece.region.shape)
-                tensor[piece.region.within(region)].copy_(values)
-                at += piece.nbytes
+        spare = {}
+        for name, (live, _) in self._targets.items():
+            staged = self._staging[name]
+            if _owns_storage(live):
+                old = torch.empty(0, dtype=live.dtype, device=live.device)
+                old.set_(live.untyped_storage(), 0, live.shape, live.stride())
+                live.set_(staged.untyped_storage(), 0, staged.shape, staged.stride())
+                spare[name] = old
+            else:
+                live.copy_(staged)
+                spare[name] = staged
+        self._staging = {}
+        return spare
+
+
+def _reuse(spare: torch.Tensor | None, live: torch.Tensor) -> torch.Tensor:
+    if (
+        spare is not None
+        and spare.shape == live.shape
+        and spare.dtype == live.dtype
+        and spare.device == live.device
+        and spare.is_contiguous()
+    ):
+        return spare
+    return torch.empty(live.shape, dtype=live.dtype, device=live.device)
+
+
+def _owns_storage(tensor: torch.Tensor) -> bool:
+    """The tensor is its storage, whole and contiguous (not a view into a larger buffer)."""
+    return bool(
+        tensor._base is None
+        and tensor.is_contiguous()
+        and tensor.storage_offset() == 0
+        and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    )
 
 
 def held_tensors(

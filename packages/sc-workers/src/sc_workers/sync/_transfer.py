@@ -3,10 +3,13 @@
 Channel ranks: the trainer's rank ``r`` is channel rank ``r``, the rollout's rank ``r`` is
 channel rank ``S + r`` (``S`` the trainer's world size, ``plan.source.world_size``).
 
-A dense sync is one message per (sender, receiver) pair. A delta sync (``baseline`` given,
+A dense sync cuts each (sender, receiver) pair's pieces into frames (:mod:`._frames`): large
+contiguous pieces go straight from the sender's tensor into the receiver's staging tensor,
+the rest is packed, and a sender packs one frame while the previous ones are on the wire. A
+delta sync (``baseline`` given,
 on both sides: each pair's dense message of the last synced version) first exchanges a small
 header per pair (dense or sparse, and the payload's size), then the payloads, each encoded by
-:mod:`._delta` against the baseline.
+:mod:`._delta` against the baseline, one message per pair.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._channel import Channel
+from ._channel import Channel, Pending
 from ._delta import decode, encode
+from ._frames import Frame, align, contiguous_bytes, frames_of
 from ._layout import Region
 from ._plan import Piece, TransferPlan
 from ._staging import StagedWeights, pack_pieces
@@ -27,8 +31,9 @@ __all__ = ["Received", "Sent", "receive_weights", "send_weights"]
 
 @dataclass
 class Sent:
-    """What a sender moved: bytes on the wire, and each receiver's dense message (the
-    baseline of the next delta sync)."""
+    """What a sender moved: bytes on the wire, and per receiver either its dense message (a
+    delta sync: the baseline of the next one) or the buffer its packed frames used (a dense
+    sync: reused by the next one)."""
 
     wire_bytes: int
     messages: dict[int, torch.Tensor]
@@ -36,7 +41,8 @@ class Sent:
 
 @dataclass
 class Received:
-    """A receiver's staged weights, bytes on the wire, and each sender's dense message."""
+    """A receiver's staged weights, bytes on the wire, and per sender its dense message (a
+    delta sync) or the buffer its packed frames arrived in (a dense sync)."""
 
     staged: StagedWeights
     wire_bytes: int
@@ -55,16 +61,15 @@ def send_weights(
     baseline: Mapping[int, torch.Tensor] | None = None,
     buffers: Mapping[int, torch.Tensor] | None = None,
 ) -> Sent:
-    """Send every piece ``src_rank`` owes (one message per receiver; against ``baseline``,
-    only what changed). ``buffers`` (each receiver's message of an earlier sync) are reused
-    to pack into."""
+    """Send every piece ``src_rank`` owes (in frames; against ``baseline``, only what changed,
+    one message per receiver). ``buffers`` (:attr:`Sent.messages` of an earlier sync of the same
+    kind) are reused to pack into."""
     offset = plan.source.world_size
     pairs = {d: plan.pair(src_rank, d) for d in plan.receivers_of(src_rank)}
     reuse = buffers or {}
-    messages = {d: pack_pieces(pieces, held, reuse.get(d)) for d, pieces in pairs.items()}
     if baseline is None:
-        channel.exchange({offset + d: m for d, m in messages.items()}, {})
-        return Sent(sum(int(m.numel()) for m in messages.values()), messages)
+        return _send_frames(channel, offset, pairs, held, reuse)
+    messages = {d: pack_pieces(pieces, held, reuse.get(d)) for d, pieces in pairs.items()}
     encoded = {d: encode(m, baseline.get(d), _word(plan, pairs[d])) for d, m in messages.items()}
     headers = {
         offset + d: torch.tensor([mode, payload.numel()], dtype=torch.int64)
@@ -84,39 +89,38 @@ def receive_weights(
     version: int,
     baseline: Mapping[int, torch.Tensor] | None = None,
     buffers: Mapping[int, torch.Tensor] | None = None,
+    spare: Mapping[str, torch.Tensor] | None = None,
 ) -> Received:
     """Receive this rank's pieces into a new :class:`StagedWeights` for ``version``, checked
-    complete; the live parameters are untouched until its ``commit``. ``buffers`` (each
-    sender's message of an earlier, committed sync) are reused to receive into."""
-    staged = StagedWeights(version, dst_rank, targets)
+    complete; the live parameters are untouched until its ``commit``. ``buffers``
+    (:attr:`Received.messages` of an earlier sync of the same kind) are reused to receive
+    into, ``spare`` (what the last commit returned) to stage into."""
+    staged = StagedWeights(version, dst_rank, targets, spare)
     device = next(iter(targets.values()))[0].device if targets else torch.device("cpu")
     pairs = {src: plan.pair(src, dst_rank) for src in plan.senders_to(dst_rank)}
     sizes = {src: sum(p.nbytes for p in pieces) for src, pieces in pairs.items()}
-    if baseline is None:
-        reuse = buffers or {}
-        messages = {src: _buffer(reuse.get(src), n, device) for src, n in sizes.items()}
-        channel.exchange({}, messages)
-        wire = sum(sizes.values())
-    else:
-        headers = {src: torch.empty(2, dtype=torch.int64) for src in pairs}
-        channel.exchange({}, headers)
-        payloads = {
-            src: torch.empty(int(h[1]), dtype=torch.uint8, device=device)
-            for src, h in headers.items()
-        }
-        channel.exchange({}, payloads)
-        messages = {
-            src: decode(
-                int(headers[src][0]),
-                payloads[src],
-                baseline.get(src),
-                _word(plan, pairs[src]),
-                sizes[src],
-            )
-            for src in pairs
-        }
-        wire = sum(int(p.numel()) + 16 for p in payloads.values())
     dtypes = {name: getattr(torch, d) for name, d in plan.source.dtypes.items()}
+    if baseline is None:
+        messages = _receive_frames(channel, pairs, staged, dtypes, buffers or {}, device)
+        staged.check_complete()
+        return Received(staged, sum(sizes.values()), messages)
+    headers = {src: torch.empty(2, dtype=torch.int64) for src in pairs}
+    channel.exchange({}, headers)
+    payloads = {
+        src: torch.empty(int(h[1]), dtype=torch.uint8, device=device) for src, h in headers.items()
+    }
+    channel.exchange({}, payloads)
+    messages = {
+        src: decode(
+            int(headers[src][0]),
+            payloads[src],
+            baseline.get(src),
+            _word(plan, pairs[src]),
+            sizes[src],
+        )
+        for src in pairs
+    }
+    wire = sum(int(p.numel()) + 16 for p in payloads.values())
     for src, pieces in pairs.items():
         staged.add(pieces, messages[src], dtypes)
     staged.check_complete()
@@ -127,3 +131,97 @@ def _buffer(old: torch.Tensor | None, size: int, device: torch.device) -> torch.
     if old is not None and old.numel() == size and old.device == device:
         return old
     return torch.empty(size, dtype=torch.uint8, device=device)
+
+
+def _round_robin(per_peer: Mapping[int, list[Frame]]) -> list[tuple[int, Frame]]:
+    """Frames of every peer, interleaved (every receiver gets data from the start)."""
+    out = []
+    queues = [(peer, frames) for peer, frames in sorted(per_peer.items())]
+    for i in range(max((len(f) for _, f in queues), default=0)):
+        out += [(peer, frames[i]) for peer, frames in queues if i < len(frames)]
+    return out
+
+
+def _packed_layout(frames: list[Frame], direct: set[int]) -> tuple[dict[int, int], int]:
+    """Offsets of the packed frames (the ones not in ``direct``) in one buffer, and its size."""
+    offsets, at = {}, 0
+    for frame in frames:
+        if frame.tag not in direct:
+            offsets[frame.tag] = at
+            at = align(at + frame.nbytes)
+    return offsets, at
+
+
+def _send_frames(
+    channel: Channel,
+    offset: int,
+    pairs: Mapping[int, list[Piece]],
+    held: Mapping[str, tuple[torch.Tensor, Region]],
+    reuse: Mapping[int, torch.Tensor],
+) -> Sent:
+    frames = {d: frames_of(pieces) for d, pieces in pairs.items()}
+    views: dict[tuple[int, int], torch.Tensor] = {}
+    for d, fs in frames.items():
+        for frame in fs:
+            if len(frame.pieces) == 1:
+                piece = frame.pieces[0]
+                tensor, region = held[piece.name]
+                view = contiguous_bytes(tensor, region, piece.region)
+                if view is not None:
+                    views[(d, frame.tag)] = view
+    device = next(iter(held.values()))[0].device if held else torch.device("cpu")
+    buffers, offsets = {}, {}
+    for d, fs in frames.items():
+        offsets[d], size = _packed_layout(fs, {t for (dd, t) in views if dd == d})
+        buffers[d] = _buffer(reuse.get(d), size, device)
+    pending: list[Pending] = []
+    with torch.no_grad():
+        for d, frame in _round_robin(frames):
+            data = views.get((d, frame.tag))
+            if data is None:  # pack this frame while the earlier ones are on the wire
+                at = offsets[d][frame.tag]
+                data = pack_pieces(frame.pieces, held, buffers[d][at : at + frame.nbytes])
+            pending.append(channel.isend(offset + d, data, frame.tag))
+    for p in pending:
+        p.wait()
+    return Sent(sum(p.nbytes for pieces in pairs.values() for p in pieces), buffers)
+
+
+def _receive_frames(
+    channel: Channel,
+    pairs: Mapping[int, list[Piece]],
+    staged: StagedWeights,
+    dtypes: Mapping[str, torch.dtype],
+    reuse: Mapping[int, torch.Tensor],
+    device: torch.device,
+) -> dict[int, torch.Tensor]:
+    frames = {src: frames_of(pieces) for src, pieces in pairs.items()}
+    views: dict[tuple[int, int], torch.Tensor] = {}
+    for src, fs in frames.items():
+        for frame in fs:
+            staged.expect(frame.pieces)
+            if len(frame.pieces) > 1:
+                continue
+            piece = frame.pieces[0]
+            tensor, region = staged.staging(piece.name)
+            if tensor.dtype == dtypes[piece.name]:  # else the frame is cast on unpacking
+                view = contiguous_bytes(tensor, region, piece.region)
+                if view is not None:
+                    views[(src, frame.tag)] = view
+    buffers, offsets = {}, {}
+    for src, fs in frames.items():
+        offsets[src], size = _packed_layout(fs, {t for (s, t) in views if s == src})
+        buffers[src] = _buffer(reuse.get(src), size, device)
+    posted = []
+    for src, frame in _round_robin(frames):  # post every receive, then wait in order
+        data = views.get((src, frame.tag))
+        unpack = data is None
+        if data is None:
+            at = offsets[src][frame.tag]
+            data = buffers[src][at : at + frame.nbytes]
+        posted.append((channel.irecv(src, data, frame.tag), frame, data if unpack else None))
+    for pending, frame, packed in posted:
+        pending.wait()
+        if packed is not None:  # unpack while later frames arrive
+            staged.unpack(frame.pieces, packed, dtypes)
+    return buffers

@@ -41,8 +41,10 @@ class WeightSyncEndpoint:
     _sc_sync_version: int = 0
     # delta sync: each peer's dense message of a version, by version (sender and receiver)
     _sc_sync_baselines: dict[int, dict[int, torch.Tensor]] | None = None
-    # dense sync: the last messages sent / received, reused as buffers by the next one
+    # dense sync: the last packed frames sent / received, reused as buffers by the next one
     _sc_sync_buffers: dict[int, torch.Tensor] | None = None
+    # receiver: the storage the last commit freed, the staging space of the next sync
+    _sc_sync_spare: dict[str, torch.Tensor] | None = None
 
     def _sync_baseline(self, base: int | None, method: str) -> dict[int, torch.Tensor] | None:
         """The messages of version ``base`` (``None``: a dense sync)."""
@@ -99,6 +101,7 @@ class WeightSyncEndpoint:
             self._sc_sync_channel.close()
         self._sc_sync_baselines = None
         self._sc_sync_buffers = None
+        self._sc_sync_spare = None
         self._sc_sync_channel = open_channel(spec, offset + self.rank)
 
     def _channel(self, method: str) -> Channel:
@@ -151,7 +154,9 @@ class WeightSyncEndpoint:
         self._sc_sync_staged = None
         targets = held_tensors(engine.module, plan.destination.ranks[self.rank])
         reuse = None if delta else self._sc_sync_buffers
-        got = receive_weights(channel, plan, self.rank, targets, version, baseline, reuse)
+        got = receive_weights(
+            channel, plan, self.rank, targets, version, baseline, reuse, self._sc_sync_spare
+        )
         self._sc_sync_staged = got.staged
         if delta:
             self._keep_baseline(version, got.messages, base)
@@ -171,7 +176,7 @@ class WeightSyncEndpoint:
                 rank=self.rank,
                 version=version,
             )
-        staged.commit()
+        self._sc_sync_spare = staged.commit()
         self._sc_sync_staged = None
         self._sc_sync_version = version
         return version
