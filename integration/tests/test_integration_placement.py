@@ -62,6 +62,12 @@ def test_separate_tp2_rollout_on_ray(ray_cluster: None, tmp_path: Path) -> None:
     sync_spans = [s for s in recorder.spans if s.method.endswith(("sync_send", "sync_receive"))]
     assert len(sync_spans) == 2 * 5
     assert all(s.bytes_fetched < 1024 for s in sync_spans), [s.bytes_fetched for s in sync_spans]
+    # the trace shows each sync as one span (one per step, and the first), around its calls
+    syncs = [s for s in recorder.spans if s.method == "sync_weights"]
+    assert len(syncs) == 5
+    assert all([p.name for p in s.phases] == ["run"] and s.error is None for s in syncs)
+    for call in sync_spans:
+        assert sum(s.start <= call.start and (call.end or 0) <= (s.end or 0) for s in syncs) == 1
     assert mine.batch is not None
     assert theirs.batch is not None
     assert torch.equal(mine.batch["responses"], theirs.batch["responses"])

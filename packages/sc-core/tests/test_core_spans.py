@@ -17,6 +17,7 @@ from sc_core import (
     SpanRecorder,
     WorkerError,
     add_span_observer,
+    driver_span,
     remove_span_observer,
 )
 
@@ -44,6 +45,48 @@ def test_a_blocking_call_records_one_span_per_phase(tmp_path: Path) -> None:
     assert {e["tid"] for e in events} == {"driver", "rank 0", "rank 1"}
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
     assert all(e["name"].startswith("shard_rows:") for e in events)
+
+
+def test_a_driver_span_wraps_the_calls_it_makes() -> None:
+    with (
+        group((2,), name_prefix="op") as wg,
+        SpanRecorder() as rec,
+        driver_span("op", "two_calls") as outer,
+    ):
+        wg.shard_rows(Batch(range(4)))
+        wg.shard_rows(Batch(range(2)))
+        outer.add_bytes(fetched=7)
+    calls = [s for s in rec.spans if s.method == "shard_rows"]
+    (op,) = [s for s in rec.spans if s.method == "two_calls"]
+    assert len(calls) == 2
+    assert [p.name for p in op.phases] == ["run"]
+    assert op.group == "op"
+    assert op.bytes_fetched == 7
+    assert op.error is None
+    assert op.end is not None
+    assert op.start <= min(c.start for c in calls)
+    assert op.end >= max(c.end or 0 for c in calls)
+    entry = rec.summary()["op.two_calls"]
+    assert entry["calls"] == 1
+    assert entry["phases"]["run"].count == 1
+    events = [e for e in rec.trace_events() if e["args"]["call_id"] == op.call_id]
+    assert [e["name"] for e in events] == ["two_calls:run"]
+
+
+def test_a_driver_span_records_the_error_and_reraises() -> None:
+    with SpanRecorder() as rec, pytest.raises(KeyError, match="lost"), driver_span("op", "fails"):
+        raise KeyError("lost")
+    (op,) = rec.spans
+    assert op.error == "KeyError: 'lost'"
+    assert [p.name for p in op.phases] == ["run"]
+
+
+def test_a_driver_span_records_nothing_unobserved_and_checks_its_names() -> None:
+    with driver_span("op", "quiet") as span:
+        assert span.recording is False
+    bad = pytest.raises(InvalidConfigError, match=r"driver_span: group and name .* got '', 'x'")
+    with bad, driver_span("", "x"):
+        pass
 
 
 def test_a_non_blocking_call_has_no_wait_phase() -> None:

@@ -68,6 +68,7 @@ from ._spans import (
     SpanObserver,
     SpanRecorder,
     add_span_observer,
+    driver_span,
     remove_span_observer,
 )
 from ._worker import (
@@ -136,6 +137,7 @@ __all__ = [
     "WorkerHelper",
     "__version__",
     "add_span_observer",
+    "driver_span",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
     "create_colocated_worker_raw_cls",

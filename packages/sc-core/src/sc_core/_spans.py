@@ -7,6 +7,10 @@ each a :class:`PhaseRecord` with ``rank=None``; a backend adds per-rank ``execut
 fetched with :meth:`CallSpan.add_bytes`. When a call ends (returns or raises) its span is
 passed to every observer added with :func:`add_span_observer`. :class:`SpanRecorder` is such
 an observer: it keeps the spans and writes a Chrome/Perfetto trace and a per-method summary.
+
+:func:`driver_span` records a span of the driver's own around several calls (one weight
+sync, say, made of calls on two groups), with the single phase ``run``: the trace shows the
+operation as one bar above the calls it made.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "SpanObserver",
     "SpanRecorder",
     "add_span_observer",
+    "driver_span",
     "remove_span_observer",
 ]
 
@@ -40,6 +45,8 @@ logger = logging.getLogger("sc_core.spans")
 
 #: The driver-side phases of a call, in order.
 PHASES = ("dispatch", "execute", "wait", "collect")
+#: The one phase of a :func:`driver_span`.
+RUN_PHASE = "run"
 
 _call_ids = itertools.count(1)
 
@@ -161,6 +168,31 @@ def new_span(group: str, method: str, blocking: bool, ranks: tuple[int, ...]) ->
     return CallSpan(group=group, method=method, blocking=blocking, ranks=ranks)
 
 
+@contextlib.contextmanager
+def driver_span(group: str, name: str) -> Iterator[CallSpan]:
+    """Record the ``with`` block as one span of ``group`` named ``name`` (phase ``run``),
+    finished, and marked with the error if one escapes, when the block ends. Yields the span
+    (:data:`NULL_SPAN` while nothing observes spans), to which the block may add bytes."""
+    if not isinstance(group, str) or not isinstance(name, str) or not group or not name:
+        raise InvalidConfigError(
+            f"driver_span: group and name must be non-empty strings, got {group!r}, {name!r}"
+        )
+    span = new_span(group, name, True, ())
+    if not span.recording:
+        yield span
+        return
+    start = time.time()
+    error: BaseException | None = None
+    try:
+        yield span
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        span.add_phase(RUN_PHASE, start, time.time())
+        span.finish(error)
+
+
 SpanObserver = Callable[[CallSpan], None]
 
 _observers_lock = threading.Lock()
@@ -220,7 +252,7 @@ class SpanRecorder:
 
     Use as a context manager (observes while inside), or call :meth:`start`/:meth:`stop`.
     ``max_spans`` bounds memory: the oldest spans are dropped first. Setting the
-    environment variable ``SC_TRACE_FILE`` makes sc-core start one recorder at import and
+    environment variable ``SC_CORE_TRACE_FILE`` makes sc-core start one recorder at import and
     write the trace there at interpreter exit.
     """
 
@@ -314,10 +346,10 @@ class SpanRecorder:
         return out
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        """Per method (``group.method``): ``calls``, ``errors``, ``bytes_put``,
-        ``bytes_fetched`` and, per phase, a :class:`PhaseStats` of the driver-side
-        durations; ``worker`` holds the slowest rank's ``execute`` time per call, where
-        backends reported it."""
+        """Per method (``group.method``; for a :func:`driver_span`, its name): ``calls``,
+        ``errors``, ``bytes_put``, ``bytes_fetched`` and, per phase (``run`` for a driver
+        span), a :class:`PhaseStats` of the driver-side durations; ``worker`` holds the
+        slowest rank's ``execute`` time per call, where backends reported it."""
         grouped: dict[str, list[CallSpan]] = {}
         for span in self.spans:
             grouped.setdefault(f"{span.group}.{span.method}", []).append(span)
@@ -325,7 +357,7 @@ class SpanRecorder:
         for key, spans in grouped.items():
             phases: dict[str, list[float]] = {}
             for span in spans:
-                for name in PHASES:
+                for name in (*PHASES, RUN_PHASE):
                     d = span.duration(name)
                     if d is not None:
                         phases.setdefault(name, []).append(d)

@@ -23,6 +23,8 @@ import logging
 import uuid
 from typing import Any
 
+from sc_core import driver_span
+
 from .._errors import WeightSyncError
 from ._channel import ChannelSpec
 from ._layout import ModelLayout
@@ -140,7 +142,13 @@ class WeightSync:
 
         Raises :class:`WeightSyncError` (naming the rank and the version) when a rank fails;
         the rollout then keeps the previous version and :attr:`version` stays where it was.
+        The whole sync is one span, ``<rollout group>.sync_weights``, in the call trace.
         """
+        group = getattr(self.rollout, "name_prefix", None) or "rollout"
+        with driver_span(str(group), "sync_weights"):
+            return self._sync()
+
+    def _sync(self) -> int:
         self._tried = version = max(self._tried, self.version) + 1
         try:
             plan = self._prepare()
