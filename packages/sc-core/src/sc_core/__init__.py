@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 
-from ._backend import Backend, CallHandle, RankArgs
+from ._backend import Backend, CallHandle, RankArgs, ReplacedWorkers, ReplacingBackend
 from ._busy import AbandonedCall
 from ._call import Call, CallOptions, current_call
 from ._colocate import (
@@ -113,6 +113,8 @@ __all__ = [
     "PhaseRecord",
     "PhaseStats",
     "RankArgs",
+    "ReplacedWorkers",
+    "ReplacingBackend",
     "Rendezvous",
     "RendezvousError",
     "RendezvousTimeoutError",

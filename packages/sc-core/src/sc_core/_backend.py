@@ -14,7 +14,8 @@ The flow of one call (see ``_pipeline.py``)::
 
 ``LocalBackend`` (this package) and sc-ray's ``RayBackend`` implement it; a test or a third
 backend implements the seven methods below and passes an instance to
-``WorkerGroup._attach_backend``.
+``WorkerGroup._attach_backend``. A backend that can start a new worker in place of a dead
+one also implements :class:`ReplacingBackend` (``WorkerGroup.replace_ranks`` needs it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._call import Call
 
-__all__ = ["Backend", "CallHandle", "RankArgs"]
+__all__ = ["Backend", "CallHandle", "RankArgs", "ReplacedWorkers", "ReplacingBackend"]
 
 #: The positional and keyword arguments one rank receives.
 RankArgs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -86,4 +87,28 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Stop every worker and free what the backend holds; a second call does nothing."""
+        ...
+
+
+@dataclass(frozen=True)
+class ReplacedWorkers:
+    """What :meth:`ReplacingBackend.replace` did: the new worker handle of each replaced
+    rank, and the rendezvous address the whole group re-forms its collectives at."""
+
+    workers: dict[int, Any]
+    master_addr: str | None
+    master_port: str | None
+
+
+@runtime_checkable
+class ReplacingBackend(Protocol):
+    """A backend that can put new workers in place of ranks (optional, beside
+    :class:`Backend`)."""
+
+    def replace(self, ranks: Sequence[int], timeout: float) -> ReplacedWorkers:
+        """Stop what is left of the workers of ``ranks`` and start new ones in their
+        places (same rank, world size, placement and environment, except a new
+        MASTER_ADDR/MASTER_PORT that every rank re-forms at), waiting up to ``timeout``
+        seconds for their constructors; raise (and leave nothing half-started) otherwise.
+        ``Backend.is_alive`` is true for them afterwards."""
         ...

@@ -47,6 +47,12 @@ class BusyRanks:
         with self._lock:
             self._calls[rank] = (AbandonedCall(method, time.monotonic(), cancel_requested), handle)
 
+    def forget(self, ranks: Iterable[int]) -> None:
+        """Drop the abandoned calls of ``ranks`` (their workers were replaced)."""
+        with self._lock:
+            for rank in ranks:
+                self._calls.pop(rank, None)
+
     def current(
         self, is_done: Callable[[Any], bool], ranks: Iterable[int] | None = None
     ) -> dict[int, AbandonedCall]:

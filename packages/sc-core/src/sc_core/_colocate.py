@@ -284,6 +284,7 @@ def shallow_copy(group: WG) -> WG:
     new._collect_info = {}
     new.wg_dict = None
     new._spawned_from = group
+    group._lifecycle.views.add(new)
     rebind_all(group, new)
     return new
 

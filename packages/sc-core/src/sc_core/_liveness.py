@@ -44,6 +44,13 @@ class Liveness:
             for rank in ranks:
                 self.dead.setdefault(rank, reason)
 
+    def revive(self, ranks: Iterable[int]) -> None:
+        """Forget that ``ranks`` died or are busy: new workers took their places."""
+        with self.lock:
+            for rank in ranks:
+                self.dead.pop(rank, None)
+        self.busy.forget(ranks)
+
     def dead_ranks(self) -> list[int]:
         with self.lock:
             return sorted(self.dead)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ._backend import CallHandle, RankArgs
+from ._backend import CallHandle, RankArgs, ReplacedWorkers
 from ._call import Call
 from ._colocate import unwrap_worker_cls
 from ._context import InProcessRendezvous, worker_context
@@ -179,17 +179,24 @@ class LocalBackend:
         self.runners: list[_RankRunner] = [
             _RankRunner(f"sc-local-{name_prefix}-rank{rank}", inline) for rank in range(len(envs))
         ]
+        #: Builds one rank's worker (set by the group; :meth:`replace` needs it).
+        self.factory: Callable[[], Any] | None = None
+        self._generation = 0
 
     # --- running code on a rank --------------------------------------------------------------
 
     def _in_rank(self, rank: int, fn: Callable[[], Any]) -> _Outcome:
         """Run ``fn`` as rank ``rank`` (its environment, its event loop); never raises."""
+        return self._run_as(self._envs[rank], self.runners[rank], fn)
+
+    def _run_as(self, env: dict[str, str], runner: _RankRunner, fn: Callable[[], Any]) -> _Outcome:
+        """Run ``fn`` with environment ``env`` and ``runner``'s event loop; never raises."""
         start = time.time()
         try:
-            with worker_context(self._envs[rank], self._rendezvous):
+            with worker_context(env, self._rendezvous):
                 value = fn()
                 if inspect.isawaitable(value):
-                    value = self.runners[rank].run_awaitable(value)
+                    value = runner.run_awaitable(value)
             return _Outcome(value=value, start=start, end=time.time())
         except BaseException as exc:
             return _Outcome(
@@ -320,6 +327,51 @@ class LocalBackend:
     def is_alive(self, rank: int) -> bool:
         return rank not in self.killed
 
+    def replace(self, ranks: Sequence[int], timeout: float) -> ReplacedWorkers:
+        """Build a new worker for each of ``ranks``, each on a rank thread of its own (the
+        old thread is stopped once it has finished what it runs); every new environment has
+        a new rendezvous port. A constructor runs to its end (no deadline in-process)."""
+        factory = self.factory
+        if factory is None or not self.runners:
+            raise WorkerGroupError(
+                f"LocalWorkerGroup {self.name_prefix}.replace_ranks: the group is closed or "
+                "was built without a worker factory"
+            )
+        from ._worker import Worker
+
+        addr, port = Worker._get_node_ip(), str(Worker._get_free_port())
+        self._generation += 1
+        # the environments carry the new address: rank 0's new worker publishes it afresh
+        self._rendezvous = InProcessRendezvous()
+        built: dict[int, tuple[Any, dict[str, str], _RankRunner]] = {}
+        try:
+            for rank in ranks:
+                env = dict(self._envs[rank], MASTER_ADDR=addr, MASTER_PORT=port)
+                name = f"sc-local-{self.name_prefix}-rank{rank}-g{self._generation}"
+                runner = _RankRunner(name, self._inline)
+                built[rank] = (None, env, runner)
+                outcome = runner.submit(
+                    functools.partial(self._run_as, env, runner, factory)
+                ).result()
+                if outcome.error is not None:
+                    raise WorkerError.from_exception(
+                        f"{self.name_prefix}.replace_ranks (a new worker's __init__)",
+                        rank,
+                        outcome.error,
+                        remote_traceback=outcome.traceback,
+                    )
+                built[rank] = (outcome.value, env, runner)
+        except BaseException:
+            for _, _, runner in built.values():
+                runner.close()
+            raise
+        for rank, (worker, env, runner) in built.items():
+            old = self.runners[rank]
+            self._envs[rank], self.runners[rank], self.workers[rank] = env, runner, worker
+            self.killed.discard(rank)
+            old.close()
+        return ReplacedWorkers({r: w for r, (w, _, _) in built.items()}, addr, port)
+
     def close(self) -> None:
         _close_runners(self.runners)
 
@@ -399,6 +451,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
         self._finalizer = weakref.finalize(self, _close_runners, backend.runners)
         # Not ``cls_with_init()``: a backend's subclass (sc-ray's) may create an actor there.
         factory = functools.partial(self._worker_cls, *cia.args, **cia.kwargs)
+        backend.factory = factory
         for rank in range(world_size):
             outcome = backend.construct(rank, factory)
             if outcome.error is not None:

@@ -270,6 +270,41 @@ class Worker(WorkerHelper):
         self._sc_mesh_dp_rank: dict[str, int] = {}
         self._sc_mesh_collect: dict[str, bool] = {}
 
+    # --- replacement (see _replace.py) -----------------------------------------------------
+
+    def on_group_reformed(self, replaced: list[int]) -> None:
+        """Hook: the group replaced the workers of ``replaced`` and re-forms its collective
+        state; runs on every rank, the new ones included, after MASTER_ADDR/MASTER_PORT in
+        this worker's environment (and :meth:`get_master_addr_port`) were set to the new
+        rendezvous address and the registered meshes were forgotten.
+
+        A worker that uses torch.distributed overrides it to destroy its process groups and
+        drop what was built on them (sharded models, meshes, communicators), so that the
+        group's set-up method, called again by the driver, starts clean. It must do nothing
+        harmful on a new worker that has set nothing up. The default does nothing.
+        """
+        return None
+
+    def _sc_reform(
+        self, master_addr: str | None, master_port: str | None, replaced: tuple[int, ...]
+    ) -> None:
+        """sc-core's side of a replacement on this rank, then :meth:`on_group_reformed`
+        (on every role instance of a colocated or fused worker too)."""
+        env = self._sc_environ()
+        for key, value in (("MASTER_ADDR", master_addr), ("MASTER_PORT", master_port)):
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        self._master_addr, self._master_port = master_addr, master_port
+        self._sc_mesh_dp_rank.clear()
+        self._sc_mesh_collect.clear()
+        roles = {**getattr(self, "worker_dict", {}), **self.fused_worker_dict}
+        for role in roles.values():
+            if isinstance(role, Worker) and role is not self:
+                role._sc_reform(master_addr, master_port, replaced)
+        self.on_group_reformed(list(replaced))
+
     # --- identity --------------------------------------------------------------------------
 
     def _sc_environ(self) -> MutableMapping[str, str]:

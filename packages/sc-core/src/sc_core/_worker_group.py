@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 from sc_dispatch import Execute, RegisteredMethod
 
-from . import _colocate, _pipeline
+from . import _colocate, _pipeline, _replace
 from ._backend import Backend
 from ._binding import MethodProxy, bind_worker_methods, set_bound_method, unbind_all
 from ._busy import AbandonedCall
@@ -68,6 +69,8 @@ class _Lifecycle:
         self.lock = threading.Lock()
         #: The pool whose share the workers hold, released once when they are closed.
         self.pool: ResourcePool | None = None
+        #: Every group over these workers (the group and its spawned views), held weakly.
+        self.views: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
 
 
 class WorkerGroup(Generic[W]):
@@ -127,6 +130,7 @@ class WorkerGroup(Generic[W]):
         self._user_defined_cls: type | None = None
         self._liveness = Liveness()
         self._lifecycle = _Lifecycle()
+        self._lifecycle.views.add(self)
         self._sc_backend_impl: Backend | None = None
         # The role of a group made by spawn_fused: its calls go through _fuw_execute.
         self._fused_role: str | None = None
@@ -338,6 +342,23 @@ class WorkerGroup(Generic[W]):
         """Ask the backend about every rank not yet known dead; record and return the ranks
         found dead now."""
         return self._liveness.find_dead(self.world_size, self._rank_alive)
+
+    def replace_ranks(
+        self, ranks: Iterable[int] | None = None, *, timeout: float | None = None
+    ) -> list[int]:
+        """Put new workers in place of ``ranks`` (default: the dead ranks, the backend asked
+        about every rank first) and re-form the
+        group's collective state; returns the ranks replaced (sorted; ``[]`` for none).
+
+        Each new worker gets the same rank, world size, placement and environment, except a
+        new MASTER_ADDR/MASTER_PORT; then every rank runs ``Worker.on_group_reformed`` (a
+        worker that uses torch.distributed tears its process groups down there), and the
+        caller runs the group's set-up method (``init_model``) again. This group, its bound
+        methods and the groups spawned from it keep working. ``timeout`` (default
+        ``SC_CORE_WORKER_START_TIMEOUT_S``, else 300 s) bounds the new workers' start-up.
+        :class:`~sc_core.BackendNotImplementedError` when the backend cannot replace workers.
+        """
+        return _replace.replace_ranks(self, ranks, timeout)
 
     def _block_until_all_workers_alive(self, timeout: float | None = None) -> None:
         """Wait until every worker is alive; :class:`~sc_core.WorkerDiedError` after

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sc_core import InvalidConfigError
 
@@ -21,8 +22,10 @@ from ._settings import CORE_RENDEZVOUS, WORKER_START_TIMEOUT
 __all__ = [
     "RESERVED_ENV_VARS",
     "Launched",
+    "LaunchSpec",
     "check_worker_env",
     "launch_actors",
+    "relaunch_actors",
     "resolve_start_timeout",
 ]
 
@@ -126,65 +129,113 @@ class Launched:
     master_port: str
 
 
-def launch_actors(
-    pool: RayResourcePool,
-    cia: RayClassWithInitArgs,
-    actor_cls: type,
-    *,
-    name_prefix: str,
-    worker_env: Mapping[str, str],
-    master_addr: str | None,
-    master_port: int | str | None,
-    detached: bool,
-    timeout: float,
-    created: list[rapi.ActorHandle],
-) -> Launched:
-    """Create one actor of ``actor_cls`` per bundle slot of the placed ``pool``. Every actor
-    created is appended to ``created`` at once, so the caller can kill them on a failure."""
-    slots = pool.bundle_slots()
-    addr, port = _discover_master(slots[0], master_addr, master_port, timeout)
-    class_name = cia.worker_cls.__name__
+@dataclass
+class LaunchSpec:
+    """Everything needed to create a group's actors again (kept by the group for
+    :func:`relaunch_actors`)."""
+
+    pool: RayResourcePool
+    cia: RayClassWithInitArgs
+    actor_cls: type
+    name_prefix: str
+    worker_env: Mapping[str, str]
+    master_addr: str | None
+    master_port: int | str | None
+    detached: bool
+
+
+def _prepare(spec: LaunchSpec) -> Any:
+    """The remote class, with the options checked (once per launch)."""
+    cia = spec.cia
     decorated = rapi.remote_class_options(cia.cls)
     if decorated:
         cia._options = merge_options(decorated, cia._options)
-    remote_cls = rapi.remote_class(actor_cls)
-    _check_fits(pool, cia)
+    _check_fits(spec.pool, cia)
     user_env = (cia._options.get("runtime_env") or {}).get("env_vars") or {}
     clash = sorted(k for k in user_env if k in RESERVED_ENV_VARS)
     if clash:
         raise WorkerEnvError(
-            f"RayWorkerGroup: the runtime_env of {class_name} sets {clash}, which the "
-            f"worker group sets for each worker ({', '.join(RESERVED_ENV_VARS)})"
+            f"RayWorkerGroup: the runtime_env of {cia.worker_cls.__name__} sets {clash}, which "
+            f"the worker group sets for each worker ({', '.join(RESERVED_ENV_VARS)})"
         )
+    return rapi.remote_class(spec.actor_cls)
+
+
+def _create(
+    spec: LaunchSpec,
+    remote_cls: Any,
+    slot: BundleSlot,
+    rank: int,
+    world: int,
+    addr: str,
+    port: str,
+    name: str,
+) -> rapi.ActorHandle:
+    pool, cia = spec.pool, spec.cia
+    env = {
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(slot.local_world_size),
+        "LOCAL_RANK": str(slot.local_rank),
+        "WG_PREFIX": spec.name_prefix,
+        "WG_BACKEND": "ray",
+        "RAY_LOCAL_WORLD_SIZE": str(slot.local_world_size),
+        "RAY_LOCAL_RANK": str(slot.local_rank),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+        **spec.worker_env,
+    }
     share = pool.actor_resources()
-    world = len(slots)
+    options = cia.actor_options(
+        slot.placement_group,
+        slot.bundle_index,
+        use_gpu=pool.use_gpu,
+        num_gpus=share.get("num_gpus", share.get(pool.device_resource, 0.0)),
+        device_name=pool.device_name,
+        num_cpus=share["num_cpus"],
+        name=name,
+        lifetime="detached" if spec.detached else None,
+    )
+    kwargs = {**cia.kwargs, "_sc_env": env}
+    return rapi.create_actor(remote_cls, options, cia.args, kwargs)
+
+
+def _slot_name(spec: LaunchSpec, slot: BundleSlot) -> str:
+    return f"{spec.name_prefix}{spec.cia.worker_cls.__name__}_{slot.node_index}:{slot.local_rank}"
+
+
+def launch_actors(spec: LaunchSpec, *, timeout: float, created: list[rapi.ActorHandle]) -> Launched:
+    """Create one actor per bundle slot of the placed pool. Every actor created is appended
+    to ``created`` at once, so the caller can kill them on a failure."""
+    slots = spec.pool.bundle_slots()
+    addr, port = _discover_master(slots[0], spec.master_addr, spec.master_port, timeout)
+    remote_cls = _prepare(spec)
     names: list[str] = []
     for rank, slot in enumerate(slots):
-        env = {
-            "WORLD_SIZE": str(world),
-            "RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(slot.local_world_size),
-            "LOCAL_RANK": str(slot.local_rank),
-            "WG_PREFIX": name_prefix,
-            "WG_BACKEND": "ray",
-            "RAY_LOCAL_WORLD_SIZE": str(slot.local_world_size),
-            "RAY_LOCAL_RANK": str(slot.local_rank),
-            "MASTER_ADDR": addr,
-            "MASTER_PORT": port,
-            **worker_env,
-        }
-        name = f"{name_prefix}{class_name}_{slot.node_index}:{slot.local_rank}"
-        options = cia.actor_options(
-            slot.placement_group,
-            slot.bundle_index,
-            use_gpu=pool.use_gpu,
-            num_gpus=share.get("num_gpus", share.get(pool.device_resource, 0.0)),
-            device_name=pool.device_name,
-            num_cpus=share["num_cpus"],
-            name=name,
-            lifetime="detached" if detached else None,
-        )
-        kwargs = {**cia.kwargs, "_sc_env": env}
-        created.append(rapi.create_actor(remote_cls, options, cia.args, kwargs))
+        name = _slot_name(spec, slot)
+        created.append(_create(spec, remote_cls, slot, rank, len(slots), addr, port, name))
         names.append(name)
     return Launched(list(created), names, addr, port)
+
+
+def relaunch_actors(
+    spec: LaunchSpec,
+    ranks: list[int],
+    generation: int,
+    *,
+    timeout: float,
+    created: dict[int, rapi.ActorHandle],
+) -> tuple[dict[int, str], str, str]:
+    """Create new actors for ``ranks`` on their bundle slots (named with ``generation``, as
+    the old names may still be taken), with a new rendezvous port on rank 0's node (unless
+    the group was given one); returns their names and the rendezvous address. Each actor is
+    put in ``created`` at once."""
+    slots = spec.pool.bundle_slots()
+    addr, port = _discover_master(slots[0], spec.master_addr, spec.master_port, timeout)
+    remote_cls = _prepare(spec)
+    names = {}
+    for rank in ranks:
+        name = f"{_slot_name(spec, slots[rank])}-g{generation}"
+        created[rank] = _create(spec, remote_cls, slots[rank], rank, len(slots), addr, port, name)
+        names[rank] = name
+    return names, addr, port

@@ -18,11 +18,21 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sc_core import Call, CallHandle, CallTimeoutError, RankArgs, WorkerDiedError, WorkerError
+from sc_core import (
+    Call,
+    CallHandle,
+    CallTimeoutError,
+    RankArgs,
+    ReplacedWorkers,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupError,
+)
 from sc_dispatch import is_future
 
 from . import _ray_api as rapi
 from ._actor_class import CALL_METHOD, META_METHOD, TWIN_PREFIX
+from ._actor_launch import LaunchSpec, relaunch_actors
 from ._futures import Deadline, RayFuture, await_with_deadline
 from ._nbytes import estimate_nbytes, is_bulk
 from ._wire import ensure_tensordict_wire, is_tensordict
@@ -62,9 +72,16 @@ class RayBackend:
         *,
         release_attached_pgs: bool,
         probe_timeout: float,
+        launch: LaunchSpec | None = None,
+        names: list[str] | None = None,
     ) -> None:
         self.name_prefix = name_prefix
         self.workers = workers
+        #: How the actors were created (``None`` for a group attached to detached actors),
+        #: and their names (the group's own list), for :meth:`replace`.
+        self._launch = launch
+        self._names = names if names is not None else [""] * len(workers)
+        self._generation = 0
         self._twins = twins
         #: A group attached with from_detached has no pool object: the placement groups its
         #: actors run in are found through the actors (before they are killed) on close.
@@ -180,6 +197,36 @@ class RayBackend:
 
     def is_alive(self, rank: int) -> bool:
         return rapi.actor_state(self.workers[rank]) != "DEAD"
+
+    def replace(self, ranks: Sequence[int], timeout: float) -> ReplacedWorkers:
+        """Kill what is left of the actors of ``ranks`` and create new ones on the same
+        bundles (same environment, a new rendezvous port on rank 0's node), waiting up to
+        ``timeout`` seconds for their constructors; on a failure the new actors are killed."""
+        spec = self._launch
+        if spec is None:
+            raise WorkerGroupError(
+                f"RayWorkerGroup {self.name_prefix!r}.replace_ranks: the group was attached "
+                "to detached actors (from_detached) and has no pool to start new ones in"
+            )
+        for rank in ranks:
+            rapi.kill(self.workers[rank])
+        self._generation += 1
+        created: dict[int, rapi.ActorHandle] = {}
+        try:
+            names, addr, port = relaunch_actors(
+                spec, list(ranks), self._generation, timeout=timeout, created=created
+            )
+            refs = [rapi.ready_ref(created[r]) for r in ranks]
+            deadline = time.monotonic() + timeout
+            wait_refs(refs, tuple(ranks), "__init__", deadline, timeout, None)
+        except BaseException:
+            for worker in created.values():
+                rapi.kill(worker)
+            raise
+        for rank in ranks:
+            self.workers[rank] = created[rank]
+            self._names[rank] = names[rank]
+        return ReplacedWorkers(dict(created), addr, port)
 
     def close(self) -> None:
         """Kill every actor (detached ones too); a group attached with ``from_detached``

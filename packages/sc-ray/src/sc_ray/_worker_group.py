@@ -19,6 +19,7 @@ from . import _ray_api as rapi
 from ._actor_class import actor_class, twin_names
 from ._actor_launch import (
     RESERVED_ENV_VARS,
+    LaunchSpec,
     check_worker_env,
     launch_actors,
     resolve_start_timeout,
@@ -102,6 +103,7 @@ class RayWorkerGroup(WorkerGroup[W]):
                 "rendezvous address, or neither to let rank 0's node pick one"
             )
         self.sub_cls_name = ""
+        self._launch: LaunchSpec | None = None
         actor_cls = None if ray_cls_with_init is None else actor_class(ray_cls_with_init.worker_cls)
         if resource_pool is None:
             self._init_with_detached_workers(worker_names, worker_handles)
@@ -124,6 +126,8 @@ class RayWorkerGroup(WorkerGroup[W]):
             frozenset() if actor_cls is None else twin_names(actor_cls),
             release_attached_pgs=resource_pool is None,
             probe_timeout=self._start_timeout,
+            launch=self._launch,
+            names=self._worker_names,
         )
         self._ray = backend
         self._attach_backend(backend, pool_acquired=True)
@@ -144,23 +148,23 @@ class RayWorkerGroup(WorkerGroup[W]):
         pool.get_placement_groups(strategy=strategy, device_name=self.device_name)
         pool._sc_acquire()
         created: list[rapi.ActorHandle] = []
+        spec = LaunchSpec(
+            pool,
+            cia,
+            actor_cls,
+            name_prefix=self.name_prefix,
+            worker_env=self._worker_env,
+            master_addr=master_addr,
+            master_port=master_port,
+            detached=self._detached,
+        )
         try:
-            launched = launch_actors(
-                pool,
-                cia,
-                actor_cls,
-                name_prefix=self.name_prefix,
-                worker_env=self._worker_env,
-                master_addr=master_addr,
-                master_port=master_port,
-                detached=self._detached,
-                timeout=self._start_timeout,
-                created=created,
-            )
+            launched = launch_actors(spec, timeout=self._start_timeout, created=created)
             self.sub_cls_name = cia.worker_cls.__name__
             self._workers = launched.workers
             self._worker_names = launched.names
             self._master_addr, self._master_port = launched.master_addr, launched.master_port
+            self._launch = spec
             refs = [rapi.ready_ref(w) for w in self._workers]
             deadline = rapi.monotonic() + self._start_timeout
             ranks = tuple(range(len(refs)))

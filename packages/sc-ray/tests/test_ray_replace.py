@@ -1,0 +1,102 @@
+"""``RayWorkerGroup.replace_ranks``: a killed actor is replaced on the same bundle with the same
+environment and a new rendezvous port, every rank runs the re-form hook, the group object and
+its views work again, and nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import ray
+from sc_core import Worker, WorkerDiedError, WorkerGroupError
+from sc_dispatch import Dispatch, register
+from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from sc_ray import _ray_api as rapi
+
+RAY_INIT: dict[str, Any] = {"num_cpus": 8, "namespace": "sc_ray_replace_tests"}
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
+
+KEYS = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "WG_PREFIX", "MY_SETTING")
+
+
+class Member(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reformed: list[list[int]] = []
+
+    def on_group_reformed(self, replaced: list[int]) -> None:
+        self.reformed.append(replaced)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def identity(self) -> dict[str, Any]:
+        ctx = ray.get_runtime_context()
+        return {
+            "env": {k: os.environ.get(k) for k in KEYS},
+            "master": self.get_master_addr_port(),
+            "env_master": (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")),
+            "pid": os.getpid(),
+            "pg": ctx.get_placement_group_id(),
+            "reformed": self.reformed,
+        }
+
+
+def _group(prefix: str) -> RayWorkerGroup:
+    pool = RayResourcePool([3], use_gpu=False, max_colocate_count=1)
+    return RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(Member),
+        name_prefix=prefix,
+        worker_env={"MY_SETTING": "kept"},
+    )
+
+
+def test_a_killed_actor_is_replaced_in_place(ray_cluster: None) -> None:
+    with _group("replace") as wg:
+        before = wg.identity()
+        names = wg.worker_names
+        rapi.kill(wg.workers[1])
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            wg.identity()
+        assert wg.replace_ranks() == [1]
+        after = wg.identity()
+        assert [a["env"] for a in after] == [b["env"] for b in before]
+        assert after[1]["env"]["MY_SETTING"] == "kept"
+        assert after[1]["pid"] != before[1]["pid"]
+        assert [a["pid"] for a in after[::2]] == [b["pid"] for b in before[::2]]
+        assert {a["pg"] for a in after} == {before[0]["pg"]}  # the same placement group
+        # one new rendezvous address, in every rank's environment and accessors
+        masters = {a["master"] for a in after} | {a["env_master"] for a in after}
+        assert len(masters) == 1
+        assert masters != {before[0]["master"]}
+        assert (wg.master_address, wg.master_port) == next(iter(masters))
+        assert [a["reformed"] for a in after] == [[[1]], [[1]], [[1]]]
+        assert wg.worker_names[0::2] == names[0::2]
+        assert wg.worker_names[1] == f"{names[1]}-g1"
+        assert wg.alive_ranks() == [0, 1, 2]
+
+
+def test_several_ranks_and_a_second_replacement(ray_cluster: None) -> None:
+    with _group("replace2") as wg:
+        for rank in (0, 2):
+            rapi.kill(wg.workers[rank])
+        assert wg.replace_ranks() == [0, 2]
+        assert [i["env"]["RANK"] for i in wg.identity()] == ["0", "1", "2"]
+        assert wg.replace_ranks([1]) == [1]  # a live rank, on request
+        info = wg.identity()
+        assert [i["reformed"] for i in info] == [[[0, 2], [1]], [[1]], [[0, 2], [1]]]
+        assert wg.worker_names[1].endswith("-g2")
+
+
+def test_a_group_of_detached_actors_cannot_start_new_ones(ray_cluster: None) -> None:
+    pool = RayResourcePool([1], use_gpu=False)
+    with RayWorkerGroup(
+        pool, RayClassWithInitArgs(Member), name_prefix="replace_det", detached=True
+    ) as owner:
+        attached = RayWorkerGroup.from_detached(
+            worker_names=owner.worker_names, ray_cls_with_init=RayClassWithInitArgs(Member)
+        )
+        with pytest.raises(WorkerGroupError, match=r"from_detached.*no pool to start new"):
+            attached.replace_ranks([0])
+        attached.shutdown(release_pool=False)
