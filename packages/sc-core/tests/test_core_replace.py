@@ -20,7 +20,7 @@ from sc_core import (
     WorkerError,
     create_colocated_worker_cls,
 )
-from sc_dispatch import Dispatch, register
+from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 
 #: (rank, replaced) of every on_group_reformed call, in order
 REFORMED: list[tuple[int, list[int]]] = []
@@ -36,6 +36,8 @@ class Node(Worker):
         self.tag = tag
         self.calls = 0
         self.collective_up = True
+        # one dp group of every rank, rank 0 collecting
+        self._register_dispatch_collect_info("m", dp_rank=0, is_collect=self.rank == 0)
 
     def on_group_reformed(self, replaced: list[int]) -> None:
         REFORMED.append((self.rank, replaced))
@@ -51,9 +53,9 @@ class Node(Worker):
     def double(self, batch: Batch) -> Batch:
         return Batch([2 * r for r in batch.rows])
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def register_mesh(self) -> None:
-        self._register_dispatch_collect_info("m", dp_rank=self.rank, is_collect=True)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="m"))
+    def by_mesh(self, batch: Batch) -> Batch:
+        return Batch([(self.rank, r) for r in batch.rows])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def up(self) -> bool:
@@ -74,7 +76,8 @@ def test_a_dead_rank_is_replaced_and_the_group_works_again() -> None:
     with _group() as wg:
         before = wg.whoami()
         old_ports = {port for _, _, _, port, _ in before}
-        wg.register_mesh()
+        assert wg.by_mesh(Batch([7, 8])).rows == [(0, 7), (0, 8)]  # rank 0 collects
+        assert wg._dispatch_info == {"m": [0, 0, 0]}
         wg.kill_worker(1)
         with pytest.raises(WorkerDiedError, match="rank 1 died"):
             wg.whoami()
@@ -93,8 +96,10 @@ def test_a_dead_rank_is_replaced_and_the_group_works_again() -> None:
         # every rank ran the hook once, told which ranks were replaced
         assert sorted(REFORMED) == [(0, [1]), (1, [1]), (2, [1])]
         assert wg.up() == [False, False, False]
-        # meshes were forgotten on both sides: registering again works
-        wg.register_mesh()
+        # the group read the mesh tables again (the new worker registered its own)
+        assert wg._dispatch_info == {}
+        assert wg.by_mesh(Batch([7, 8])).rows == [(0, 7), (0, 8)]
+        assert wg._dispatch_info == {"m": [0, 0, 0]}
         assert wg.double(Batch([1, 2, 3, 4, 5, 6])) == Batch([2, 4, 6, 8, 10, 12])
 
 

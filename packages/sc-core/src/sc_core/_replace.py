@@ -12,8 +12,9 @@ the collective state of the whole group, in three steps:
 3. every rank, old and new, stores the new address in its environment and runs the worker
    hook :meth:`~sc_core.Worker.on_group_reformed`: a worker that uses torch.distributed tears
    down its process groups and what it built on them there. The driver then calls the
-   group's set-up method again (``init_model``), which rendezvous at the new address and
-   registers the meshes again.
+   group's set-up method again (``init_model``), which rendezvous at the new address. The
+   group reads every rank's dispatch meshes again at its next mesh-dispatched call (the new
+   workers registered theirs in their constructors).
 
 The group object, its bound methods and its spawned views stay the same objects.
 """

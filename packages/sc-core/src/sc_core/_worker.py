@@ -276,7 +276,8 @@ class Worker(WorkerHelper):
         """Hook: the group replaced the workers of ``replaced`` and re-forms its collective
         state; runs on every rank, the new ones included, after MASTER_ADDR/MASTER_PORT in
         this worker's environment (and :meth:`get_master_addr_port`) were set to the new
-        rendezvous address and the registered meshes were forgotten.
+        rendezvous address. Its registered dispatch meshes stay (they depend on the rank
+        only; the group reads every rank's tables again).
 
         A worker that uses torch.distributed overrides it to destroy its process groups and
         drop what was built on them (sharded models, meshes, communicators), so that the
@@ -297,8 +298,6 @@ class Worker(WorkerHelper):
             else:
                 env[key] = value
         self._master_addr, self._master_port = master_addr, master_port
-        self._sc_mesh_dp_rank.clear()
-        self._sc_mesh_collect.clear()
         roles = {**getattr(self, "worker_dict", {}), **self.fused_worker_dict}
         for role in roles.values():
             if isinstance(role, Worker) and role is not self:

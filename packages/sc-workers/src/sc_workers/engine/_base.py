@@ -82,6 +82,13 @@ class Engine(ABC):
     def dp_group(self) -> dist.ProcessGroup:
         """The process group over which the batch is split (for global token counts)."""
 
+    @property
+    def step_group(self) -> dist.ProcessGroup | None:
+        """The ranks that must run every forward together (each is a collective among them),
+        so generation takes the same number of steps on all of them; ``None``: every rank
+        of the process group (a sharded model)."""
+        return None
+
     # ------------------------------------------------------------------ build
     @property
     def module(self) -> nn.Module:

@@ -182,3 +182,12 @@ class ReplicatedTPEngine(MegatronEngine):
 
     def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         return self._tensor_parallel(module, mesh)
+
+    @property
+    def step_group(self) -> dist.ProcessGroup | None:
+        """One replica's tensor-parallel ranks: replicas generate independently (a slow or
+        dead replica does not hold the others up)."""
+        mesh = self.device_mesh
+        if mesh is None:
+            raise ConfigError("the replicated tensor-parallel engine is not built")
+        return mesh.get_group("tp")

@@ -17,7 +17,10 @@ from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
 from ..models import save_hf_model
 from ._checkpoint import load_engine_checkpoint, save_engine_checkpoint
 
-__all__ = ["WorkerBase"]
+__all__ = ["ENGINE_ATTRS", "WorkerBase"]
+
+#: The attributes sc-workers' workers keep their engines in (dropped when the group re-forms).
+ENGINE_ATTRS = ("actor_engine", "ref_engine", "critic_engine", "rollout_engine")
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,24 @@ class WorkerBase(Worker):
         metrics[f"{prefix}/lr"] = lr
         self._update_steps += 1
         return DataProto(meta_info={"metrics": metrics})
+
+    def on_group_reformed(self, replaced: list[int]) -> None:
+        """The group replaced ``replaced`` and re-forms (see ``WorkerGroup.replace_ranks``):
+        leave the weight-sync channel, drop the engines (their sharded models and device
+        meshes live on the old process group) and destroy the process group. The driver then
+        calls ``init_model`` again, which joins a new process group at the new address; a
+        trainer restores its checkpoint after that. (The dispatch meshes a worker registers in
+        its constructor depend on its rank only and stay as they are.)"""
+        from ._sync import WeightSyncEndpoint
+
+        if isinstance(self, WeightSyncEndpoint):
+            self._sync_forget()
+        for name in ENGINE_ATTRS:
+            if name in self.__dict__:
+                setattr(self, name, None)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        logger.info("rank %d: left the process group; ranks %s were replaced", self.rank, replaced)
 
     def _where(self, method: str) -> str:
         return f"{type(self).__name__}.{method} (rank {self.rank})"

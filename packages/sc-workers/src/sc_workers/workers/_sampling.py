@@ -53,11 +53,12 @@ def _next_token(logits: Tensor, params: SamplingParams, generator: torch.Generat
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _all_finished(finished: Tensor, device: torch.device) -> bool:
-    """True when every sequence on every rank is done (all ranks take the same steps)."""
+def _all_finished(finished: Tensor, device: torch.device, group: dist.ProcessGroup | None) -> bool:
+    """True when every sequence on every rank of ``group`` (``None``: all ranks) is done:
+    the ranks that run each forward together take the same number of steps."""
     flag = torch.tensor([0 if bool(finished.all()) else 1], dtype=torch.int64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return int(flag.item()) == 0
 
 
@@ -74,8 +75,9 @@ def generate(
     """Sample up to ``response_length`` tokens after left-padded prompts.
 
     Returns ``(responses, response_mask)``, both ``[batch, response_length]``: tokens after
-    a sequence's eos are ``pad_token_id`` with mask 0; the eos itself has mask 1. Every rank
-    runs the same number of decoding steps (sharded models need every rank in each forward).
+    a sequence's eos are ``pad_token_id`` with mask 0; the eos itself has mask 1. The ranks of
+    ``engine.step_group`` run the same number of decoding steps (a sharded model needs every
+    one of them in each forward; replicas of a rollout step independently).
     With ``use_cache`` and a model that has one (the built-in model, a Hugging Face causal
     LM), each step feeds only the new token through the key/value cache; otherwise each
     step recomputes the whole sequence.
@@ -101,7 +103,7 @@ def generate(
         responses[:, t] = token
         response_mask[:, t] = alive.to(mask.dtype)
         finished = finished | torch.isin(token, eos)
-        if t == length - 1 or _all_finished(finished, device):
+        if t == length - 1 or _all_finished(finished, device, engine.step_group):
             break
         last_pos = last_pos + 1
         new_mask = alive.to(mask.dtype)[:, None]

@@ -196,3 +196,17 @@ class WeightSyncEndpoint:
         if self._sc_sync_channel is not None:
             self._sc_sync_channel.close()
             self._sc_sync_channel = None
+
+    def _sync_forget(self) -> None:
+        """Leave the channel and forget every sync (the group was re-formed: the model is
+        built again, from its initial weights, by the next ``init_model``)."""
+        try:
+            self.sync_close()
+        except Exception as exc:  # a channel whose peer died may fail to shut down
+            logger.warning("rank %d: closing the sync channel: %s", self.rank, exc)
+            self._sc_sync_channel = None
+        self._sc_sync_staged = None
+        self._sc_sync_version = 0
+        self._sc_sync_baselines = None
+        self._sc_sync_buffers = None
+        self._sc_sync_spare = None
