@@ -22,8 +22,13 @@
     sender-receiver pair, staging, the switch to the new version);
   - ``raw``: a raw ``send``/``recv`` of the same bytes per pair between the same processes
     (pre-allocated flat buffers: the floor for moving these bytes);
+  - ``raw_framed``: the same bytes cut into sc's frames (one pre-allocated buffer per frame,
+    no packing, no staging): what the message count alone costs over gloo;
   - ``broadcast``: the naive way, trainer rank 0 holding the full model and broadcasting every
-    tensor to the rollout ranks, which keep their slices.
+    tensor to the rollout ranks, which keep their slices;
+  - ``delta``: the delta path (``WeightSync(delta=True)``), after 2 % of every sender's
+    elements changed (changed outside the timing), against the previous version's messages;
+    its bytes on the wire beside the dense bytes.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from sc_workers.sync import (
     receive_weights,
     send_weights,
 )
+from sc_workers.sync._frames import frames_of
 
 SENDERS, RECEIVERS = 2, 2
 SIDE = 1024
@@ -188,6 +194,19 @@ def _rank(
         for (s, d), n in pair_bytes.items()
         if d == rank - SENDERS
     }
+    # raw in sc's frames: one buffer per frame, the same tags
+    framed_send = [
+        (SENDERS + d, f.tag, torch.empty(f.nbytes, dtype=torch.uint8))
+        for (s, d), pieces in plan.by_pair.items()
+        if s == rank
+        for f in frames_of(pieces)
+    ]
+    framed_recv = [
+        (s, f.tag, torch.empty(f.nbytes, dtype=torch.uint8))
+        for (s, d), pieces in plan.by_pair.items()
+        if d == rank - SENDERS
+        for f in frames_of(pieces)
+    ]
     receivers = list(range(SENDERS, world))
     bcast_group: Any = dist.new_group([0, *receivers])
 
@@ -213,6 +232,13 @@ def _rank(
             if w is not None:
                 w.wait()
 
+    def raw_framed() -> None:
+        works = [dist.isend(t, peer, tag=tag) for peer, tag, t in framed_send]
+        works += [dist.irecv(t, peer, tag=tag) for peer, tag, t in framed_recv]
+        for w in works:
+            if w is not None:
+                w.wait()
+
     def broadcast() -> None:
         if rank not in (0, *receivers):
             return
@@ -223,7 +249,34 @@ def _rank(
                 tensor, region = targets[name]
                 tensor.copy_(t[region.within(Region.full(shape))])
 
-    variants = {"sc": sc, "raw": raw, "broadcast": broadcast}
+    # the delta path: baselines from a first (dense) round, then 2 % of the elements change
+    baseline: dict[int, torch.Tensor] = {}
+    delta_wire: list[int] = []
+    delta_spare: dict[str, torch.Tensor] = {}
+
+    def delta() -> None:
+        nonlocal baseline, delta_spare
+        if rank < SENDERS:
+            sent = send_weights(channel, plan, rank, held, baseline=baseline)
+            baseline = sent.messages
+            delta_wire.append(sent.wire_bytes)
+        else:
+            got = receive_weights(
+                channel, plan, rank - SENDERS, targets, 1, baseline=baseline, spare=delta_spare
+            )
+            delta_spare = got.staged.commit()
+            baseline = got.messages
+
+    def perturb(fraction: float) -> None:
+        if rank >= SENDERS:
+            return
+        with torch.no_grad():
+            for tensor, _ in held.values():
+                flat = tensor.view(-1)
+                count = max(1, int(flat.numel() * fraction))
+                flat[torch.randint(flat.numel(), (count,), generator=gen)] += 1e-3
+
+    variants = {"sc": sc, "raw": raw, "raw_framed": raw_framed, "broadcast": broadcast}
     times: dict[str, list[float]] = {k: [] for k in variants}
     for i in range(repeat + 1):  # the first round warms up
         order = list(variants.items())
@@ -234,6 +287,15 @@ def _rank(
             dist.barrier()
             if i:
                 times[name].append(time.perf_counter() - start)
+    times["delta"] = []
+    for i in range(repeat + 1):  # the first round is dense: it sets the baselines
+        perturb(0.02)
+        dist.barrier()
+        start = time.perf_counter()
+        delta()
+        dist.barrier()
+        if i:
+            times["delta"].append(time.perf_counter() - start)
     if rank == 0:
         result: dict[str, Any] = {
             "layout": layout,
@@ -246,7 +308,13 @@ def _rank(
             **{f"{k}_s": statistics.median(v) for k, v in times.items()},
         }
         result["sc_over_raw"] = result["sc_s"] / result["raw_s"]
+        result["raw_framed_over_raw"] = result["raw_framed_s"] / result["raw_s"]
+        result["frames_per_sender"] = len(framed_send)
         result["sc_over_broadcast"] = result["sc_s"] / result["broadcast_s"]
+        result["delta_over_sc"] = result["delta_s"] / result["sc_s"]
+        # rank 0's share of the wire, per delta round, against the dense bytes it sends
+        dense = plan.sent_by(0)
+        result["delta_wire_fraction"] = statistics.median(delta_wire[1:]) / dense
         Path(out).write_text(json.dumps(result), encoding="utf-8")
     channel.close()
     dist.destroy_process_group()

@@ -156,14 +156,16 @@ def build_plan(source: ModelLayout, destination: ModelLayout) -> TransferPlan:
                 f"weight sync: {name!r} has shape {source.shapes[name]} in the trainer and "
                 f"{shape} in the rollout"
             )
+    names = sorted(destination.shapes)
     groups: dict[tuple[object, ...], list[str]] = {}
-    for name in sorted(destination.shapes):
-        key = (
-            source.shapes[name],
-            source.dtypes[name],
-            tuple(held.get(name) for held in source.ranks),
-            tuple(held.get(name) for held in destination.ranks),
-        )
+    columns = _box_codes(source, names) + _box_codes(destination, names)
+    keys = zip(
+        map(source.shapes.__getitem__, names),
+        map(source.dtypes.__getitem__, names),
+        zip(*columns, strict=True),
+        strict=True,
+    )
+    for name, key in zip(names, keys, strict=True):
         groups.setdefault(key, []).append(name)
     sent = [0] * source.world_size
     received = [0] * destination.world_size
@@ -184,6 +186,23 @@ def build_plan(source: ModelLayout, destination: ModelLayout) -> TransferPlan:
             entries.append(_Entry(dst, region, order))
         patterns.append(_Pattern(tuple(names), itemsize, tuple(entries)))
     return TransferPlan(source, destination, tuple(patterns), tuple(sent), tuple(received))
+
+
+def _box_codes(layout: ModelLayout, names: list[str]) -> list[list[int]]:
+    """Per rank, a small int per tensor standing for its box (-1: none), equal for equal boxes.
+
+    Grouping tensors by these codes instead of by the boxes themselves hashes each distinct
+    box object once, not once per tensor and rank (a plan of 10,000 tensors over 8 ranks
+    would otherwise hash 80,000 boxes)."""
+    codes: dict[Region | None, int] = {None: -1}
+    columns = []
+    for held in layout.ranks:
+        boxes = list(map(held.get, names))
+        ids = list(map(id, boxes))
+        first = dict(zip(ids, range(len(ids)), strict=True))  # the first tensor with each
+        code = {i: codes.setdefault(boxes[at], len(codes) - 1) for i, at in first.items()}
+        columns.append(list(map(code.__getitem__, ids)))
+    return columns
 
 
 def _cut(
