@@ -55,7 +55,8 @@ def test_a_rollout_rank_killed_mid_sync(ray_cluster: None, tmp_path: Path) -> No
         trainer = runner.build_trainer(make_backend(config))
         trainer.init_workers()
         try:
-            actor, rollout = trainer.actor_rollout_wg, trainer.rollout_wg
+            actor = trainer.actor_rollout_wg
+            rollout: Any = trainer.rollout_wg  # a group of DyingRollout
             assert rollout is not None
             sync = WeightSync(actor, rollout, timeout_s=60)
             assert sync.sync() == 1
@@ -83,6 +84,8 @@ def test_a_rollout_rank_killed_mid_sync(ray_cluster: None, tmp_path: Path) -> No
             mine = rollout.generate_sequences(val)
             theirs = actor.generate_sequences(val)
             assert mine.meta_info["weight_version"] == 3
+            assert mine.batch is not None
+            assert theirs.batch is not None
             assert torch.equal(mine.batch["responses"], theirs.batch["responses"])
             sync.close()
         finally:

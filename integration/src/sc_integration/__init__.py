@@ -18,11 +18,13 @@ from ._errors import (
     ScIntegrationError,
     TaskError,
     TrainerConfigError,
+    TrainerRecoveryError,
     TrainerStateError,
     TrainingDivergedError,
     WorkerOutputError,
 )
 from ._output import PLOT_PANELS, RunOutput, check_resumable, read_metrics, resolve_checkpoint
+from ._recovery import FaultSpec
 from ._roles import Role
 from ._runner import TaskRunner, make_task
 from ._settings import SETTINGS
@@ -31,6 +33,7 @@ from ._text_task import TextDigitsTask
 from ._trainer import RayPPOTrainer, RunResult
 
 __all__ = [
+    "FaultSpec",
     "SETTINGS",
     "ALGORITHMS",
     "BACKENDS",
@@ -60,6 +63,7 @@ __all__ = [
     "TextDigitsTask",
     "TrainerConfig",
     "TrainerConfigError",
+    "TrainerRecoveryError",
     "TrainerStateError",
     "TrainingDivergedError",
     "WorkerBackend",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ._errors import TrainerConfigError
 from ._task import TaskConfig
+
+if TYPE_CHECKING:
+    from ._recovery import FaultSpec
 
 __all__ = [
     "ALGORITHMS",
@@ -97,6 +100,10 @@ class TrainerConfig:
     save_every: int = 50
     output_dir: str = "sc-demo-output"
     resume_from: str | None = None
+    # fault tolerance: kill a rank when a step begins ("actor:1@step=30"), and how many
+    # deaths one run recovers from in place (see _recovery.py)
+    inject_fault: str | None = None
+    max_recoveries: int = 3
     num_cpus: int | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
 
@@ -183,6 +190,31 @@ class TrainerConfig:
                 f"{owner}: the local backend runs world size 1 per role on one node, got "
                 f"workers_per_role={self.workers_per_role}, nnodes={self.nnodes}"
             )
+        if isinstance(self.max_recoveries, bool) or not isinstance(self.max_recoveries, int):
+            raise TrainerConfigError(
+                f"{owner}.max_recoveries must be an int, got {self.max_recoveries!r}"
+            )
+        if self.max_recoveries < 0:
+            raise TrainerConfigError(
+                f"{owner}.max_recoveries must be >= 0, got {self.max_recoveries}"
+            )
+        fault = self.fault
+        if fault is not None:
+            if fault.role == "critic" and not self.uses_critic:
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: this run has no critic "
+                    f"(algorithm {self.algorithm!r})"
+                )
+            if fault.role == "rollout" and self.placement != "separate":
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: the rollout has a group of "
+                    "its own only with placement='separate'"
+                )
+            if fault.rank >= self.workers_per_role:
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: rank {fault.rank} is outside "
+                    f"the {self.workers_per_role} workers of a role"
+                )
         if self.workers_per_role % self.nnodes:
             raise TrainerConfigError(
                 f"{owner}: workers_per_role ({self.workers_per_role}) must split evenly over "
@@ -216,6 +248,15 @@ class TrainerConfig:
     def uses_absolute_positions(self) -> bool:
         """Whether the built-in model gets absolute position embeddings (``None``: yes)."""
         return self.model_path is None and self.absolute_positions is not False
+
+    @property
+    def fault(self) -> FaultSpec | None:
+        """:attr:`inject_fault` parsed (``None``: no fault)."""
+        if self.inject_fault is None:
+            return None
+        from ._recovery import FaultSpec
+
+        return FaultSpec.parse(self.inject_fault)
 
     @property
     def rows_per_step(self) -> int:

@@ -18,6 +18,8 @@ means, so callers may catch either::
     ├── TrainingDivergedError (RuntimeError)        a loss or reward that is not finite
     ├── WorkerOutputError (RuntimeError)            a worker group returned a batch without
     │                                               the columns the next stage reads
+    ├── TrainerRecoveryError (RuntimeError)         a worker died and the run may not recover
+    │                                               (``max_recoveries`` reached)
     ├── TrainerStateError (RuntimeError)            the trainer used before ``init_workers``
     │                                               (or after ``close``), or a spawned role
     │                                               group that does not bind its role's methods
@@ -38,6 +40,7 @@ __all__ = [
     "ScIntegrationError",
     "TaskError",
     "TrainerConfigError",
+    "TrainerRecoveryError",
     "TrainerStateError",
     "TrainingDivergedError",
     "WorkerOutputError",
@@ -73,6 +76,11 @@ class TrainingDivergedError(ScIntegrationError, RuntimeError):
 
 class WorkerOutputError(ScIntegrationError, RuntimeError):
     """A worker group returned a batch without the columns the next stage reads."""
+
+
+class TrainerRecoveryError(ScIntegrationError, RuntimeError):
+    """A worker died and the run may not recover (``max_recoveries`` reached); the death is
+    its ``__cause__``."""
 
 
 class TrainerStateError(IntegrationError, RuntimeError):

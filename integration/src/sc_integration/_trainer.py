@@ -22,9 +22,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from sc_core import ResourcePoolManager, WorkerGroup
+from sc_core import ResourcePoolManager, WorkerDiedError, WorkerError, WorkerGroup
 from sc_protocol import DataProto
-from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, WeightSync
+from sc_workers import (
+    ActorRolloutRefWorker,
+    CriticWorker,
+    RolloutWorker,
+    WeightSync,
+    WeightSyncError,
+)
 from sc_workers.algos import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
@@ -36,6 +42,7 @@ from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
 from ._errors import TrainerStateError, TrainingDivergedError, WorkerOutputError
 from ._output import RunOutput, check_resumable, read_metrics
+from ._recovery import kill_rank, recover
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
 from ._task import DigitsTask
 
@@ -109,6 +116,9 @@ class RayPPOTrainer:
         self.history: list[dict[str, Any]] = []
         self._groups: TrainerGroups | None = None
         self._weight_sync: WeightSync | None = None
+        #: worker deaths this run recovered from (at most ``config.max_recoveries``)
+        self.recoveries = 0
+        self._fault = config.fault  # injected once, then cleared
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
@@ -335,12 +345,22 @@ class RayPPOTrainer:
         if not any("val/reward" in r for r in self.history):
             record = {"step": self.global_step, "val/reward": self.validate()}
             self._log(record)
+        recovered: dict[str, Any] = {}
         while self.global_step < cfg.steps:
             step = self.global_step + 1
-            metrics = self._train_step(step)
-            self.global_step = step
-            if step % cfg.val_every == 0 or step == cfg.steps:
-                metrics["val/reward"] = self.validate()
+            self._inject_fault(step)
+            try:
+                metrics = self._train_step(step)
+                self.global_step = step
+                if step % cfg.val_every == 0 or step == cfg.steps:
+                    metrics["val/reward"] = self.validate()
+            except (WorkerDiedError, WorkerError, WeightSyncError) as exc:
+                recovered = recover(self, step, exc)  # back at the newest checkpoint
+                if progress is not None:
+                    progress(self.global_step, recovered)
+                continue
+            metrics.update(recovered)
+            recovered = {}
             self._log(metrics)
             if progress is not None:
                 progress(step, metrics)
@@ -356,6 +376,37 @@ class RayPPOTrainer:
             seconds=time.perf_counter() - started,
             history=list(self.history),
         )
+
+    def _inject_fault(self, step: int) -> None:
+        """Kill the rank ``config.inject_fault`` names when its step begins (once)."""
+        fault = self._fault
+        if fault is None or fault.step != step:
+            return
+        self._fault = None
+        groups = self._workers("inject_fault")
+        group = {
+            "actor": groups.actor_rollout,
+            "critic": groups.critic,
+            "rollout": groups.rollout,
+        }[fault.role]
+        if group is None:
+            raise TrainerStateError(f"inject_fault: this run has no {fault.role} group")
+        logger.warning("step %d: injecting a fault: kill %s rank %d", step, fault.role, fault.rank)
+        kill_rank(group, fault.rank)
+
+    def _restart(self) -> None:
+        """After a recovery with no checkpoint (every worker new): back to step 0, keeping
+        the first validation record."""
+        self.global_step = 0
+        self.history = [r for r in self.history if r["step"] <= 0]
+        self.output.start(self.history)
+
+    def _resync_rollout(self) -> None:
+        """After a recovery: a separately placed rollout gets the restored weights over a
+        fresh channel."""
+        if self._weight_sync is not None:
+            self._weight_sync.reset()
+            self._sync_weights({})
 
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)

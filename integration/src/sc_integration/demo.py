@@ -207,6 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--task-length", type=int, default=t.length, help=f"digits per prompt (default: {t.length})"
     )
+    faults = parser.add_argument_group("fault tolerance")
+    faults.add_argument(
+        "--inject-fault",
+        metavar="ROLE:RANK@step=N",
+        default=None,
+        help="kill rank RANK of ROLE's group (actor, critic or rollout) when step N begins, to "
+        "watch the run recover in place, e.g. actor:1@step=30 (default: no fault)",
+    )
+    faults.add_argument(
+        "--max-recoveries",
+        type=int,
+        default=d.max_recoveries,
+        help=f"worker deaths one run recovers from (default: {d.max_recoveries})",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--no-progress",
@@ -254,6 +268,8 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
         absolute_positions=args.absolute_positions,
         model_path=args.model_path,
         device=args.device,
+        inject_fault=args.inject_fault,
+        max_recoveries=args.max_recoveries,
         task=TaskConfig(length=args.task_length, mode=args.task_mode),
     )
 
@@ -269,6 +285,7 @@ class _Progress:
         )
         self._enabled = enabled
         self._last = time.perf_counter()
+        self._recoveries = 0
 
     def start_at(self, step: int) -> None:
         """The workers are up and the run continues from ``step``: start the clock."""
@@ -277,6 +294,9 @@ class _Progress:
         self._last = time.perf_counter()
 
     def __call__(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if "recovery/count" in metrics and "train/reward" not in metrics:
+            self._recovered(step, metrics)
+            return
         now = time.perf_counter()
         step_time, self._last = now - self._last, now
         post = {
@@ -285,12 +305,30 @@ class _Progress:
         }
         if "val/reward" in metrics:
             post["val"] = f"{metrics['val/reward']:.3f}"
+        if self._recoveries:
+            post["recoveries"] = str(self._recoveries)
         if self._enabled:
             self._bar.set_postfix(post, refresh=False)
             self._bar.update(step - self._bar.n)
         else:
             line = " ".join(f"{k}={v}" for k, v in post.items())
             print(f"sc-demo: step {step}/{self._bar.total} {line}", flush=True)  # noqa: T201
+
+    def _recovered(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """A worker died during step ``failed_step``; the run is back at ``step``."""
+        line = (
+            f"sc-demo: a worker died in step {metrics['recovery/failed_step']}; replaced it and "
+            f"restored step {step} in {metrics['recovery/seconds']:.1f} s "
+            f"(recovery {metrics['recovery/count']})"
+        )
+        self._recoveries = int(metrics["recovery/count"])
+        if self._enabled:
+            self._bar.write(line)
+            self._bar.n = step
+            self._bar.set_postfix({"recoveries": self._recoveries}, refresh=True)
+        else:
+            print(line, flush=True)  # noqa: T201
+        self._last = time.perf_counter()
 
     def close(self) -> None:
         self._bar.close()

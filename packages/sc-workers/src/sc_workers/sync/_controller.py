@@ -201,6 +201,14 @@ class WeightSync:
         self.last_dense_bytes = plan.total_bytes
         return version
 
+    def reset(self) -> None:
+        """Forget the channel and the plan (a group was re-formed after ``replace_ranks``):
+        the next :meth:`sync` asks both groups for their layouts again, opens a fresh channel
+        and sends everything. The version numbers go on from where they are."""
+        self.plan = None
+        self._spec = None
+        self._base = None
+
     def _abort(self, version: int) -> None:
         try:
             self.rollout.sync_abort(version)
