@@ -1,0 +1,126 @@
+"""Replacing a dead rank on Ray: how long until the group answers calls again.
+
+    uv run python integration/benchmarks/bench_recovery.py     # results/recovery.json
+
+A group of ``--workers`` sc-workers ``RolloutWorker``-sized processes would need a model; this
+measures the framework's part with a plain worker that imports torch (as sc-workers' do):
+
+* ``start_s``: creating the group (every actor started, constructors done), per worker count;
+* ``replace_s``: one rank killed (``ray.kill``), found dead by a call, then
+  ``replace_ranks()`` until it returns (a new actor on the same bundle, its constructor, the
+  re-form hook on every rank); ``first_call_s``: the next call on the whole group after it;
+* ``spawn_s``: starting one actor process alone (a group of one), the "worker start-up" the
+  replacement pays.
+
+The issue's goal: the call path works again in under 2 s plus one worker start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from sc_core import Worker, WorkerDiedError
+from sc_dispatch import Dispatch, register
+from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+
+class Member(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        import torch  # the import every sc-workers worker pays
+
+        self.device = torch.device("cpu")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ping(self) -> int:
+        return self.rank
+
+
+def _group(workers: int, prefix: str) -> RayWorkerGroup:
+    pool = RayResourcePool([workers], use_gpu=False, max_colocate_count=1)
+    return RayWorkerGroup(pool, RayClassWithInitArgs(Member), name_prefix=prefix)
+
+
+def measure(workers: int, repeat: int) -> dict[str, Any]:
+    spawn, start, replace, first = [], [], [], []
+    for i in range(repeat):
+        t0 = time.perf_counter()
+        with _group(1, f"spawn{i}_") as one:
+            one.ping()
+            spawn.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        with _group(workers, f"bench{i}_") as wg:
+            wg.ping()
+            start.append(time.perf_counter() - t0)
+            ray.kill(wg.workers[workers - 1], no_restart=True)
+            with contextlib.suppress(WorkerDiedError):
+                wg.ping()
+            t0 = time.perf_counter()
+            wg.replace_ranks()
+            replace.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            wg.ping()
+            first.append(time.perf_counter() - t0)
+    med = statistics.median
+    return {
+        "workers": workers,
+        "repeat": repeat,
+        "spawn_s": med(spawn),
+        "start_s": med(start),
+        "replace_s": med(replace),
+        "first_call_s": med(first),
+        "replace_minus_spawn_s": med(replace) - med(spawn),
+        "samples": {"spawn": spawn, "start": start, "replace": replace, "first_call": first},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--out", type=Path, default=Path("integration/benchmarks/results/recovery.json")
+    )
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="2 workers, one repeat")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workers, args.repeat = 2, 1
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    ray.init(num_cpus=max(8, args.workers + 1), include_dashboard=False, log_to_driver=False)
+    try:
+        result = measure(args.workers, args.repeat)
+    finally:
+        ray.shutdown()
+    out = {
+        "benchmark": "replace a dead rank on Ray",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "ray": ray.__version__,
+            "loadavg_at_start": list(os.getloadavg()),
+        },
+        "quick": args.quick,
+        "result": result,
+    }
+    print({k: v for k, v in result.items() if k != "samples"}, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
