@@ -70,7 +70,7 @@ def test_local_actor_death_recovers_bit_identically(tmp_path: Path) -> None:
 def test_ray_actor_rank_death_recovers_bit_identically(ray_cluster: None, tmp_path: Path) -> None:
     """FSDP dp=2, actor and critic colocated: rank 1 is killed as step 3 begins; the
     colocated process is replaced for both roles and the run replays step 3 from step 2."""
-    base: dict[str, Any] = {"workers_per_role": 2, "steps": 4, "save_every": 2}
+    base: dict[str, Any] = {"workers_per_role": 2, "steps": 3, "save_every": 2, "val_every": 3}
     clean = run(tiny_config(tmp_path / "clean", **base))
     faulty = run(tiny_config(tmp_path / "faulty", inject_fault="actor:1@step=3", **base))
     _check_recovered(faulty, clean, failed_step=3, from_step=2)
