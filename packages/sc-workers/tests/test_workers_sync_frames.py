@@ -3,11 +3,11 @@ receiver's staging space and the commit that switches storage instead of copying
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 import torch
+from _workers_sync_memory import run_in_memory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_workers import WeightSyncError
@@ -20,11 +20,8 @@ from sc_workers.sync import (
     TransferPlan,
     build_plan,
     open_channel,
-    receive_weights,
-    send_weights,
 )
 from sc_workers.sync._frames import FRAME_BYTES, frames_of
-from sc_workers.sync._transfer import Received, Sent
 
 MIB = 1 << 20
 
@@ -63,51 +60,6 @@ def _layout(shapes: dict[str, tuple[int, ...]], dims: dict[str, int | None], par
     return ModelLayout(shapes, dict.fromkeys(shapes, "float32"), tuple(ranks))
 
 
-def _sync(
-    plan: TransferPlan,
-    full: dict[str, torch.Tensor],
-    targets: list[dict[str, tuple[torch.Tensor, Region]]],
-    version: int,
-    spare: list[dict[str, torch.Tensor] | None] | None = None,
-) -> tuple[list[Sent], list[Received]]:
-    """Every rank on a thread over one in-memory channel; nothing committed."""
-    s, d = plan.source.world_size, plan.destination.world_size
-    spec = ChannelSpec("memory", f"frames-{id(plan)}-{version}", s + d, timeout_s=30)
-    sent: list[Any] = [None] * s
-    received: list[Any] = [None] * d
-    errors: list[BaseException] = []
-
-    def sender(rank: int) -> None:
-        try:
-            held = {
-                name: (full[name][region.within(Region.full(full[name].shape))].clone(), region)
-                for name, region in plan.source.ranks[rank].items()
-            }
-            sent[rank] = send_weights(open_channel(spec, rank), plan, rank, held)
-        except BaseException as exc:
-            errors.append(exc)
-
-    def receiver(rank: int) -> None:
-        try:
-            channel = open_channel(spec, s + rank)
-            extra = (spare or [None] * d)[rank]
-            received[rank] = receive_weights(
-                channel, plan, rank, targets[rank], version, spare=extra
-            )
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=sender, args=(r,)) for r in range(s)]
-    threads += [threading.Thread(target=receiver, args=(r,)) for r in range(d)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return sent, received
-
-
 def _full(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {n: torch.randn(shape, generator=g) for n, shape in shapes.items()}
@@ -142,7 +94,7 @@ def test_contiguous_pieces_travel_without_a_copy_and_the_rest_is_packed() -> Non
     plan = build_plan(source, destination)
     full = _full(SHAPES, 0)
     targets = _targets(plan)
-    sent, received = _sync(plan, full, targets, 1)
+    sent, received = run_in_memory(plan, full, targets, 1)
     for got in received:
         got.staged.commit()
     _check(plan, full, targets)
@@ -164,7 +116,7 @@ def test_a_receiver_of_another_dtype_gets_cast_values() -> None:
     plan = build_plan(source, destination)
     full = _full(shapes, 1)
     targets = _targets(plan, torch.bfloat16)
-    _, received = _sync(plan, full, targets, 1)
+    _, received = run_in_memory(plan, full, targets, 1)
     for got in received:
         got.staged.commit()
     _check(plan, full, targets)
@@ -178,14 +130,14 @@ def test_commit_switches_storage_and_the_old_storage_stages_the_next_sync() -> N
     targets = _targets(plan)
     live = {n: t for n, (t, _) in targets[0].items()}
     first = {n: t.data_ptr() for n, t in live.items()}
-    _, received = _sync(plan, _full(shapes, 2), targets, 1)
+    _, received = run_in_memory(plan, _full(shapes, 2), targets, 1)
     staged_at = {n: received[0].staged.staging(n)[0].data_ptr() for n in live}
     assert all(t.abs().sum() == 0 for t in live.values())  # nothing applied before the commit
     spares = [got.staged.commit() for got in received]
     assert {n: t.data_ptr() for n, t in live.items()} == staged_at  # no copy: a switch
     assert {n: t.data_ptr() for n, t in spares[0].items()} == first
     full = _full(shapes, 3)
-    _, received = _sync(plan, full, targets, 2, spare=list(spares))
+    _, received = run_in_memory(plan, full, targets, 2, spare=list(spares))
     assert {n: received[0].staged.staging(n)[0].data_ptr() for n in live} == first
     for got in received:
         got.staged.commit()

@@ -4,11 +4,11 @@ and whole syncs over the in-memory channel with hand-made shards."""
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import pytest
 import torch
+from _workers_sync_memory import run_in_memory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_workers import SyncLayoutError, WeightSyncError
@@ -21,8 +21,6 @@ from sc_workers.sync import (
     open_channel,
     pack_pieces,
     plan_for,
-    receive_weights,
-    send_weights,
 )
 
 
@@ -172,59 +170,23 @@ def _full(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tens
     return {n: torch.randn(s, generator=g) for n, s in shapes.items()}
 
 
-def _holdings(layout: ModelLayout, full: dict[str, torch.Tensor], rank: int) -> dict[str, Any]:
-    return {
-        name: (full[name][region.within(Region.full(full[name].shape))].clone(), region)
-        for name, region in layout.ranks[rank].items()
-    }
-
-
 def _run_sync(
     source: ModelLayout, destination: ModelLayout, full: dict[str, torch.Tensor], version: int
 ) -> list[tuple[StagedWeights, dict[str, torch.Tensor]]]:
-    """Every rank on its own thread over one in-memory channel; returns each receiver's
-    staged weights and its tensors after the commit (they start as zeros)."""
+    """A whole sync over the in-memory channel; returns each receiver's staged weights and
+    its tensors after the commit (they start as zeros)."""
     plan = build_plan(source, destination)
-    s, d = source.world_size, destination.world_size
-    spec = ChannelSpec("memory", f"test-{id(plan)}-{version}", s + d, timeout_s=30)
-    staged: list[StagedWeights | None] = [None] * d
-    received: list[dict[str, Any]] = [{} for _ in range(d)]
-    errors: list[BaseException] = []
-
-    def sender(rank: int) -> None:
-        try:
-            channel = open_channel(spec, rank)
-            send_weights(channel, plan, rank, _holdings(source, full, rank))
-        except BaseException as exc:
-            errors.append(exc)
-
-    def receiver(rank: int) -> None:
-        try:
-            channel = open_channel(spec, s + rank)
-            targets = {
-                name: (torch.zeros(region.shape), region)
-                for name, region in destination.ranks[rank].items()
-            }
-            staged[rank] = receive_weights(channel, plan, rank, targets, version).staged
-            received[rank] = targets
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=sender, args=(r,)) for r in range(s)]
-    threads += [threading.Thread(target=receiver, args=(r,)) for r in range(d)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
+    targets: list[dict[str, Any]] = [
+        {name: (torch.zeros(region.shape), region) for name, region in held.items()}
+        for held in destination.ranks
+    ]
+    _, received = run_in_memory(plan, full, targets, version)
     out = []
-    for weights, targets in zip(staged, received, strict=True):
-        if weights is not None:
-            # nothing written before the commit, everything after it
-            assert all(not t.any() for t, _ in targets.values())
-            weights.commit()
-            out.append((weights, {n: t for n, (t, _) in targets.items()}))
+    for got, held in zip(received, targets, strict=True):
+        # nothing written before the commit, everything after it
+        assert all(not t.any() for t, _ in held.values())
+        got.staged.commit()
+        out.append((got.staged, {n: t for n, (t, _) in held.items()}))
     return out
 
 
