@@ -5,8 +5,8 @@ A worker that dies during a step surfaces on the driver as a ``WorkerDiedError``
 
 1. replaces the dead ranks of every worker group (``WorkerGroup.replace_ranks``: new
    processes on the same placement, the group's collective state re-formed);
-2. builds the models again in every re-formed group (``init_model``: colocated roles share
-   their processes, so they go together);
+2. builds the models again in every re-formed group (``init_model`` on every role: it is
+   idempotent, so the roles of groups that were not re-formed keep their models);
 3. restores every role, the re-formed ones and the others alike, from the newest complete
    checkpoint: weights, optimizer, the update counter, the sampler's and the global RNG
    states, the step count and the metrics up to it; the data of a step is a function of the
@@ -92,12 +92,6 @@ def kill_rank(group: WorkerGroup[Any], rank: int) -> None:
     ray.kill(group.workers[rank], no_restart=True)
 
 
-def _root(group: WorkerGroup[Any]) -> WorkerGroup[Any]:
-    while group._spawned_from is not None:
-        group = group._spawned_from
-    return group
-
-
 def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str, Any]:
     """Bring ``trainer``'s workers back after ``error`` (a death during ``step``) and restore
     the newest checkpoint (or start again from step 0 before the first one); returns the
@@ -122,11 +116,7 @@ def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str
             ranks = group.replace_ranks(None if latest else range(group.world_size))
             if ranks:
                 replaced[group.name_prefix] = ranks
-        roots = {id(_root(g)) for g in groups.owned if g.name_prefix in replaced}
-        roles = [groups.actor_rollout, groups.critic, groups.rollout]
-        for role in roles:
-            if role is not None and id(_root(role)) in roots:
-                role.init_model()
+        trainer._init_models()  # builds what the re-formed groups dropped; the rest keep theirs
         if latest is None:
             trainer._restart()
         else:

@@ -139,13 +139,18 @@ class RayPPOTrainer:
             self.actor_rollout_ref_config,
             self.critic_config,
         )
+        self._init_models()
+        rollout = self._groups.rollout
+        if rollout is not None:
+            self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
+
+    def _init_models(self) -> None:
+        """Every role's ``init_model`` (idempotent: a rank that has its model keeps it)."""
         self.actor_rollout_wg.init_model()
         if self.use_critic:
             self.critic_wg.init_model()
-        rollout = self._groups.rollout
-        if rollout is not None:
-            rollout.init_model()
-            self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
+        if self.rollout_wg is not None:
+            self.rollout_wg.init_model()
 
     def _workers(self, attribute: str) -> TrainerGroups:
         if self._groups is None:

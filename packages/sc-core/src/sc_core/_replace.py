@@ -95,9 +95,8 @@ def replace_ranks(
             f"{where}: {type(backend).__qualname__}.replace returned workers for ranks "
             f"{sorted(result.workers)}, asked for {chosen}"
         )
-    for rank, handle in result.workers.items():
-        if root._workers[rank] is not handle:
-            root._workers[rank] = handle
+    for rank, handle in result.workers.items():  # the same list as the views'
+        root._workers[rank] = handle
     root._liveness.revive(chosen)
     for view in list(root._lifecycle.views):
         view._dispatch_info.clear()

@@ -204,18 +204,38 @@ def _slot_name(spec: LaunchSpec, slot: BundleSlot) -> str:
     return f"{spec.name_prefix}{spec.cia.worker_cls.__name__}_{slot.node_index}:{slot.local_rank}"
 
 
-def launch_actors(spec: LaunchSpec, *, timeout: float, created: list[rapi.ActorHandle]) -> Launched:
-    """Create one actor per bundle slot of the placed pool. Every actor created is appended
-    to ``created`` at once, so the caller can kill them on a failure."""
+def _create_slots(
+    spec: LaunchSpec,
+    ranks: list[int],
+    suffix: str,
+    timeout: float,
+    created: dict[int, rapi.ActorHandle],
+) -> tuple[dict[int, str], str, str]:
+    """Create the actors of ``ranks`` on their bundle slots, named with ``suffix``, each put
+    in ``created`` at once; returns their names and the rendezvous address (rank 0's node
+    and a free port there, unless the group was given them)."""
     slots = spec.pool.bundle_slots()
     addr, port = _discover_master(slots[0], spec.master_addr, spec.master_port, timeout)
     remote_cls = _prepare(spec)
-    names: list[str] = []
-    for rank, slot in enumerate(slots):
-        name = _slot_name(spec, slot)
-        created.append(_create(spec, remote_cls, slot, rank, len(slots), addr, port, name))
-        names.append(name)
-    return Launched(list(created), names, addr, port)
+    names = {}
+    for rank in ranks:
+        names[rank] = f"{_slot_name(spec, slots[rank])}{suffix}"
+        created[rank] = _create(
+            spec, remote_cls, slots[rank], rank, len(slots), addr, port, names[rank]
+        )
+    return names, addr, port
+
+
+def launch_actors(spec: LaunchSpec, *, timeout: float, created: list[rapi.ActorHandle]) -> Launched:
+    """Create one actor per bundle slot of the placed pool. Every actor created is appended
+    to ``created`` at once, so the caller can kill them on a failure."""
+    by_rank: dict[int, rapi.ActorHandle] = {}
+    world = len(spec.pool.bundle_slots())
+    try:
+        names, addr, port = _create_slots(spec, list(range(world)), "", timeout, by_rank)
+    finally:
+        created.extend(by_rank[r] for r in sorted(by_rank))
+    return Launched(list(created), [names[r] for r in range(world)], addr, port)
 
 
 def relaunch_actors(
@@ -230,12 +250,4 @@ def relaunch_actors(
     the old names may still be taken), with a new rendezvous port on rank 0's node (unless
     the group was given one); returns their names and the rendezvous address. Each actor is
     put in ``created`` at once."""
-    slots = spec.pool.bundle_slots()
-    addr, port = _discover_master(slots[0], spec.master_addr, spec.master_port, timeout)
-    remote_cls = _prepare(spec)
-    names = {}
-    for rank in ranks:
-        name = f"{_slot_name(spec, slots[rank])}-g{generation}"
-        created[rank] = _create(spec, remote_cls, slots[rank], rank, len(slots), addr, port, name)
-        names[rank] = name
-    return names, addr, port
+    return _create_slots(spec, ranks, f"-g{generation}", timeout, created)

@@ -160,9 +160,7 @@ class WeightSync:
             )
         except BaseException as exc:
             self._abort(version)
-            self.plan = None  # set up afresh next time (a rank may have been replaced)
-            self._spec = None
-            self._base = None
+            self.reset()  # set up afresh next time (a rank may have been replaced)
             if isinstance(exc, WeightSyncError):
                 raise
             rank = getattr(exc, "rank", None)
@@ -186,9 +184,7 @@ class WeightSync:
         try:
             self.rollout.sync_commit(version)
         except BaseException as exc:
-            self.plan = None
-            self._spec = None
-            self._base = None
+            self.reset()
             raise WeightSyncError(
                 f"WeightSync: version {version} could not be switched to on every rollout rank "
                 f"({type(exc).__name__}: {exc}); ranks that answered serve it, the others are "
@@ -223,9 +219,7 @@ class WeightSync:
                     group.sync_close()
                 except Exception as exc:
                     logger.warning("weight sync: closing the channel: %s", exc)
-        self._spec = None
-        self.plan = None
-        self._base = None
+        self.reset()
         self._pool.shutdown(wait=False)
 
     def __enter__(self) -> WeightSync:

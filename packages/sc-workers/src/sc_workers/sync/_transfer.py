@@ -5,16 +5,16 @@ channel rank ``S + r`` (``S`` the trainer's world size, ``plan.source.world_size
 
 A dense sync cuts each (sender, receiver) pair's pieces into frames (:mod:`._frames`): large
 contiguous pieces go straight from the sender's tensor into the receiver's staging tensor,
-the rest is packed, and a sender packs one frame while the previous ones are on the wire. A
-delta sync (``baseline`` given,
-on both sides: each pair's dense message of the last synced version) first exchanges a small
-header per pair (dense or sparse, and the payload's size), then the payloads, each encoded by
-:mod:`._delta` against the baseline, one message per pair.
+the rest is packed, and a sender packs one frame while the previous ones are on the wire.
+
+A delta sync (``baseline`` given on both sides: each pair's dense message of the last synced
+version) first exchanges a small header per pair (dense or sparse, and the payload's size),
+then the payloads, each encoded by :mod:`._delta` against the baseline, one message per pair.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -142,14 +142,35 @@ def _round_robin(per_peer: Mapping[int, list[Frame]]) -> list[tuple[int, Frame]]
     return out
 
 
-def _packed_layout(frames: list[Frame], direct: set[int]) -> tuple[dict[int, int], int]:
-    """Offsets of the packed frames (the ones not in ``direct``) in one buffer, and its size."""
-    offsets, at = {}, 0
-    for frame in frames:
-        if frame.tag not in direct:
-            offsets[frame.tag] = at
-            at = align(at + frame.nbytes)
-    return offsets, at
+def _layout_frames(
+    frames: Mapping[int, list[Frame]],
+    direct: Callable[[Frame], torch.Tensor | None],
+    reuse: Mapping[int, torch.Tensor],
+    device: torch.device,
+) -> tuple[dict[int, torch.Tensor], dict[tuple[int, int], tuple[torch.Tensor, bool]]]:
+    """Where each frame of each peer's ``frames`` lives on this side: ``direct(frame)`` (the
+    frame's bytes in a tensor of this rank, when it is one piece contiguous there), else a
+    slot (16-byte aligned) of the peer's buffer, reused from ``reuse`` when its size still
+    fits. Returns the buffers by peer, and by ``(peer, tag)`` each frame's memory and whether
+    it is a buffer slot (packed / unpacked by this side)."""
+    buffers: dict[int, torch.Tensor] = {}
+    where: dict[tuple[int, int], tuple[torch.Tensor, bool]] = {}
+    for peer, peer_frames in frames.items():
+        views = {f.tag: direct(f) for f in peer_frames}
+        offsets, size = {}, 0
+        for frame in peer_frames:
+            if views[frame.tag] is None:
+                offsets[frame.tag] = size
+                size = align(size + frame.nbytes)
+        buffers[peer] = buffer = _buffer(reuse.get(peer), size, device)
+        for frame in peer_frames:
+            view = views[frame.tag]
+            if view is None:
+                at = offsets[frame.tag]
+                where[(peer, frame.tag)] = (buffer[at : at + frame.nbytes], True)
+            else:
+                where[(peer, frame.tag)] = (view, False)
+    return buffers, where
 
 
 def _send_frames(
@@ -160,27 +181,22 @@ def _send_frames(
     reuse: Mapping[int, torch.Tensor],
 ) -> Sent:
     frames = {d: frames_of(pieces) for d, pieces in pairs.items()}
-    views: dict[tuple[int, int], torch.Tensor] = {}
-    for d, fs in frames.items():
-        for frame in fs:
-            if len(frame.pieces) == 1:
-                piece = frame.pieces[0]
-                tensor, region = held[piece.name]
-                view = contiguous_bytes(tensor, region, piece.region)
-                if view is not None:
-                    views[(d, frame.tag)] = view
+
+    def direct(frame: Frame) -> torch.Tensor | None:
+        if len(frame.pieces) > 1:
+            return None
+        piece = frame.pieces[0]
+        tensor, region = held[piece.name]
+        return contiguous_bytes(tensor, region, piece.region)
+
     device = next(iter(held.values()))[0].device if held else torch.device("cpu")
-    buffers, offsets = {}, {}
-    for d, fs in frames.items():
-        offsets[d], size = _packed_layout(fs, {t for (dd, t) in views if dd == d})
-        buffers[d] = _buffer(reuse.get(d), size, device)
+    buffers, where = _layout_frames(frames, direct, reuse, device)
     pending: list[Pending] = []
     with torch.no_grad():
         for d, frame in _round_robin(frames):
-            data = views.get((d, frame.tag))
-            if data is None:  # pack this frame while the earlier ones are on the wire
-                at = offsets[d][frame.tag]
-                data = pack_pieces(frame.pieces, held, buffers[d][at : at + frame.nbytes])
+            data, packed = where[(d, frame.tag)]
+            if packed:  # pack this frame while the earlier ones are on the wire
+                pack_pieces(frame.pieces, held, data)
             pending.append(channel.isend(offset + d, data, frame.tag))
     for p in pending:
         p.wait()
@@ -196,32 +212,28 @@ def _receive_frames(
     device: torch.device,
 ) -> dict[int, torch.Tensor]:
     frames = {src: frames_of(pieces) for src, pieces in pairs.items()}
-    views: dict[tuple[int, int], torch.Tensor] = {}
-    for src, fs in frames.items():
-        for frame in fs:
+    for peer_frames in frames.values():
+        for frame in peer_frames:
             staged.expect(frame.pieces)
-            if len(frame.pieces) > 1:
-                continue
-            piece = frame.pieces[0]
-            tensor, region = staged.staging(piece.name)
-            if tensor.dtype == dtypes[piece.name]:  # else the frame is cast on unpacking
-                view = contiguous_bytes(tensor, region, piece.region)
-                if view is not None:
-                    views[(src, frame.tag)] = view
-    buffers, offsets = {}, {}
-    for src, fs in frames.items():
-        offsets[src], size = _packed_layout(fs, {t for (s, t) in views if s == src})
-        buffers[src] = _buffer(reuse.get(src), size, device)
-    posted = []
-    for src, frame in _round_robin(frames):  # post every receive, then wait in order
-        data = views.get((src, frame.tag))
-        unpack = data is None
-        if data is None:
-            at = offsets[src][frame.tag]
-            data = buffers[src][at : at + frame.nbytes]
-        posted.append((channel.irecv(src, data, frame.tag), frame, data if unpack else None))
-    for pending, frame, packed in posted:
+
+    def direct(frame: Frame) -> torch.Tensor | None:
+        if len(frame.pieces) > 1:
+            return None
+        piece = frame.pieces[0]
+        tensor, region = staged.staging(piece.name)
+        if tensor.dtype != dtypes[piece.name]:  # cast on unpacking
+            return None
+        return contiguous_bytes(tensor, region, piece.region)
+
+    buffers, where = _layout_frames(frames, direct, reuse, device)
+    # post every receive, then wait in order, unpacking while later frames arrive
+    posted = [
+        (channel.irecv(src, where[(src, frame.tag)][0], frame.tag), src, frame)
+        for src, frame in _round_robin(frames)
+    ]
+    for pending, src, frame in posted:
         pending.wait()
-        if packed is not None:  # unpack while later frames arrive
-            staged.unpack(frame.pieces, packed, dtypes)
+        data, packed = where[(src, frame.tag)]
+        if packed:
+            staged.unpack(frame.pieces, data, dtypes)
     return buffers

@@ -99,10 +99,14 @@ class WeightSyncEndpoint:
         and dropping the baselines of delta syncs over it)."""
         if self._sc_sync_channel is not None:
             self._sc_sync_channel.close()
+        self._sync_drop_buffers()
+        self._sc_sync_channel = open_channel(spec, offset + self.rank)
+
+    def _sync_drop_buffers(self) -> None:
+        """Forget the delta baselines and the buffers kept for the next sync."""
         self._sc_sync_baselines = None
         self._sc_sync_buffers = None
         self._sc_sync_spare = None
-        self._sc_sync_channel = open_channel(spec, offset + self.rank)
 
     def _channel(self, method: str) -> Channel:
         if self._sc_sync_channel is None:
@@ -207,6 +211,4 @@ class WeightSyncEndpoint:
             self._sc_sync_channel = None
         self._sc_sync_staged = None
         self._sc_sync_version = 0
-        self._sc_sync_baselines = None
-        self._sc_sync_buffers = None
-        self._sc_sync_spare = None
+        self._sync_drop_buffers()
