@@ -50,8 +50,8 @@ CASES = [
     ),
     (
         "keyword-argument-of-the-wrong-type",
-        '(str(folder / "actor"), global_step=self.global_step)',
-        '(str(folder / "actor"), global_step="last")',
+        'str(folder / "actor"), global_step=step, background=background',
+        'str(folder / "actor"), global_step=step, background="yes"',
         "arg-type",
     ),
     (

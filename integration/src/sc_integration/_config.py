@@ -98,10 +98,14 @@ class TrainerConfig:
     # bookkeeping
     val_every: int = 25
     save_every: int = 50
+    # checkpoints: written by the workers in the background of the next steps (the step
+    # pays for a copy in memory, not for the disk), and only the newest keep_checkpoints kept
+    background_checkpoints: bool = True
+    keep_checkpoints: int = 3
     output_dir: str = "sc-demo-output"
     resume_from: str | None = None
-    # fault tolerance: kill a rank when a step begins ("actor:1@step=30"), and how many
-    # deaths one run recovers from in place (see _recovery.py)
+    # fault tolerance: faults to inject ("actor:1@step=30", "critic:0@step=3:update_critic+0.2",
+    # comma-separated), and how many deaths one run recovers from in place (see _recovery.py)
     inject_fault: str | None = None
     max_recoveries: int = 3
     num_cpus: int | None = None
@@ -190,6 +194,19 @@ class TrainerConfig:
                 f"{owner}: the local backend runs world size 1 per role on one node, got "
                 f"workers_per_role={self.workers_per_role}, nnodes={self.nnodes}"
             )
+        if not isinstance(self.background_checkpoints, bool):
+            raise TrainerConfigError(
+                f"{owner}.background_checkpoints must be a bool, got "
+                f"{self.background_checkpoints!r}"
+            )
+        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int):
+            raise TrainerConfigError(
+                f"{owner}.keep_checkpoints must be an int, got {self.keep_checkpoints!r}"
+            )
+        if self.keep_checkpoints < 1:
+            raise TrainerConfigError(
+                f"{owner}.keep_checkpoints must be >= 1, got {self.keep_checkpoints}"
+            )
         if isinstance(self.max_recoveries, bool) or not isinstance(self.max_recoveries, int):
             raise TrainerConfigError(
                 f"{owner}.max_recoveries must be an int, got {self.max_recoveries!r}"
@@ -198,8 +215,7 @@ class TrainerConfig:
             raise TrainerConfigError(
                 f"{owner}.max_recoveries must be >= 0, got {self.max_recoveries}"
             )
-        fault = self.fault
-        if fault is not None:
+        for fault in self.faults:
             if fault.role == "critic" and not self.uses_critic:
                 raise TrainerConfigError(
                     f"{owner}.inject_fault={self.inject_fault!r}: this run has no critic "
@@ -250,13 +266,13 @@ class TrainerConfig:
         return self.model_path is None and self.absolute_positions is not False
 
     @property
-    def fault(self) -> FaultSpec | None:
-        """:attr:`inject_fault` parsed (``None``: no fault)."""
+    def faults(self) -> tuple[FaultSpec, ...]:
+        """:attr:`inject_fault` parsed (empty: no fault)."""
         if self.inject_fault is None:
-            return None
+            return ()
         from ._recovery import FaultSpec
 
-        return FaultSpec.parse(self.inject_fault)
+        return FaultSpec.parse_all(self.inject_fault)
 
     @property
     def rows_per_step(self) -> int:

@@ -17,13 +17,14 @@ import json
 import logging
 import math
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ._config import TrainerConfig
-from ._errors import CheckpointMismatchError, CheckpointNotFoundError
+from ._errors import CheckpointMismatchError, CheckpointNotFoundError, TrainerConfigError
 
 __all__ = ["PLOT_PANELS", "RunOutput", "check_resumable", "read_metrics", "resolve_checkpoint"]
 
@@ -120,23 +121,54 @@ class RunOutput:
         with self.metrics_path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(clean, sort_keys=True) + "\n")
 
-    def finish_checkpoint(self, step: int, trainer_state: Mapping[str, Any]) -> Path:
+    def finish_checkpoint(
+        self,
+        step: int,
+        trainer_state: Mapping[str, Any],
+        history: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Path:
         """Complete the checkpoint of ``step``: trainer state, metrics so far, ``latest``.
 
         The workers have already written their state into :meth:`checkpoint_dir`; the trainer
-        state is written last, so a folder without it is an incomplete checkpoint.
+        state is written last, so a folder without it is an incomplete checkpoint. The metrics
+        are ``history`` (the records up to ``step``), or what ``metrics.jsonl`` holds now.
         """
         folder = self.checkpoint_dir(step)
         folder.mkdir(parents=True, exist_ok=True)
-        metrics = (
-            self.metrics_path.read_text(encoding="utf-8") if self.metrics_path.exists() else ""
-        )
+        if history is not None:
+            metrics = "".join(json.dumps(dict(rec), sort_keys=True) + "\n" for rec in history)
+        elif self.metrics_path.exists():
+            metrics = self.metrics_path.read_text(encoding="utf-8")
+        else:
+            metrics = ""
         _atomic_write_text(folder / "metrics.jsonl", metrics)
         _atomic_write_text(
             folder / TRAINER_STATE, json.dumps(dict(trainer_state), indent=2, sort_keys=True)
         )
         _atomic_write_text(self.checkpoint_root / _LATEST, f"{step}\n")
         return folder
+
+    def prune_checkpoints(self, keep: int) -> list[Path]:
+        """Remove all but the newest ``keep`` complete checkpoints, and the incomplete ones
+        older than the newest complete one (saves that died); returns what it removed. A
+        folder newer than the newest complete one may be a save in progress and stays."""
+        if keep < 1:
+            raise TrainerConfigError(f"prune_checkpoints: keep must be >= 1, got {keep}")
+        found: list[tuple[int, Path]] = []
+        root = self.checkpoint_root
+        for child in root.iterdir() if root.is_dir() else ():
+            number = child.name.removeprefix(_STEP_PREFIX)
+            if child.is_dir() and child.name.startswith(_STEP_PREFIX) and number.isdigit():
+                found.append((int(number), child))
+        complete = sorted(n for n, p in found if (p / TRAINER_STATE).is_file())
+        if not complete:
+            return []
+        kept = set(complete[-keep:])
+        removed = [p for n, p in sorted(found) if n not in kept and n < complete[-1]]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("removed checkpoint %s (keeping the newest %d)", path, keep)
+        return removed
 
     def write_plot(self, records: Sequence[Mapping[str, Any]] | None = None) -> Path:
         """Draw :data:`PLOT_PANELS` from ``records`` (default: ``metrics.jsonl``) as a PNG."""

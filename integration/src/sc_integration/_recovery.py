@@ -3,22 +3,27 @@
 A worker that dies during a step surfaces on the driver as a ``WorkerDiedError`` (or as a
 ``WeightSyncError`` when it died in a weight sync). :func:`recover` then
 
-1. replaces the dead ranks of every worker group (``WorkerGroup.replace_ranks``: new
-   processes on the same placement, the group's collective state re-formed);
+1. replaces the dead ranks of every worker group, the groups in parallel
+   (``WorkerGroup.replace_ranks``: new processes on the same placement, the group's
+   collective state re-formed);
 2. builds the models again in every re-formed group (``init_model`` on every role: it is
    idempotent, so the roles of groups that were not re-formed keep their models);
 3. restores every role, the re-formed ones and the others alike, from the newest complete
    checkpoint: weights, optimizer, the update counter, the sampler's and the global RNG
    states, the step count and the metrics up to it; the data of a step is a function of the
    seed and the step, so the run replays the lost steps exactly as a resume from that
-   checkpoint would. Before the first checkpoint, every worker of every group is replaced
-   instead and the run starts again from step 0, as a new run with the same seed would;
+   checkpoint would. ``fit`` saves a checkpoint before its first step, so there always is
+   one;
 4. re-opens the weight-sync channel of a separately placed rollout and syncs it.
 
 The number of recoveries of one run is bounded (``TrainerConfig.max_recoveries``); each is
 logged, recorded in the next step's metrics (``recovery/*``) and drawn as one span in the
-trace. :class:`FaultSpec` (``TrainerConfig.inject_fault``, ``sc-demo --inject-fault
-actor:1@step=30``) kills one rank of one role when a step begins, once.
+trace. A worker that *raised* is not recovered from: its error ends the run.
+
+:class:`FaultSpec` (``TrainerConfig.inject_fault``, ``sc-demo --inject-fault
+actor:1@step=30``) kills one rank of one role when a step begins, or arms a fault that kills
+the rank (or makes it raise) inside a named method (``actor:1@step=3:update_actor+0.2``);
+each fault fires once. Several faults are separated by commas.
 """
 
 from __future__ import annotations
@@ -26,34 +31,50 @@ from __future__ import annotations
 import logging
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from sc_core import WorkerGroup, driver_span
+from sc_core import FAULT_ACTIONS, FaultAction, WorkerGroup, driver_span
 
 from ._errors import TrainerConfigError, TrainerRecoveryError
 
 if TYPE_CHECKING:
     from ._trainer import RayPPOTrainer
 
-__all__ = ["FAULT_ROLES", "FaultSpec", "kill_rank", "recover"]
+__all__ = ["FAULT_ROLES", "FaultSpec", "inject", "recover"]
 
 logger = logging.getLogger(__name__)
 
 #: The roles a fault can be injected into.
 FAULT_ROLES = ("actor", "critic", "rollout")
 
-_SPEC = re.compile(r"^(?P<role>[a-z]+):(?P<rank>\d+)@step=(?P<step>\d+)$")
+_SPEC = re.compile(
+    r"^(?P<role>[a-z]+):(?P<rank>\d+)@step=(?P<step>\d+)"
+    r"(?::(?P<method>[A-Za-z_]\w*)(?:\+(?P<delay>\d+(?:\.\d*)?|\.\d+))?)?"
+    r"(?::(?P<action>kill|raise))?$"
+)
+_GRAMMAR = "role:rank@step=N[:method[+seconds]][:kill|raise], e.g. 'actor:1@step=30'"
 
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """Kill rank ``rank`` of role ``role``'s group when step ``step`` begins (once)."""
+    """One injected fault: rank ``rank`` of role ``role``'s group, at step ``step``, once.
+
+    Without ``method`` the driver kills the rank as the step begins. With ``method`` the
+    fault is armed on the rank as the step begins (``WorkerGroup.inject_fault``) and fires
+    when the rank next starts that method: the process exits ``delay_s`` seconds into it
+    (``"kill"``: inside the computation, a collective, or a background checkpoint write), or
+    the method raises (``"raise"``: an error, which the trainer does not recover from).
+    """
 
     role: str
     rank: int
     step: int
+    method: str | None = None
+    delay_s: float = 0.0
+    action: FaultAction = "kill"
 
     def __post_init__(self) -> None:
         if self.role not in FAULT_ROLES:
@@ -65,31 +86,68 @@ class FaultSpec:
                 f"inject_fault: rank must be >= 0 and step >= 1, got rank {self.rank}, "
                 f"step {self.step}"
             )
+        if self.action not in FAULT_ACTIONS:
+            raise TrainerConfigError(
+                f"inject_fault: the action must be one of {FAULT_ACTIONS}, got {self.action!r}"
+            )
+        if self.method is None and (self.delay_s or self.action != "kill"):
+            raise TrainerConfigError(
+                f"inject_fault: a delay or 'raise' needs a method ({_GRAMMAR})"
+            )
+        if self.action == "raise" and self.delay_s:
+            raise TrainerConfigError(
+                f"inject_fault: a raised fault fires as {self.method} starts; drop the delay "
+                f"(+{self.delay_s:g})"
+            )
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
-        """``"role:rank@step=N"``, e.g. ``"actor:1@step=30"``."""
+        """``"role:rank@step=N[:method[+seconds]][:kill|raise]"``, e.g. ``"actor:1@step=30"``
+        or ``"critic:0@step=3:update_critic+0.2"``."""
         match = _SPEC.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise TrainerConfigError(
-                f"inject_fault must look like 'actor:1@step=30' (role:rank@step=N), got {text!r}"
-            )
-        return cls(match["role"], int(match["rank"]), int(match["step"]))
-
-
-def kill_rank(group: WorkerGroup[Any], rank: int) -> None:
-    """Kill the worker process of ``rank`` (the in-process backend simulates it)."""
-    if not 0 <= rank < group.world_size:
-        raise TrainerConfigError(
-            f"inject_fault: rank {rank} is outside the group's {group.world_size} workers"
+            raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {text!r}")
+        action = cast(FaultAction, match["action"] or "kill")
+        return cls(
+            match["role"],
+            int(match["rank"]),
+            int(match["step"]),
+            match["method"],
+            float(match["delay"] or 0.0),
+            action,
         )
+
+    @classmethod
+    def parse_all(cls, text: str) -> tuple[FaultSpec, ...]:
+        """Several faults, separated by commas."""
+        if not isinstance(text, str) or not text.strip():
+            raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {text!r}")
+        return tuple(cls.parse(part) for part in text.split(","))
+
+    def __str__(self) -> str:
+        where = f"{self.role}:{self.rank}@step={self.step}"
+        if self.method is None:
+            return where
+        delay = f"+{self.delay_s:g}" if self.delay_s else ""
+        return f"{where}:{self.method}{delay}:{self.action}"
+
+
+def inject(group: WorkerGroup[Any], fault: FaultSpec) -> None:
+    """Inject ``fault`` into ``group`` (the group of ``fault.role``) as its step begins."""
+    if not 0 <= fault.rank < group.world_size:
+        raise TrainerConfigError(
+            f"inject_fault: rank {fault.rank} is outside the group's {group.world_size} workers"
+        )
+    if fault.method is not None:
+        group.inject_fault(fault.rank, fault.method, action=fault.action, delay_s=fault.delay_s)
+        return
     kill_worker = getattr(group, "kill_worker", None)
     if callable(kill_worker):  # LocalWorkerGroup
-        kill_worker(rank)
+        kill_worker(fault.rank)
         return
     import ray
 
-    ray.kill(group.workers[rank], no_restart=True)
+    ray.kill(group.workers[fault.rank], no_restart=True)
 
 
 def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str, Any]:
@@ -109,18 +167,16 @@ def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str
         groups = trainer._workers("recover")
         if not _wait_for_dead(groups.owned):
             raise error  # every worker is alive: not a death, nothing to recover from
+        trainer._pending_save = None  # a save in progress is abandoned: it may lack a rank
         latest = _latest_checkpoint(trainer.output.checkpoint_root)
-        replaced: dict[str, list[int]] = {}
-        for group in groups.owned:
-            # nothing saved yet: every worker starts afresh, and the run from step 0
-            ranks = group.replace_ranks(None if latest else range(group.world_size))
-            if ranks:
-                replaced[group.name_prefix] = ranks
+        if latest is None:  # fit saves one before the first step; someone removed it
+            raise TrainerRecoveryError(
+                f"step {step}: a worker died ({error}), and {trainer.output.checkpoint_root} "
+                "holds no complete checkpoint to recover from"
+            ) from error
+        replaced = _replace_dead(groups.owned)
         trainer._init_models()  # builds what the re-formed groups dropped; the rest keep theirs
-        if latest is None:
-            trainer._restart()
-        else:
-            trainer._load_checkpoint(latest)
+        trainer._load_checkpoint(latest)
         trainer._resync_rollout()
     seconds = time.perf_counter() - started
     trainer.recoveries = done + 1
@@ -129,7 +185,7 @@ def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str
         step,
         error,
         replaced,
-        "the start" if latest is None else latest.name,
+        latest.name,
         seconds,
         done + 1,
         cfg.max_recoveries,
@@ -140,6 +196,14 @@ def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str
         "recovery/from_step": trainer.global_step,
         "recovery/failed_step": step,
     }
+
+
+def _replace_dead(groups: tuple[WorkerGroup[Any], ...]) -> dict[str, list[int]]:
+    """Replace the dead ranks of every group, the groups at the same time (each waits for
+    its new workers' start-up); returns the ranks replaced per group."""
+    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
+        done = list(pool.map(lambda group: group.replace_ranks(), groups))
+    return {g.name_prefix: ranks for g, ranks in zip(groups, done, strict=True) if ranks}
 
 
 def _wait_for_dead(groups: tuple[WorkerGroup[Any], ...], grace_s: float = 5.0) -> bool:

@@ -42,7 +42,7 @@ from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
 from ._errors import TrainerStateError, TrainingDivergedError, WorkerOutputError
 from ._output import RunOutput, check_resumable, read_metrics
-from ._recovery import kill_rank, recover
+from ._recovery import FaultSpec, inject, recover
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
 from ._task import DigitsTask
 
@@ -54,6 +54,15 @@ ProgressFn = Callable[[int, Mapping[str, Any]], None]
 
 #: Metric keys that depend on wall time; everything else is a function of the seed.
 TIMING_PREFIXES = ("timing/", "perf/")
+
+
+@dataclass(frozen=True)
+class _PendingSave:
+    """A checkpoint the workers are writing: what completes it once they are done."""
+
+    step: int
+    state: dict[str, Any]
+    history: list[dict[str, Any]]
 
 
 @dataclass
@@ -118,7 +127,9 @@ class RayPPOTrainer:
         self._weight_sync: WeightSync | None = None
         #: worker deaths this run recovered from (at most ``config.max_recoveries``)
         self.recoveries = 0
-        self._fault = config.fault  # injected once, then cleared
+        self._faults: list[FaultSpec] = list(config.faults)  # each injected once
+        #: a checkpoint whose workers may still be writing (see save_checkpoint)
+        self._pending_save: _PendingSave | None = None
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
@@ -350,27 +361,35 @@ class RayPPOTrainer:
         if not any("val/reward" in r for r in self.history):
             record = {"step": self.global_step, "val/reward": self.validate()}
             self._log(record)
+        if resume_from is None or resume_from.parent != self.output.checkpoint_root:
+            # the point a recovery falls back to before the first periodic checkpoint
+            self.save_checkpoint()
+            self._finish_save(block=True)
         recovered: dict[str, Any] = {}
-        while self.global_step < cfg.steps:
+        while True:
             step = self.global_step + 1
-            self._inject_fault(step)
             try:
+                if self.global_step >= cfg.steps:
+                    self._finish_save(block=True)  # the last checkpoint, complete
+                    break
+                self._inject_fault(step)
                 metrics = self._train_step(step)
                 self.global_step = step
                 if step % cfg.val_every == 0 or step == cfg.steps:
                     metrics["val/reward"] = self.validate()
+                metrics.update(recovered)
+                recovered = {}
+                self._log(metrics)
+                if progress is not None:
+                    progress(step, metrics)
+                if step % cfg.save_every == 0 or step == cfg.steps:
+                    self.save_checkpoint()
+                else:
+                    self._finish_save(block=False)  # the previous save, if its writes are done
             except (WorkerDiedError, WorkerError, WeightSyncError) as exc:
                 recovered = recover(self, step, exc)  # back at the newest checkpoint
                 if progress is not None:
                     progress(self.global_step, recovered)
-                continue
-            metrics.update(recovered)
-            recovered = {}
-            self._log(metrics)
-            if progress is not None:
-                progress(step, metrics)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                self.save_checkpoint()
         vals = [r["val/reward"] for r in self.history if "val/reward" in r]
         return RunResult(
             output=self.output,
@@ -383,28 +402,22 @@ class RayPPOTrainer:
         )
 
     def _inject_fault(self, step: int) -> None:
-        """Kill the rank ``config.inject_fault`` names when its step begins (once)."""
-        fault = self._fault
-        if fault is None or fault.step != step:
+        """Inject the faults of ``config.inject_fault`` whose step begins (each once)."""
+        due = [f for f in self._faults if f.step == step]
+        if not due:
             return
-        self._fault = None
+        self._faults = [f for f in self._faults if f.step != step]
         groups = self._workers("inject_fault")
-        group = {
-            "actor": groups.actor_rollout,
-            "critic": groups.critic,
-            "rollout": groups.rollout,
-        }[fault.role]
-        if group is None:
-            raise TrainerStateError(f"inject_fault: this run has no {fault.role} group")
-        logger.warning("step %d: injecting a fault: kill %s rank %d", step, fault.role, fault.rank)
-        kill_rank(group, fault.rank)
-
-    def _restart(self) -> None:
-        """After a recovery with no checkpoint (every worker new): back to step 0, keeping
-        the first validation record."""
-        self.global_step = 0
-        self.history = [r for r in self.history if r["step"] <= 0]
-        self.output.start(self.history)
+        for fault in due:
+            group = {
+                "actor": groups.actor_rollout,
+                "critic": groups.critic,
+                "rollout": groups.rollout,
+            }[fault.role]
+            if group is None:
+                raise TrainerStateError(f"inject_fault: this run has no {fault.role} group")
+            logger.warning("step %d: injecting the fault %s", step, fault)
+            inject(group, fault)
 
     def _resync_rollout(self) -> None:
         """After a recovery: a separately placed rollout gets the restored weights over a
@@ -420,14 +433,50 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """Worker state (per rank), trainer state and the metrics so far."""
-        folder = self.output.checkpoint_dir(self.global_step)
+        """Worker state (per rank), trainer state and the metrics so far, in
+        ``checkpoint_dir(global_step)``; returns that folder.
+
+        With ``config.background_checkpoints`` the workers copy their state and return, and
+        write it while training goes on; the checkpoint becomes complete (trainer state,
+        ``latest``) when :meth:`_finish_save` finds them done, at the end of a later step or
+        of :meth:`fit`. Before that a recovery or a resume does not see it."""
+        self._finish_save(block=True)  # one save at a time
+        step = self.global_step
+        folder = self.output.checkpoint_dir(step)
         folder.mkdir(parents=True, exist_ok=True)
-        self.actor_rollout_wg.save_checkpoint(str(folder / "actor"), global_step=self.global_step)
+        background = self.config.background_checkpoints
+        self.actor_rollout_wg.save_checkpoint(
+            str(folder / "actor"), global_step=step, background=background
+        )
         if self.use_critic:
-            self.critic_wg.save_checkpoint(str(folder / "critic"), global_step=self.global_step)
-        state = {"global_step": self.global_step, "config": asdict(self.config)}
-        return self.output.finish_checkpoint(self.global_step, state)
+            self.critic_wg.save_checkpoint(
+                str(folder / "critic"), global_step=step, background=background
+            )
+        state = {"global_step": step, "config": asdict(self.config)}
+        self._pending_save = _PendingSave(step, state, list(self.history))
+        if not background:
+            self._finish_save(block=True)
+        return folder
+
+    def _finish_save(self, block: bool) -> Path | None:
+        """Complete the pending checkpoint if its workers are done writing (``block``: wait
+        for them); then keep only the newest ``config.keep_checkpoints``. Returns the
+        completed folder, or ``None`` when none was completed."""
+        pending = self._pending_save
+        if pending is None:
+            return None
+        timeout = None if block else 0.0
+        # every group is asked (each rank answers whether its part is written)
+        done = self.actor_rollout_wg.wait_checkpoint(timeout=timeout)
+        if self.use_critic:
+            done = done + self.critic_wg.wait_checkpoint(timeout=timeout)
+        if not all(done):
+            return None
+        self._pending_save = None
+        folder = self.output.finish_checkpoint(pending.step, pending.state, pending.history)
+        self.output.prune_checkpoints(self.config.keep_checkpoints)
+        logger.info("checkpoint of step %d complete: %s", pending.step, folder)
+        return folder
 
     def _load_checkpoint(self, folder: Path) -> None:
         step = check_resumable(folder, self.config)

@@ -210,10 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     faults = parser.add_argument_group("fault tolerance")
     faults.add_argument(
         "--inject-fault",
-        metavar="ROLE:RANK@step=N",
+        metavar="ROLE:RANK@step=N[:METHOD[+S]][:raise]",
         default=None,
-        help="kill rank RANK of ROLE's group (actor, critic or rollout) when step N begins, to "
-        "watch the run recover in place, e.g. actor:1@step=30 (default: no fault)",
+        help="kill rank RANK of ROLE's group (actor, critic or rollout) when step N begins, "
+        "to watch the run recover in place, e.g. actor:1@step=30; with METHOD, kill it S "
+        "seconds into that method from step N on (or make the method raise, which ends the "
+        "run); several faults are separated by commas (default: no fault)",
     )
     faults.add_argument(
         "--max-recoveries",

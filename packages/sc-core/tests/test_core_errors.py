@@ -91,6 +91,7 @@ def test_worker_error_without_traceback() -> None:
 ERROR_MEANINGS = {
     "WorkerError": RuntimeError,
     "WorkerDiedError": RuntimeError,
+    "InjectedFaultError": RuntimeError,
     "CallTimeoutError": TimeoutError,
     "RendezvousError": RuntimeError,
     "RendezvousTimeoutError": TimeoutError,

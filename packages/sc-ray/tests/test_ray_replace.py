@@ -5,11 +5,12 @@ its views work again, and nothing is left behind."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
 import ray
-from sc_core import Worker, WorkerDiedError, WorkerGroupError
+from sc_core import InjectedFaultError, Worker, WorkerDiedError, WorkerError, WorkerGroupError
 from sc_dispatch import Dispatch, register
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from sc_ray import _ray_api as rapi
@@ -28,6 +29,11 @@ class Member(Worker):
 
     def on_group_reformed(self, replaced: list[int]) -> None:
         self.reformed.append(replaced)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def identity(self) -> dict[str, Any]:
@@ -52,11 +58,22 @@ def _group(prefix: str) -> RayWorkerGroup:
     )
 
 
+def _kill_and_wait(wg: RayWorkerGroup, rank: int) -> None:
+    """Kill rank ``rank``'s actor and wait until the cluster reports it dead: ``ray.kill``
+    returns before the actor is gone, so a call made at once may still reach it."""
+    actor = wg.workers[rank]
+    rapi.kill(actor)
+    deadline = time.monotonic() + 30
+    while rapi.actor_states()[rapi.actor_id(actor)].state != "DEAD":
+        assert time.monotonic() < deadline, f"rank {rank}'s actor still alive 30 s after kill"
+        time.sleep(0.05)
+
+
 def test_a_killed_actor_is_replaced_in_place(ray_cluster: None) -> None:
     with _group("replace") as wg:
         before = wg.identity()
         names = wg.worker_names
-        rapi.kill(wg.workers[1])
+        _kill_and_wait(wg, 1)
         with pytest.raises(WorkerDiedError, match="rank 1"):
             wg.identity()
         assert wg.replace_ranks() == [1]
@@ -100,3 +117,20 @@ def test_a_group_of_detached_actors_cannot_start_new_ones(ray_cluster: None) -> 
         with pytest.raises(WorkerGroupError, match=r"from_detached.*no pool to start new"):
             attached.replace_ranks([0])
         attached.shutdown(release_pool=False)
+
+
+def test_injected_faults_kill_inside_a_method_or_raise(ray_cluster: None) -> None:
+    with _group("faults") as wg:
+        pids = wg.nap(0.0)
+        wg.inject_fault(2, "nap", action="raise")
+        with pytest.raises(WorkerError, match="rank 2") as raised:
+            wg.nap(0.0)
+        assert isinstance(raised.value, InjectedFaultError)
+        assert wg.nap(0.0) == pids  # fired once; nobody died
+        wg.inject_fault(0, "nap", delay_s=0.3)
+        with pytest.raises(WorkerDiedError, match="rank 0"):
+            wg.nap(3.0)  # rank 0's process exits 0.3 s into the nap
+        assert wg.replace_ranks() == [0]
+        after = wg.nap(0.0)
+        assert after[0] != pids[0]
+        assert after[1:] == pids[1:]  # ranks 1 and 2 finished their naps and kept going

@@ -181,3 +181,109 @@ def test_checkpoint_of_another_model_is_rejected(tmp_path: Path) -> None:
     other.init_model()
     with pytest.raises(CheckpointError, match=r"embed_tokens.weight has local shape \(32, 32\)"):
         other.load_checkpoint(str(tmp_path / "c"))
+
+
+# --------------------------------------------------------------- background saves
+
+
+def test_a_background_save_holds_the_state_of_when_it_was_called(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    trained_on = threading.Event()
+    real_save = torch.save
+
+    def save_after_training(obj: object, f: object) -> None:
+        assert trained_on.wait(60)  # the write starts only after the next update changed it all
+        real_save(obj, f)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "save", save_after_training)
+    path = str(tmp_path / "actor")
+    a = ActorRolloutRefWorker(_config(), "actor_rollout")
+    a.init_model()
+    a.update_actor(_batch(1))
+    a.generate_sequences(_prompts())
+    a.save_checkpoint(path, global_step=1, background=True)
+    assert a.wait_checkpoint(timeout=0) is False  # the thread is still writing
+    expected = _finish(a)  # training goes on while the thread writes
+    trained_on.set()
+    assert a.wait_checkpoint() is True
+    monkeypatch.setattr(torch, "save", real_save)
+    assert a.wait_checkpoint(timeout=0) is True  # nothing pending any more
+    assert (
+        json.loads((tmp_path / "actor" / "v000001" / "meta.json").read_text())["global_step"] == 1
+    )
+
+    b = ActorRolloutRefWorker(_config(), "actor_rollout")
+    b.init_model()
+    b.load_checkpoint(path)
+    got = _finish(b)
+    assert got[0] == expected[0]
+    for name, tensor in expected[1].items():
+        assert torch.equal(got[1][name], tensor), name
+    assert torch.equal(got[2], expected[2])
+
+
+def test_the_next_save_and_a_load_wait_for_a_background_save(tmp_path: Path) -> None:
+    w = CriticWorker(critic_config())
+    w.init_model()
+    path = tmp_path / "ckpt"
+    w.save_checkpoint(str(path), global_step=1, background=True)
+    w.save_checkpoint(str(path), global_step=2, background=True)  # waits for the first
+    w.load_checkpoint(str(path))  # waits for the second
+    assert (path / "CURRENT").read_text() == "v000002"
+    assert json.loads((path / "v000002" / "meta.json").read_text())["global_step"] == 2
+
+
+def test_a_failed_background_save_is_reported_and_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = CriticWorker(critic_config())
+    w.init_model()
+    path = tmp_path / "ckpt"
+    w.save_checkpoint(str(path), global_step=1)
+    real_save = torch.save
+
+    def full_disk(obj: object, f: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    w.save_checkpoint(str(path), global_step=2, background=True)
+    with pytest.raises(CheckpointError, match=r"rank 0.*step 2 failed: OSError.*No space"):
+        w.wait_checkpoint()
+    assert w.wait_checkpoint() is True  # reported once
+    assert (path / "CURRENT").read_text() == "v000001"  # the previous version stays
+    monkeypatch.setattr(torch, "save", real_save)
+    w.save_checkpoint(str(path), global_step=3)  # the next save clears the dead one's .tmp
+    assert sorted(p.name for p in path.iterdir()) == ["CURRENT", "v000002"]
+    assert json.loads((path / "v000002" / "meta.json").read_text())["global_step"] == 3
+
+
+def test_wait_checkpoint_arguments(tmp_path: Path) -> None:
+    w = CriticWorker(critic_config())
+    w.init_model()
+    assert w.wait_checkpoint() is True  # no save pending
+    for bad in (-1, "1"):
+        with pytest.raises(ConfigError, match=r"wait_checkpoint \(rank 0\): timeout"):
+            w.wait_checkpoint(timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="background must be a bool"):
+        w.save_checkpoint(str(tmp_path / "x"), background="yes")  # type: ignore[arg-type]
+
+
+def test_rank_zero_waits_for_every_file_then_times_out_or_stops(tmp_path: Path) -> None:
+    import threading
+
+    from sc_workers.workers._checkpoint_background import wait_for_files
+
+    cancel = threading.Event()
+    late = threading.Timer(0.1, (tmp_path / "b").write_text, ("x",))
+    late.start()
+    (tmp_path / "a").write_text("x")
+    wait_for_files(tmp_path, {"a", "b"}, 10.0, cancel, "here")  # returns once b appears
+    with pytest.raises(CheckpointError, match=r"here: .* still lacks \['c'\] after 0.05 s"):
+        wait_for_files(tmp_path, {"a", "c"}, 0.05, cancel, "here")
+    cancel.set()
+    with pytest.raises(Exception, match="here") as info:
+        wait_for_files(tmp_path, {"c"}, 10.0, cancel, "here")
+    assert type(info.value).__name__ == "_SaveCancelled"

@@ -37,6 +37,7 @@ from ._errors import (
     CallTimeoutError,
     ColocationError,
     ConfigTypeError,
+    InjectedFaultError,
     InvalidCallOptionsError,
     InvalidConfigError,
     MeshRegistrationError,
@@ -56,6 +57,7 @@ from ._errors import (
     WorkerGroupClosedError,
     WorkerGroupError,
 )
+from ._faults import FAULT_ACTIONS, ArmedFault, FaultAction, take_fault
 from ._future import LazyFuture
 from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
 from ._pool_manager import ResourcePoolManager
@@ -86,7 +88,9 @@ __version__ = "0.1.0"
 __all__ = [
     "SETTINGS",
     "RESERVED_WORKER_ATTRS",
+    "FAULT_ACTIONS",
     "AbandonedCall",
+    "ArmedFault",
     "Backend",
     "BackendNotImplementedError",
     "Call",
@@ -99,7 +103,9 @@ __all__ = [
     "ConfigTypeError",
     "DistGlobalInfo",
     "DistRankInfo",
+    "FaultAction",
     "InProcessRendezvous",
+    "InjectedFaultError",
     "InvalidCallOptionsError",
     "InvalidConfigError",
     "LazyFuture",
@@ -149,6 +155,7 @@ __all__ = [
     "register_class_unwrapper",
     "remove_span_observer",
     "rendezvous_from_env",
+    "take_fault",
     "worker_context",
     "worker_environ",
 ]

@@ -13,6 +13,8 @@ so callers may catch either::
     │                                          ``except ValueError`` keeps working
     ├── WorkerDiedError (RuntimeError)         a worker process is gone: names the ranks and
     │                                          the method that found out
+    ├── InjectedFaultError (RuntimeError)      raised in a worker by a fault armed with
+    │                                          ``WorkerGroup.inject_fault(action="raise")``
     ├── CallTimeoutError (TimeoutError)        a call passed its deadline: names the method,
     │                                          the ranks that had not answered, the timeout
     ├── RendezvousError (RuntimeError)         rank 0 could not publish MASTER_ADDR/PORT, or
@@ -62,6 +64,7 @@ __all__ = [
     "CallTimeoutError",
     "ColocationError",
     "ConfigTypeError",
+    "InjectedFaultError",
     "InvalidCallOptionsError",
     "InvalidConfigError",
     "MeshRegistrationError",
@@ -105,6 +108,11 @@ class _KeyErrorMessage(KeyError):
 def _ranks_text(ranks: Sequence[int]) -> str:
     ranks = list(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
+class InjectedFaultError(ScCoreError, RuntimeError):
+    """What a worker method raises when a fault armed with ``WorkerGroup.inject_fault(...,
+    action="raise")`` fires; the driver receives it inside a :class:`WorkerError`."""
 
 
 class WorkerError(ScCoreError, RuntimeError):

@@ -39,6 +39,7 @@ from ._errors import (
     WorkerError,
     WorkerGroupError,
 )
+from ._faults import take_fault
 from ._future import LazyFuture
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._settings import LOCAL_INLINE, RENDEZVOUS
@@ -231,10 +232,22 @@ class LocalBackend:
         def run() -> Any:
             return getattr(worker, method_name)(*args, **kwargs)
 
+        # bound now: a group closed while this call waits for its turn clears self.runners
+        in_rank = functools.partial(self._run_as, self._envs[rank], runners[rank])
+
+        def run_on_rank() -> _Outcome:
+            fault = take_fault(worker, method_name, args)
+            if fault is None:
+                return in_rank(run)
+            if fault.action == "raise":
+                return in_rank(lambda: fault.fire_in_process(rank))
+            # an injected kill: the method runs (its result is lost), then the rank is dead
+            in_rank(run)
+            self.killed.add(rank)
+            return _Outcome(died=True)
+
         if self._concurrent or self._inline:
-            return LocalHandle(
-                rank, method_name, runners[rank].submit(lambda: self._in_rank(rank, run))
-            )
+            return LocalHandle(rank, method_name, runners[rank].submit(run_on_rank))
         turns = self._turns
         with turns.lock:
             previous = turns.last
@@ -242,7 +255,7 @@ class LocalBackend:
             def in_turn() -> _Outcome:
                 if previous is not None:
                     concurrent.futures.wait([previous])
-                return self._in_rank(rank, run)
+                return run_on_rank()
 
             fut = runners[rank].submit(in_turn)
             turns.last = fut

@@ -27,6 +27,7 @@ from ._errors import (
     VisibleDevicesError,
     WorkerEnvironmentError,
 )
+from ._faults import ArmedFault
 from ._settings import RENDEZVOUS_TIMEOUT
 
 __all__ = [
@@ -303,6 +304,18 @@ class Worker(WorkerHelper):
             if isinstance(role, Worker) and role is not self:
                 role._sc_reform(master_addr, master_port, replaced)
         self.on_group_reformed(list(replaced))
+
+    # --- injected faults (see _faults.py) ----------------------------------------------------
+
+    def _sc_arm_fault(self, rank: int, fault: ArmedFault) -> None:
+        """Arm ``fault`` if this worker is ``rank`` (every rank of a group is asked)."""
+        if self._rank == rank:
+            self.__dict__.setdefault("_sc_armed_faults", {})[fault.method] = fault
+
+    def _sc_take_fault(self, method: str) -> ArmedFault | None:
+        """The fault armed for ``method``, disarmed (a backend asks as a method starts)."""
+        armed: dict[str, ArmedFault] | None = self.__dict__.get("_sc_armed_faults")
+        return armed.pop(method, None) if armed else None
 
     # --- identity --------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 from sc_dispatch import Execute, RegisteredMethod
 
-from . import _colocate, _pipeline, _replace
+from . import _colocate, _faults, _pipeline, _replace
 from ._backend import Backend
 from ._binding import MethodProxy, bind_worker_methods, set_bound_method, unbind_all
 from ._busy import AbandonedCall
@@ -36,6 +36,7 @@ from ._errors import (
     WorkerGroupClosedError,
     WorkerGroupError,
 )
+from ._faults import FaultAction
 from ._hook_backend import HookBackend, has_hooks
 from ._liveness import Liveness
 from ._resource import ResourcePool
@@ -359,6 +360,15 @@ class WorkerGroup(Generic[W]):
         :class:`~sc_core.BackendNotImplementedError` when the backend cannot replace workers.
         """
         return _replace.replace_ranks(self, ranks, timeout)
+
+    def inject_fault(
+        self, rank: int, method: str, *, action: FaultAction = "kill", delay_s: float = 0.0
+    ) -> None:
+        """Arm a fault on ``rank``: the next time it starts ``method`` (a method bound on
+        this group), its process exits ``delay_s`` seconds later (``action="kill"``), or
+        the method raises :class:`~sc_core.InjectedFaultError` (``action="raise"``). For
+        testing recovery; see ``_faults.py``. Every rank must be alive."""
+        _faults.inject_fault(self, rank, method, action, delay_s)
 
     def _block_until_all_workers_alive(self, timeout: float | None = None) -> None:
         """Wait until every worker is alive; :class:`~sc_core.WorkerDiedError` after

@@ -15,6 +15,8 @@
 * ``_sc_call_with_meta(name, ...)``, the same returning ``(row_count, value)``, so that a
   non-blocking call of a splitting mode knows its shards' row counts without fetching them.
 
+Every entry point first fires a fault armed for its method by ``WorkerGroup.inject_fault``.
+
 Entry points are ``async`` only if the class already has ``async`` methods (Ray then runs
 the actor as an async actor anyway).
 """
@@ -27,7 +29,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from sc_core import WorkerError
+from sc_core import WorkerError, take_fault
 from sc_dispatch import get_register_attrs
 
 from ._futures import row_meta
@@ -56,6 +58,15 @@ def _worker_error(instance: Any, name: str, exc: Exception) -> WorkerError:
     return WorkerError.from_exception(name, rank, exc, remote_traceback=text)
 
 
+def _fire_armed_fault(instance: Any, method: str, args: tuple[Any, ...]) -> None:
+    """Fire the fault ``WorkerGroup.inject_fault`` armed for ``method``, if any: exit this
+    process (now or on a timer) or raise ``InjectedFaultError``."""
+    fault = take_fault(instance, method, args)
+    if fault is not None:
+        rank = instance.__dict__.get("_rank")
+        fault.fire_in_process(rank if isinstance(rank, int) else -1)
+
+
 def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
     """An entry point running method ``name`` (or, with ``name=None``, the method named by
     the first argument), converting its exception."""
@@ -64,6 +75,7 @@ def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
         async def run_async(self: Any, *args: Any, **kwargs: Any) -> Any:
             method, args = (args[0], args[1:]) if name is None else (name, args)
             try:
+                _fire_armed_fault(self, method, args)
                 out = getattr(self, method)(*args, **kwargs)
                 if inspect.isawaitable(out):
                     out = await out
@@ -78,6 +90,7 @@ def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         method, args = (args[0], args[1:]) if name is None else (name, args)
         try:
+            _fire_armed_fault(self, method, args)
             out = getattr(self, method)(*args, **kwargs)
         except Exception as exc:
             raise _worker_error(self, method, exc) from exc

@@ -39,14 +39,14 @@ def local_state_dict(
 ) -> dict[str, Any]:
     """See :meth:`sc_workers.Engine.local_state_dict`."""
     params = dict(module.named_parameters())
-    model = {name: _local(p.detach()).cpu().clone() for name, p in params.items()}
+    model = {name: _local(p.detach()).to("cpu", copy=True) for name, p in params.items()}
     chunks = {name: chunk_of(p) for name, p in params.items()}
     state: dict[str, Any] = {"model": model, "model_chunks": chunks}
     if optimizer is not None and scheduler is not None:
         optim = optimizer.state_dict()
         optim["state"] = {
             idx: {
-                k: (_local(v).cpu().clone() if isinstance(v, Tensor) else v)
+                k: (_local(v).to("cpu", copy=True) if isinstance(v, Tensor) else v)
                 for k, v in entry.items()
             }
             for idx, entry in optim["state"].items()

@@ -239,12 +239,17 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         hdfs_path: str | None = None,
         global_step: int = 0,
         max_ckpt_to_keep: int | None = None,
+        background: bool = False,
     ) -> None:
-        """Save the actor's model shards, optimizer, lr schedule and RNG states atomically."""
+        """Save the actor's model shards, optimizer, lr schedule and RNG states atomically.
+
+        With ``background=True`` the call returns once the state is copied to CPU memory;
+        a thread writes it, and :meth:`wait_checkpoint` says when it is published.
+        """
         engine = self._actor("save_checkpoint")
         gen = self._generator
         extra = {"generator": None if gen is None else gen.get_state()}
-        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra)
+        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra, background)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf_model(self, local_path: str) -> None:

@@ -38,16 +38,22 @@ import pickle
 import random
 import re
 import shutil
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from sc_core import worker_environ
 
 from .._errors import CheckpointError
+from .._settings import PG_TIMEOUT
 from ..engine import Engine
 from ..models._hf import HFModelKind, copy_hf_side_files, save_hf_model
+
+if TYPE_CHECKING:
+    from ._checkpoint_background import BackgroundSave
 
 __all__ = [
     "published_checkpoint",
@@ -194,10 +200,18 @@ def _publish(root: Path, tmp: Path) -> Path:
 
 
 def save_engine_checkpoint(
-    engine: Engine, local_path: str, global_step: int, extra: dict[str, Any]
-) -> str:
+    engine: Engine,
+    local_path: str,
+    global_step: int,
+    extra: dict[str, Any],
+    *,
+    background: bool = False,
+) -> BackgroundSave | None:
     """Write this rank's shard; rank 0 publishes the version (see the module docstring).
-    Returns ``local_path``."""
+
+    With ``background``, the shard is copied now and written by a thread
+    (:mod:`._checkpoint_background`); the returned :class:`BackgroundSave` says when the
+    version is published (rank 0) or this rank's file is written (the others)."""
     layout = engine.layout
     root = Path(local_path)
     if layout.rank == 0:
@@ -205,41 +219,72 @@ def save_engine_checkpoint(
     _barrier()
     if layout.rank != 0:
         tmp = root / (root / PENDING).read_text(encoding="utf-8").strip()
-    state = engine.local_state_dict()
+    state = engine.local_state_dict()  # CPU copies: training may go on while they are written
     state["rng"] = capture_rng(engine.device)
     state["extra"] = extra
-    name = _rank_file(layout.rank, layout.world_size)
-    partial = tmp / (name + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, tmp / name)
-    if layout.rank == 0:
-        meta: dict[str, Any] = {
-            "format": FORMAT,
-            "world_size": layout.world_size,
-            "dp_size": layout.dp_size,
-            "tp_size": layout.tp_size,
-            "strategy": engine.strategy,
-            "global_step": global_step,
-        }
-        kind = engine.hf_kind
-        source = engine.model_config.path
-        if kind is not None and source is not None:
-            meta["hf"] = {"kind": kind, "source": source}
-            copy_hf_side_files(source, tmp / HF_DIR, include_config=True)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    meta = _meta(engine, global_step) if layout.rank == 0 else None
+    source = engine.model_config.path if engine.hf_kind is not None else None
+    where = f"save_checkpoint (rank {layout.rank})"
+    if background:
+        from ._checkpoint_background import BackgroundSave, wait_for_files
+
+        def write(cancel: threading.Event) -> None:
+            _write_shard(state, tmp, layout.rank, layout.world_size)
+            if meta is not None:
+                expected = {_rank_file(r, layout.world_size) for r in range(layout.world_size)}
+                wait_for_files(tmp, expected, PG_TIMEOUT.get(worker_environ()), cancel, where)
+                _write_meta_and_publish(root, tmp, meta, source, global_step)
+
+        return BackgroundSave(where, global_step, write)
+    _write_shard(state, tmp, layout.rank, layout.world_size)
     _barrier()
-    if layout.rank == 0:
+    if meta is not None:
         expected = {_rank_file(r, layout.world_size) for r in range(layout.world_size)}
         present = {p.name for p in tmp.iterdir()}
         if not expected <= present:
             raise CheckpointError(
-                f"save_checkpoint (rank 0): {tmp} lacks {sorted(expected - present)}; do all "
+                f"{where}: {tmp} lacks {sorted(expected - present)}; do all "
                 "ranks share this filesystem?"
             )
-        final = _publish(root, tmp)
-        logger.info("saved checkpoint at step %d to %s", global_step, final)
+        _write_meta_and_publish(root, tmp, meta, source, global_step)
     _barrier()
-    return str(root)
+    return None
+
+
+def _meta(engine: Engine, global_step: int) -> dict[str, Any]:
+    layout = engine.layout
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "world_size": layout.world_size,
+        "dp_size": layout.dp_size,
+        "tp_size": layout.tp_size,
+        "strategy": engine.strategy,
+        "global_step": global_step,
+    }
+    kind = engine.hf_kind
+    source = engine.model_config.path
+    if kind is not None and source is not None:
+        meta["hf"] = {"kind": kind, "source": source}
+    return meta
+
+
+def _write_shard(state: dict[str, Any], tmp: Path, rank: int, world: int) -> None:
+    name = _rank_file(rank, world)
+    partial = tmp / (name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, tmp / name)
+
+
+def _write_meta_and_publish(
+    root: Path, tmp: Path, meta: dict[str, Any], hf_source: str | None, global_step: int
+) -> None:
+    """Rank 0, once every rank's file is in ``tmp``: the side files, ``meta.json`` (written
+    last: a version without it is incomplete), then publish."""
+    if hf_source is not None:
+        copy_hf_side_files(hf_source, tmp / HF_DIR, include_config=True)
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    final = _publish(root, tmp)
+    logger.info("saved checkpoint at step %d to %s", global_step, final)
 
 
 def _load_file(path: Path, **kwargs: Any) -> dict[str, Any]:

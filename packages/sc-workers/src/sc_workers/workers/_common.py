@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 from sc_core import Worker, worker_environ
+from sc_dispatch import Dispatch, register
 from sc_protocol import DataProto
 
 from .._errors import CheckpointError, ConfigError, DistributedError
 from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
 from ..models import save_hf_model
 from ._checkpoint import load_engine_checkpoint, save_engine_checkpoint
+from ._checkpoint_background import BackgroundSave
 
 __all__ = ["ENGINE_ATTRS", "WorkerBase"]
 
@@ -35,6 +37,7 @@ class WorkerBase(Worker):
         self.layout = ParallelLayout.create(self.world_size, self.rank, tp_size)
         self.device = resolve_device(device, worker_environ())
         self._saved_checkpoints: list[str] = []
+        self._pending_save: BackgroundSave | None = None
         self._update_steps = 0
 
     def _run_update(
@@ -69,6 +72,9 @@ class WorkerBase(Worker):
 
         if isinstance(self, WeightSyncEndpoint):
             self._sync_forget()
+        pending, self._pending_save = self._pending_save, None
+        if pending is not None:  # its version waits for ranks that are gone: abandon it
+            pending.cancel()
         for name in ENGINE_ATTRS:
             if name in self.__dict__:
                 setattr(self, name, None)
@@ -98,6 +104,7 @@ class WorkerBase(Worker):
         global_step: int,
         max_ckpt_to_keep: int | None,
         extra: dict[str, Any],
+        background: bool = False,
     ) -> None:
         where = self._where("save_checkpoint")
         if hdfs_path is not None:
@@ -107,9 +114,16 @@ class WorkerBase(Worker):
             )
         if max_ckpt_to_keep is not None and max_ckpt_to_keep < 1:
             raise ConfigError(f"{where}: max_ckpt_to_keep must be >= 1, got {max_ckpt_to_keep}")
+        if not isinstance(background, bool):
+            raise ConfigError(f"{where}: background must be a bool, got {background!r}")
+        self._finish_pending_save(None)  # one save at a time: the previous one finishes first
         extra = {**extra, "update_steps": self._update_steps, "global_step": global_step}
         with engine.on_device(with_optimizer=True):
-            path = save_engine_checkpoint(engine, local_path, global_step, extra)
+            pending = save_engine_checkpoint(
+                engine, local_path, global_step, extra, background=background
+            )
+        self._pending_save = pending
+        path = str(Path(local_path))
         if path in self._saved_checkpoints:
             self._saved_checkpoints.remove(path)
         self._saved_checkpoints.append(path)
@@ -120,10 +134,38 @@ class WorkerBase(Worker):
                     shutil.rmtree(old, ignore_errors=True)
                     logger.info("removed old checkpoint %s", old)
 
+    def _finish_pending_save(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` for this rank's background save; ``True`` when none is
+        left. Raises :class:`CheckpointError` if it failed."""
+        pending = self._pending_save
+        if pending is None:
+            return True
+        if not pending.wait(timeout_s):
+            return False
+        self._pending_save = None
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wait_checkpoint(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (``None``: until it is done; ``0``: just ask) for
+        the save started with ``save_checkpoint(..., background=True)``. ``True`` once this
+        rank's part is written (rank 0: once the version is published) or when no save is
+        pending. Raises :class:`CheckpointError` if the save failed."""
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ConfigError(
+                f"{self._where('wait_checkpoint')}: timeout must be None or a number >= 0, "
+                f"got {timeout!r}"
+            )
+        return self._finish_pending_save(None if timeout is None else float(timeout))
+
     def _load(
         self, engine: Engine, local_path: str, hdfs_path: str | None, del_local_after_load: bool
     ) -> dict[str, Any]:
         where = self._where("load_checkpoint")
+        try:
+            self._finish_pending_save(None)
+        except CheckpointError as exc:  # that save is lost; what is loaded is unaffected
+            logger.warning("%s: %s", where, exc)
         if hdfs_path is not None:
             raise ConfigError(f"{where}: hdfs_path {hdfs_path!r} is not supported")
         if not Path(local_path).is_dir():

@@ -108,10 +108,15 @@ class CriticWorker(WorkerBase):
         hdfs_path: str | None = None,
         global_step: int = 0,
         max_ckpt_to_keep: int | None = None,
+        background: bool = False,
     ) -> None:
-        """Save the critic's shards, optimizer, lr schedule and RNG states atomically."""
+        """Save the critic's shards, optimizer, lr schedule and RNG states atomically.
+
+        With ``background=True`` the call returns once the state is copied to CPU memory;
+        a thread writes it, and :meth:`wait_checkpoint` says when it is published.
+        """
         engine = self._engine("save_checkpoint")
-        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, {})
+        self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, {}, background)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf_model(self, local_path: str) -> None:
