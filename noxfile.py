@@ -248,6 +248,9 @@ def docs(session: nox.Session) -> None:
 
 #: a member's tests session keeps the name docs and CI already use
 TEST_SESSION_NAMES = {"sc-integration": "integration"}
+#: pytest arguments a member's tests session adds: the integration session leaves the long
+#: fault matrix (20 trainings) to the faults session, and runs one case per kind of point
+MEMBER_TEST_ARGS = {"sc-integration": ["-m", "not fault_matrix"]}
 
 
 def _member_sessions(member: str) -> None:
@@ -271,6 +274,7 @@ def _member_sessions(member: str) -> None:
         session.run(
             "pytest",
             os.path.join(member, "tests"),
+            *MEMBER_TEST_ARGS.get(name, []),
             *session.posargs,
             env={"SC_ISOLATED_PACKAGE": name},
         )
@@ -347,6 +351,19 @@ def gpu(session: nox.Session) -> None:
         os.path.join("integration", "benchmarks", "bench_gpu.py"),
         "--out",
         os.path.join("integration", "benchmarks", "results", "gpu.json"),
+    )
+
+
+@nox.session(default=False, tags=["faults"])
+def faults(session: nox.Session) -> None:
+    """The whole fault-injection matrix of recovery in place (not run by default: about 20
+    short trainings on Ray, each with a rank killed; see docs/guides/fault-tolerance.md)."""
+    _sync(session, "--package", "sc-integration", "--group", "test")
+    session.run(
+        "pytest",
+        os.path.join("integration", "tests", "test_integration_fault_matrix.py"),
+        *session.posargs,
+        env={"SC_ISOLATED_PACKAGE": "sc-integration"},
     )
 
 

@@ -1,6 +1,8 @@
-"""Recovery in place (``TrainerConfig.inject_fault``, ``max_recoveries``): a rank killed when
-a step begins is replaced, every role goes back to the newest checkpoint, and the run ends
-with weights bit-identical to an uninterrupted run."""
+"""Recovery in place (``TrainerConfig.inject_fault``, ``max_recoveries``), in-process: a rank
+killed when a step begins or inside a method is replaced, every role goes back to the newest
+checkpoint, and the run ends with weights bit-identical to an uninterrupted run; the
+checkpoints it relies on. The Ray cases are the fault matrix
+(``test_integration_fault_matrix.py``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import Any
 import pytest
 import torch
 from _integration_runs import deterministic, run, tiny_config
-from sc_core import SpanRecorder
+from sc_core import InjectedFaultError, SpanRecorder, WorkerError
 from sc_integration import FaultSpec, TrainerConfigError, TrainerRecoveryError, read_metrics
+from sc_workers import published_step
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,18 +70,11 @@ def test_local_actor_death_recovers_bit_identically(tmp_path: Path) -> None:
     assert [s.method for s in recorder.spans].count("recovery") == 1
 
 
-def test_ray_actor_rank_death_recovers_bit_identically(ray_cluster: None, tmp_path: Path) -> None:
-    """FSDP dp=2, actor and critic colocated: rank 1 is killed as step 3 begins; the
-    colocated process is replaced for both roles and the run replays step 3 from step 2."""
-    base: dict[str, Any] = {"workers_per_role": 2, "steps": 3, "save_every": 2, "val_every": 3}
-    clean = run(tiny_config(tmp_path / "clean", **base))
-    faulty = run(tiny_config(tmp_path / "faulty", inject_fault="actor:1@step=3", **base))
-    _check_recovered(faulty, clean, failed_step=3, from_step=2)
-
-
-def test_a_death_before_the_first_checkpoint_starts_the_run_again(tmp_path: Path) -> None:
-    """No checkpoint yet: every worker is replaced and the run restarts from step 0, ending
-    as a run without the fault does."""
+def test_a_death_before_the_first_periodic_checkpoint_goes_back_to_step_0(
+    tmp_path: Path,
+) -> None:
+    """Before the first periodic checkpoint the run goes back to the one fit saved before
+    its first step, and ends as a run without the fault does."""
     base: dict[str, Any] = {"backend": "local", "steps": 3, "save_every": 3, "val_every": 3}
     clean = run(tiny_config(tmp_path / "clean", **base))
     faulty = run(tiny_config(tmp_path / "faulty", inject_fault="critic:0@step=2", **base))
@@ -100,9 +96,36 @@ def test_recoveries_are_bounded(tmp_path: Path) -> None:
 
 def test_fault_spec_and_config_errors(tmp_path: Path) -> None:
     assert FaultSpec.parse("actor:1@step=30") == FaultSpec("actor", 1, 30)
-    for bad in ("actor1@step=3", "actor:1@step=0", "reward:0@step=2", "actor:-1@step=2"):
+    spec = FaultSpec.parse("critic:0@step=3:update_critic+0.25")
+    assert spec == FaultSpec("critic", 0, 3, "update_critic", 0.25, "kill")
+    assert str(spec) == "critic:0@step=3:update_critic+0.25:kill"
+    assert FaultSpec.parse(str(spec)) == spec
+    raised = FaultSpec.parse("actor:1@step=2:update_actor:raise")
+    assert (raised.method, raised.action, raised.delay_s) == ("update_actor", "raise", 0.0)
+    assert FaultSpec.parse_all("actor:0@step=2, critic:1@step=3") == (
+        FaultSpec("actor", 0, 2),
+        FaultSpec("critic", 1, 3),
+    )
+    for bad in (
+        "actor1@step=3",
+        "actor:1@step=0",
+        "reward:0@step=2",
+        "actor:-1@step=2",
+        "actor:1@step=2:raise",  # no method
+        "actor:1@step=2:update_actor+0.5:raise",  # a raise has no delay
+        "actor:1@step=2:update_actor+x",
+        "",
+    ):
         with pytest.raises(TrainerConfigError, match="inject_fault"):
-            FaultSpec.parse(bad)
+            FaultSpec.parse_all(bad)
+    with pytest.raises(TrainerConfigError, match="standby must be an int >= 0, got -1"):
+        tiny_config(tmp_path, standby=-1)
+    with pytest.raises(TrainerConfigError, match="standby=1 keeps spare worker processes"):
+        tiny_config(tmp_path, backend="local", workers_per_role=1, standby=1)
+    with pytest.raises(TrainerConfigError, match="keep_checkpoints must be >= 1, got 0"):
+        tiny_config(tmp_path, keep_checkpoints=0)
+    with pytest.raises(TrainerConfigError, match="background_checkpoints must be a bool"):
+        tiny_config(tmp_path, background_checkpoints="yes")
     with pytest.raises(TrainerConfigError, match="this run has no critic"):
         tiny_config(tmp_path, algorithm="grpo", inject_fault="critic:0@step=2")
     with pytest.raises(TrainerConfigError, match="placement='separate'"):
@@ -111,3 +134,47 @@ def test_fault_spec_and_config_errors(tmp_path: Path) -> None:
         tiny_config(tmp_path, workers_per_role=2, inject_fault="actor:2@step=2")
     with pytest.raises(TrainerConfigError, match="max_recoveries must be >= 0, got -1"):
         tiny_config(tmp_path, max_recoveries=-1)
+
+
+def test_a_fault_inside_a_method_recovers_and_a_raised_one_ends_the_run(tmp_path: Path) -> None:
+    """In-process: a kill armed in update_actor reports the rank dead after the update ran;
+    the run recovers and ends as the clean run does. A raised fault is an error, not a
+    death: the run stops with it."""
+    base: dict[str, Any] = {"backend": "local", "steps": 4, "save_every": 2, "val_every": 4}
+    clean = run(tiny_config(tmp_path / "clean", **base))
+    faulty = run(
+        tiny_config(tmp_path / "faulty", inject_fault="actor:0@step=3:update_actor", **base)
+    )
+    _check_recovered(faulty, clean, failed_step=3, from_step=2)
+    with pytest.raises(WorkerError, match="rank 0") as raised:
+        run(
+            tiny_config(
+                tmp_path / "raised", inject_fault="critic:0@step=2:update_critic:raise", **base
+            )
+        )
+    assert isinstance(raised.value, InjectedFaultError)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_checkpoints_complete_and_only_the_newest_are_kept(
+    tmp_path: Path, background: bool
+) -> None:
+    config = tiny_config(
+        tmp_path,
+        backend="local",
+        steps=5,
+        save_every=1,
+        val_every=5,
+        keep_checkpoints=2,
+        background_checkpoints=background,
+    )
+    result = run(config)
+    root = result.output.checkpoint_root
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_4", "global_step_5", "latest"]
+    assert (root / "latest").read_text().strip() == "5"
+    for folder in ("global_step_4", "global_step_5"):
+        step = int(folder.removeprefix("global_step_"))
+        assert published_step(root / folder / "actor") == step
+        assert published_step(root / folder / "critic") == step
+        saved = read_metrics(root / folder / "metrics.jsonl")
+        assert [r["step"] for r in saved] == list(range(step + 1))  # the records up to it

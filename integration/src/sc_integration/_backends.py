@@ -73,10 +73,12 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, num_cpus: int, use_gpu: bool = False) -> None:
+    def __init__(self, num_cpus: int, use_gpu: bool = False, standby: int = 0) -> None:
         self.num_cpus = num_cpus
         #: each worker process gets one GPU (Ray finds the machine's GPUs itself)
         self.use_gpu = use_gpu
+        #: spare actors per worker group, that take over a dead rank (sc_ray's standby)
+        self.standby = standby
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -135,7 +137,10 @@ class RayBackend:
                 f"backend's class_with_init), got {cls!r}"
             )
         group: WorkerGroup[W] = RayWorkerGroup(
-            resource_pool=pool, ray_cls_with_init=cls, worker_env=dict(WORKER_ENV)
+            resource_pool=pool,
+            ray_cls_with_init=cls,
+            worker_env=dict(WORKER_ENV),
+            standby=self.standby,
         )
         return group
 
@@ -184,7 +189,9 @@ def make_backend(config: TrainerConfig) -> WorkerBackend:
                 "(torch.cuda.is_available() is False); use device='cpu'"
             )
     if config.backend == "ray":
-        return RayBackend(config.ray_num_cpus, use_gpu=config.device == "cuda")
+        return RayBackend(
+            config.ray_num_cpus, use_gpu=config.device == "cuda", standby=config.standby
+        )
     if config.backend == "local":
         return LocalBackend()
     raise TrainerConfigError(f"make_backend: unknown backend {config.backend!r}")

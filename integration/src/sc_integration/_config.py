@@ -108,6 +108,8 @@ class TrainerConfig:
     # comma-separated), and how many deaths one run recovers from in place (see _recovery.py)
     inject_fault: str | None = None
     max_recoveries: int = 3
+    # spare worker processes per worker group (Ray), that take over a dead rank at once
+    standby: int = 0
     num_cpus: int | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
 
@@ -193,6 +195,13 @@ class TrainerConfig:
             raise TrainerConfigError(
                 f"{owner}: the local backend runs world size 1 per role on one node, got "
                 f"workers_per_role={self.workers_per_role}, nnodes={self.nnodes}"
+            )
+        if isinstance(self.standby, bool) or not isinstance(self.standby, int) or self.standby < 0:
+            raise TrainerConfigError(f"{owner}.standby must be an int >= 0, got {self.standby!r}")
+        if self.standby and self.backend != "ray":
+            raise TrainerConfigError(
+                f"{owner}: standby={self.standby} keeps spare worker processes, which the "
+                f"{self.backend!r} backend does not have (backend='ray')"
             )
         if not isinstance(self.background_checkpoints, bool):
             raise TrainerConfigError(

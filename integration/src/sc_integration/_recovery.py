@@ -105,7 +105,7 @@ class FaultSpec:
         """``"role:rank@step=N[:method[+seconds]][:kill|raise]"``, e.g. ``"actor:1@step=30"``
         or ``"critic:0@step=3:update_critic+0.2"``."""
         match = _SPEC.match(text.strip()) if isinstance(text, str) else None
-        if match is None:
+        if match is None or match["method"] in FAULT_ACTIONS:  # "actor:1@step=2:raise"
             raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {text!r}")
         action = cast(FaultAction, match["action"] or "kill")
         return cls(
@@ -167,7 +167,7 @@ def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str
         groups = trainer._workers("recover")
         if not _wait_for_dead(groups.owned):
             raise error  # every worker is alive: not a death, nothing to recover from
-        trainer._pending_save = None  # a save in progress is abandoned: it may lack a rank
+        trainer._settle_pending_save()  # complete on disk, or abandoned
         latest = _latest_checkpoint(trainer.output.checkpoint_root)
         if latest is None:  # fit saves one before the first step; someone removed it
             raise TrainerRecoveryError(

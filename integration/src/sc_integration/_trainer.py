@@ -30,6 +30,7 @@ from sc_workers import (
     RolloutWorker,
     WeightSync,
     WeightSyncError,
+    published_step,
 )
 from sc_workers.algos import (
     compute_gae_advantage_return,
@@ -477,6 +478,21 @@ class RayPPOTrainer:
         self.output.prune_checkpoints(self.config.keep_checkpoints)
         logger.info("checkpoint of step %d complete: %s", pending.step, folder)
         return folder
+
+    def _settle_pending_save(self) -> None:
+        """In a recovery, where the workers may be gone: complete the pending checkpoint if
+        every role's rank 0 has published it (its files say so), else abandon it."""
+        pending, self._pending_save = self._pending_save, None
+        if pending is None:
+            return
+        folder = self.output.checkpoint_dir(pending.step)
+        roles = ["actor", "critic"] if self.use_critic else ["actor"]
+        if all(published_step(folder / role) == pending.step for role in roles):
+            self.output.finish_checkpoint(pending.step, pending.state, pending.history)
+            self.output.prune_checkpoints(self.config.keep_checkpoints)
+            logger.info("checkpoint of step %d complete (found on disk)", pending.step)
+        else:
+            logger.warning("the checkpoint of step %d was not complete; abandoned", pending.step)
 
     def _load_checkpoint(self, folder: Path) -> None:
         step = check_resumable(folder, self.config)

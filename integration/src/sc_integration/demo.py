@@ -218,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
         "run); several faults are separated by commas (default: no fault)",
     )
     faults.add_argument(
+        "--standby",
+        type=int,
+        default=d.standby,
+        help="spare worker processes per worker group (ray), started up front, that take "
+        f"over a dead rank without a process start-up (default: {d.standby})",
+    )
+    faults.add_argument(
         "--max-recoveries",
         type=int,
         default=d.max_recoveries,
@@ -271,6 +278,7 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
         model_path=args.model_path,
         device=args.device,
         inject_fault=args.inject_fault,
+        standby=args.standby,
         max_recoveries=args.max_recoveries,
         task=TaskConfig(length=args.task_length, mode=args.task_mode),
     )

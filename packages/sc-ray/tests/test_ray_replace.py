@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 import ray
-from sc_core import InjectedFaultError, Worker, WorkerDiedError, WorkerError, WorkerGroupError
+from sc_core import (
+    InjectedFaultError,
+    InvalidConfigError,
+    Worker,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupError,
+)
 from sc_dispatch import Dispatch, register
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from sc_ray import _ray_api as rapi
@@ -48,13 +55,14 @@ class Member(Worker):
         }
 
 
-def _group(prefix: str) -> RayWorkerGroup:
+def _group(prefix: str, standby: int = 0) -> RayWorkerGroup:
     pool = RayResourcePool([3], use_gpu=False, max_colocate_count=1)
     return RayWorkerGroup(
         pool,
         RayClassWithInitArgs(Member),
         name_prefix=prefix,
         worker_env={"MY_SETTING": "kept"},
+        standby=standby,
     )
 
 
@@ -134,3 +142,36 @@ def test_injected_faults_kill_inside_a_method_or_raise(ray_cluster: None) -> Non
         after = wg.nap(0.0)
         assert after[0] != pids[0]
         assert after[1:] == pids[1:]  # ranks 1 and 2 finished their naps and kept going
+
+
+def test_a_hot_standby_takes_over_and_is_replaced(ray_cluster: None) -> None:
+    with _group("standby", standby=1) as wg:
+        before = wg.identity()
+        wg.wait_for_standby()
+        (spare,) = wg.standby_names
+        _kill_and_wait(wg, 2)
+        assert wg.replace_ranks() == [2]
+        assert wg.worker_names[2] == spare  # the spare became rank 2
+        after = wg.identity()
+        assert after[2]["env"] == before[2]["env"]
+        assert after[2]["pid"] != before[2]["pid"]
+        assert [a["reformed"] for a in after] == [[[2]], [[2]], [[2]]]
+        masters = {a["master"] for a in after}
+        assert len(masters) == 1
+        assert masters != {before[0]["master"]}
+        (second,) = wg.standby_names  # a new spare started in the background
+        assert second != spare
+        wg.wait_for_standby()
+        _kill_and_wait(wg, 0)
+        assert wg.replace_ranks() == [0]
+        assert wg.worker_names[0] == second
+        assert [i["env"]["RANK"] for i in wg.identity()] == ["0", "1", "2"]
+    assert rapi.actor_states()  # the group's close killed the spare too
+    alive = {s.name for s in rapi.actor_states().values() if s.state == "ALIVE"}
+    assert not any(name.startswith("standby") for name in alive)
+
+
+def test_standby_arguments_are_checked(ray_cluster: None) -> None:
+    for bad in (-1, True, 1.5):
+        with pytest.raises(InvalidConfigError, match="standby must be an int >= 0"):
+            _group("standby_bad", standby=bad)  # type: ignore[arg-type]

@@ -5,6 +5,9 @@
 * a constructor keyword ``_sc_env`` whose variables go into ``os.environ`` before the
   worker's own constructor runs (cheaper than a Ray ``runtime_env`` per rank, which would
   start a fresh worker process per distinct environment);
+* a constructor keyword ``_sc_standby`` that builds no worker (a hot standby, see
+  ``_standby.py``), and ``_sc_take_over(env, args, kwargs)``, which later sets the rank's
+  environment and runs the worker's constructor in that process;
 * one *twin* ``_sc_m_<name>`` per registered method (and the fused ``_fuw_execute``): it
   runs the method and turns an exception into a :class:`~sc_core.WorkerError` naming the
   method and the rank (and still an instance of the original exception's class), so that
@@ -35,11 +38,22 @@ from sc_dispatch import get_register_attrs
 from ._futures import row_meta
 from ._wire import ensure_tensordict_wire, is_tensordict
 
-__all__ = ["CALL_METHOD", "ENV_KWARG", "META_METHOD", "TWIN_PREFIX", "actor_class", "twin_names"]
+__all__ = [
+    "CALL_METHOD",
+    "ENV_KWARG",
+    "META_METHOD",
+    "STANDBY_KWARG",
+    "TAKE_OVER_METHOD",
+    "TWIN_PREFIX",
+    "actor_class",
+    "twin_names",
+]
 
 CALL_METHOD = "_sc_call"
 META_METHOD = "_sc_call_with_meta"
 ENV_KWARG = "_sc_env"
+STANDBY_KWARG = "_sc_standby"
+TAKE_OVER_METHOD = "_sc_take_over"
 TWIN_PREFIX = "_sc_m_"
 #: The attribute of an actor class listing the methods that have twins.
 TWINS_ATTR = "_sc_twinned_methods"
@@ -168,15 +182,27 @@ def actor_class(cls: type) -> type:
         namespace[twin.__name__] = twin
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.pop(STANDBY_KWARG, False):
+            return  # a hot standby: the worker is built by _sc_take_over
         env = kwargs.pop(ENV_KWARG, None)
         if env:
             os.environ.update(env)
         cast(Any, cls).__init__(self, *args, **kwargs)
 
+    def _sc_take_over(
+        self: Any, env: Mapping[str, str], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> None:
+        os.environ.update(env)
+        try:
+            cast(Any, cls).__init__(self, *args, **kwargs)
+        except Exception as exc:
+            raise _worker_error(self, "__init__", exc) from exc
+
     namespace.update(
         {
             CALL_METHOD: call,
             META_METHOD: meta,
+            TAKE_OVER_METHOD: _sc_take_over,
             TWINS_ATTR: frozenset(twinned),
             "_sc_framework_class": True,
             "__init__": __init__,

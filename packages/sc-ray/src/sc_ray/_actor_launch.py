@@ -14,6 +14,7 @@ from typing import Any
 from sc_core import InvalidConfigError
 
 from . import _ray_api as rapi
+from ._actor_class import STANDBY_KWARG
 from ._class_with_init import RayClassWithInitArgs, merge_options
 from ._errors import RayResourcePoolError, WorkerEnvError
 from ._resource_pool import BundleSlot, RayResourcePool
@@ -24,8 +25,11 @@ __all__ = [
     "Launched",
     "LaunchSpec",
     "check_worker_env",
+    "create_standby",
     "launch_actors",
+    "rank_env",
     "relaunch_actors",
+    "rendezvous_address",
     "resolve_start_timeout",
 ]
 
@@ -161,18 +165,11 @@ def _prepare(spec: LaunchSpec) -> Any:
     return rapi.remote_class(spec.actor_cls)
 
 
-def _create(
-    spec: LaunchSpec,
-    remote_cls: Any,
-    slot: BundleSlot,
-    rank: int,
-    world: int,
-    addr: str,
-    port: str,
-    name: str,
-) -> rapi.ActorHandle:
-    pool, cia = spec.pool, spec.cia
-    env = {
+def rank_env(
+    spec: LaunchSpec, slot: BundleSlot, rank: int, world: int, addr: str, port: str
+) -> dict[str, str]:
+    """The environment the worker of ``rank`` gets (before the user's ``worker_env``)."""
+    return {
         "WORLD_SIZE": str(world),
         "RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(slot.local_world_size),
@@ -185,6 +182,20 @@ def _create(
         "MASTER_PORT": port,
         **spec.worker_env,
     }
+
+
+def _create(
+    spec: LaunchSpec,
+    remote_cls: Any,
+    slot: BundleSlot,
+    rank: int,
+    world: int,
+    addr: str,
+    port: str,
+    name: str,
+) -> rapi.ActorHandle:
+    pool, cia = spec.pool, spec.cia
+    env = rank_env(spec, slot, rank, world, addr, port)
     share = pool.actor_resources()
     options = cia.actor_options(
         slot.placement_group,
@@ -198,6 +209,27 @@ def _create(
     )
     kwargs = {**cia.kwargs, "_sc_env": env}
     return rapi.create_actor(remote_cls, options, cia.args, kwargs)
+
+
+def create_standby(spec: LaunchSpec, slot: BundleSlot, name: str) -> rapi.ActorHandle:
+    """A spare actor of the group's class on ``slot``'s bundle: its modules imported, no
+    worker built, no resources reserved (see ``_standby.py``)."""
+    options = spec.cia.actor_options(
+        slot.placement_group,
+        slot.bundle_index,
+        use_gpu=False,
+        num_cpus=0,
+        name=name,
+        lifetime="detached" if spec.detached else None,
+    )
+    return rapi.create_actor(_prepare(spec), options, (), {STANDBY_KWARG: True})
+
+
+def rendezvous_address(spec: LaunchSpec, timeout: float) -> tuple[str, str]:
+    """A new rendezvous address: rank 0's node and a free port there (unless the group was
+    given them)."""
+    slots = spec.pool.bundle_slots()
+    return _discover_master(slots[0], spec.master_addr, spec.master_port, timeout)
 
 
 def _slot_name(spec: LaunchSpec, slot: BundleSlot) -> str:

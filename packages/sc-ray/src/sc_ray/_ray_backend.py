@@ -31,10 +31,11 @@ from sc_core import (
 from sc_dispatch import is_future
 
 from . import _ray_api as rapi
-from ._actor_class import CALL_METHOD, META_METHOD, TWIN_PREFIX
-from ._actor_launch import LaunchSpec, relaunch_actors
+from ._actor_class import CALL_METHOD, META_METHOD, TAKE_OVER_METHOD, TWIN_PREFIX
+from ._actor_launch import LaunchSpec, rank_env, relaunch_actors, rendezvous_address
 from ._futures import Deadline, RayFuture, await_with_deadline
 from ._nbytes import estimate_nbytes, is_bulk
+from ._standby import Spare, Standby, take_over_args
 from ._wire import ensure_tensordict_wire, is_tensordict
 
 __all__ = ["RayBackend", "wait_refs"]
@@ -88,6 +89,8 @@ class RayBackend:
         self.release_attached_pgs = release_attached_pgs
         self._probe_timeout = probe_timeout
         self._closed = False
+        #: the group's spare actors (``RayWorkerGroup(standby=N)``), if any
+        self.standby: Standby | None = None
 
     # --- start -----------------------------------------------------------------------------
 
@@ -199,9 +202,11 @@ class RayBackend:
         return rapi.actor_state(self.workers[rank]) != "DEAD"
 
     def replace(self, ranks: Sequence[int], timeout: float) -> ReplacedWorkers:
-        """Kill what is left of the actors of ``ranks`` and create new ones on the same
-        bundles (same environment, a new rendezvous port on rank 0's node), waiting up to
-        ``timeout`` seconds for their constructors; on a failure the new actors are killed."""
+        """Kill what is left of the actors of ``ranks`` and put new ones in their places (same
+        environment, a new rendezvous port on rank 0's node): a spare of the group's standby
+        on the rank's node where there is one, else a new actor on the rank's bundle; waits
+        up to ``timeout`` seconds for their constructors; on a failure the new actors are
+        killed."""
         spec = self._launch
         if spec is None:
             raise WorkerGroupError(
@@ -211,14 +216,38 @@ class RayBackend:
         for rank in ranks:
             rapi.kill(self.workers[rank])
         self._generation += 1
+        slots = spec.pool.bundle_slots()
+        takers: dict[int, Spare] = {}
+        if self.standby is not None:
+            for rank in ranks:
+                spare = self.standby.take(slots[rank].node_index)
+                if spare is not None:
+                    takers[rank] = spare
+        fresh = [r for r in ranks if r not in takers]
         created: dict[int, rapi.ActorHandle] = {}
         try:
-            names, addr, port = relaunch_actors(
-                spec, list(ranks), self._generation, timeout=timeout, created=created
-            )
-            refs = [rapi.ready_ref(created[r]) for r in ranks]
+            if fresh:
+                names, addr, port = relaunch_actors(
+                    spec, fresh, self._generation, timeout=timeout, created=created
+                )
+            else:
+                names = {}
+                addr, port = rendezvous_address(spec, timeout)
+            refs = [rapi.ready_ref(created[r]) for r in fresh]
+            for rank, spare in takers.items():
+                created[rank], names[rank] = spare.actor, spare.name
+                env = rank_env(spec, slots[rank], rank, len(slots), addr, port)
+                devices = self.standby.devices[rank] if self.standby is not None else None
+                refs.append(
+                    rapi.call_actor(
+                        spare.actor,
+                        TAKE_OVER_METHOD,
+                        take_over_args(env, devices, spec.cia.args, spec.cia.kwargs),
+                        {},
+                    )
+                )
             deadline = time.monotonic() + timeout
-            wait_refs(refs, tuple(ranks), "__init__", deadline, timeout, None)
+            wait_refs(refs, (*fresh, *takers), "__init__", deadline, timeout, None)
         except BaseException:
             for worker in created.values():
                 rapi.kill(worker)
@@ -245,6 +274,8 @@ class RayBackend:
                     attached[rapi.placement_group_id(pg)] = pg
         for worker in self.workers:
             rapi.kill(worker)
+        if self.standby is not None:
+            self.standby.close()
         for pg in attached.values():
             rapi.remove_placement_group(pg)
             logger.info(

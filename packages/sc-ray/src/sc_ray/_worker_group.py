@@ -28,6 +28,7 @@ from ._class_with_init import RayClassWithInitArgs
 from ._errors import DetachedWorkerError
 from ._ray_backend import RayBackend, wait_refs
 from ._resource_pool import RayResourcePool
+from ._standby import Standby
 
 __all__ = ["RESERVED_ENV_VARS", "RayWorkerGroup"]
 
@@ -56,6 +57,10 @@ class RayWorkerGroup(WorkerGroup[W]):
     ``SC_WORKER_START_TIMEOUT`` or 300 s) bounds the wait for the constructors. Use the group
     as a context manager, or call :meth:`close` (verl's :meth:`shutdown`), to kill the actors;
     the pool's placement groups are released with the last group that uses the pool.
+
+    ``standby=N`` keeps N spare actors (imports done, no worker built, no resources
+    reserved) on the pool's nodes: :meth:`replace_ranks` turns one into the dead rank
+    without a process start-up, and starts a new spare in the background (``_standby.py``).
     """
 
     def __init__(
@@ -75,8 +80,18 @@ class RayWorkerGroup(WorkerGroup[W]):
         device_name: str | None = None,
         default_timeout: float | None = None,
         start_timeout: float | None = None,
+        standby: int = 0,
     ) -> None:
         super().__init__(resource_pool, name_prefix=name_prefix, default_timeout=default_timeout)
+        if isinstance(standby, bool) or not isinstance(standby, int) or standby < 0:
+            raise InvalidConfigError(
+                f"RayWorkerGroup: standby must be an int >= 0, got {standby!r}"
+            )
+        if standby and resource_pool is None:
+            raise InvalidConfigError(
+                "RayWorkerGroup: standby needs a resource_pool to start spare actors in; a "
+                "group attached to detached actors has none"
+            )
         if ray_cls_with_init is not None and not isinstance(
             ray_cls_with_init, RayClassWithInitArgs
         ):
@@ -104,6 +119,7 @@ class RayWorkerGroup(WorkerGroup[W]):
             )
         self.sub_cls_name = ""
         self._launch: LaunchSpec | None = None
+        self._standby: Standby | None = None
         actor_cls = None if ray_cls_with_init is None else actor_class(ray_cls_with_init.worker_cls)
         if resource_pool is None:
             self._init_with_detached_workers(worker_names, worker_handles)
@@ -118,7 +134,7 @@ class RayWorkerGroup(WorkerGroup[W]):
                     "RayWorkerGroup: a resource_pool needs ray_cls_with_init (the worker class)"
                 )
             self._init_with_resource_pool(
-                resource_pool, ray_cls_with_init, actor_cls, master_addr, master_port
+                resource_pool, ray_cls_with_init, actor_cls, master_addr, master_port, standby
             )
         backend = RayBackend(
             self.name_prefix,
@@ -130,6 +146,7 @@ class RayWorkerGroup(WorkerGroup[W]):
             names=self._worker_names,
         )
         self._ray = backend
+        backend.standby = self._standby
         self._attach_backend(backend, pool_acquired=True)
         if ray_cls_with_init is not None:
             self._bind_worker_method(ray_cls_with_init.worker_cls)
@@ -143,6 +160,7 @@ class RayWorkerGroup(WorkerGroup[W]):
         actor_cls: type,
         master_addr: str | None,
         master_port: int | str | None,
+        standby: int,
     ) -> None:
         strategy = "STRICT_PACK" if self._bin_pack else "PACK"
         pool.get_placement_groups(strategy=strategy, device_name=self.device_name)
@@ -169,6 +187,8 @@ class RayWorkerGroup(WorkerGroup[W]):
             deadline = rapi.monotonic() + self._start_timeout
             ranks = tuple(range(len(refs)))
             wait_refs(refs, ranks, "__init__", deadline, self._start_timeout, None)
+            if standby:
+                self._standby = Standby(spec, standby, self._workers)
         except BaseException:
             for worker in created:
                 rapi.kill(worker)
@@ -240,6 +260,25 @@ class RayWorkerGroup(WorkerGroup[W]):
     @property
     def master_port(self) -> str | None:
         return self._master_port
+
+    @property
+    def standby_names(self) -> list[str]:
+        """The Ray actor names of the spare actors waiting to take over a rank
+        (``standby=N``; see ``_standby.py``)."""
+        standby = self._ray.standby
+        return [] if standby is None else [spare.name for spare in standby.spares]
+
+    def wait_for_standby(self, timeout: float | None = None) -> None:
+        """Wait until every spare actor has started (its modules imported), up to
+        ``timeout`` seconds (default: the group's start timeout); spares start in the
+        background, and a replacement does not need them started."""
+        standby = self._ray.standby
+        if standby is None:
+            return
+        limit = self._start_timeout if timeout is None else timeout
+        refs = standby.refs()
+        ranks = tuple(range(len(refs)))
+        wait_refs(refs, ranks, "standby __init__", rapi.monotonic() + limit, limit, None)
 
     def alive_ranks(self) -> list[int]:
         """The ranks whose actors are alive now (asks the cluster)."""

@@ -48,7 +48,14 @@ from ._settings import SETTINGS
 from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
 from .models import HFCausalLM, HFValueModel, TinyCausalLM, load_hf_tokenizer
 from .sync import WeightSync
-from .workers import ROLES, ActorRolloutRefWorker, CriticWorker, RolloutWorker, export_hf_checkpoint
+from .workers import (
+    ROLES,
+    ActorRolloutRefWorker,
+    CriticWorker,
+    RolloutWorker,
+    export_hf_checkpoint,
+    published_step,
+)
 
 __version__ = "0.1.0"
 
@@ -92,6 +99,7 @@ __all__ = [
     "WorkersError",
     "__version__",
     "export_hf_checkpoint",
+    "published_step",
     "hf_model_config",
     "hf_worker_configs",
     "load_hf_tokenizer",

@@ -1,7 +1,7 @@
 """Workers: the actor/rollout/reference worker, the critic worker and the rollout worker."""
 
 from ._actor import ROLES, ActorRolloutRefWorker
-from ._checkpoint import export_hf_checkpoint
+from ._checkpoint import export_hf_checkpoint, published_step
 from ._critic import CriticWorker
 from ._rollout import RolloutWorker
 from ._sampling import SamplingParams, filter_logits
@@ -13,5 +13,6 @@ __all__ = [
     "RolloutWorker",
     "SamplingParams",
     "export_hf_checkpoint",
+    "published_step",
     "filter_logits",
 ]

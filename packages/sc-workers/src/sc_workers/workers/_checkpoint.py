@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "published_checkpoint",
+    "published_step",
     "capture_rng",
     "export_hf_checkpoint",
     "load_engine_checkpoint",
@@ -149,6 +150,20 @@ def published_checkpoint(local_path: str | os.PathLike[str]) -> Path | None:
     if (root / "meta.json").is_file():
         return root
     return None
+
+
+def published_step(local_path: str | os.PathLike[str]) -> int | None:
+    """The global step of the checkpoint published in ``local_path`` (what a load would
+    read), or ``None`` when it holds none. A driver uses it to learn, from the filesystem
+    alone, that a background save has completed even when it cannot ask the workers."""
+    root = published_checkpoint(local_path)
+    if root is None:
+        return None
+    try:
+        meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+        return int(meta["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _fsync_dir(path: Path) -> None:
