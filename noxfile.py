@@ -48,6 +48,10 @@ OLDEST_PYTHON = SUPPORTED_PYTHONS[0]
 with open(os.path.join(ROOT, ".python-version"), encoding="utf-8") as _fh:
     WORKSPACE_PYTHON = _fh.read().strip()
 OTHER_PYTHONS = [v for v in SUPPORTED_PYTHONS if v not in (OLDEST_PYTHON, WORKSPACE_PYTHON)]
+#: packages whose pythons session runs on the newest Python only: they sit on torch and Ray
+#: (whose wheels carry the version differences), which the oldest, the workspace's and the
+#: newest Python already test; a middle version adds a minute of CI for little
+MIDDLE_PYTHONS_SKIP = frozenset({"sc-protocol", "sc-ray", "sc-workers"})
 #: what lowest(<dist>) and pythons-<version>(<dist>) run: pytest arguments relative to the
 #: package's tests/ folder. By default the tests not marked slow; for sc-ray (whose tests start
 #: Ray clusters) the cluster-free module and two tests of calls and their errors on actors;
@@ -223,7 +227,13 @@ def lowest(session: nox.Session, dist: str) -> None:
 @nox.session(python=OTHER_PYTHONS, tags=["pythons", "guards"])
 @nox.parametrize("dist", [nox.param(dist, id=dist) for dist in PACKAGES])
 def pythons(session: nox.Session, dist: str) -> None:
-    """The package's quick tests on each other supported Python, from the lock."""
+    """The package's quick tests on each other supported Python, from the lock (the packages
+    built on torch and Ray on the newest only: see ``MIDDLE_PYTHONS_SKIP``)."""
+    if session.python != SUPPORTED_PYTHONS[-1] and dist in MIDDLE_PYTHONS_SKIP:
+        session.skip(
+            f"{dist} runs on {OLDEST_PYTHON} (lowest), {WORKSPACE_PYTHON} (tests) and "
+            f"{SUPPORTED_PYTHONS[-1]}; between them only the pure-Python packages run"
+        )
     extras = [arg for extra in TEST_EXTRAS.get(dist, []) for arg in ("--extra", extra)]
     _sync(session, "--package", dist, "--group", "test", *extras)
     session.run("pytest", *_quick_tests(dist), *session.posargs, env={"SC_ISOLATED_PACKAGE": dist})

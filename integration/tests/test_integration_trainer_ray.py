@@ -86,15 +86,6 @@ def test_resume_refuses_a_checkpoint_of_another_shape(ppo_dp2: RunResult, tmp_pa
         TaskRunner(done).run()
 
 
-def test_separate_pools_give_the_same_numbers_as_colocated(
-    ppo_dp1: RunResult, tmp_path: Path
-) -> None:
-    separate = run(tiny_config(tmp_path, colocate=False))
-    assert_same_metrics(
-        read_metrics(separate.output.metrics_path), read_metrics(ppo_dp1.output.metrics_path)
-    )
-
-
 def test_local_backend_agrees_with_ray_at_world_size_1(ppo_dp1: RunResult, tmp_path: Path) -> None:
     local = run(tiny_config(tmp_path, backend="local"))
     assert_same_metrics(

@@ -1,12 +1,14 @@
 """Publishing a checkpoint is atomic: a process killed at any step of a save leaves a
 loadable checkpoint at the path -- the previous one or the new one, never none -- and the
-next save cleans up after it. Each kill happens in a child process, at the k-th filesystem
-change the save makes (the test patches ``os`` in the child; the library has no test hooks).
+next save cleans up after it. Each kill happens in a process forked from a child, at the
+k-th filesystem change the save makes (the test patches ``os`` in the fork; the library has
+no test hooks).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,10 +23,12 @@ from sc_workers.workers._checkpoint import published_checkpoint
 
 HERE = Path(__file__).resolve().parent
 
-# Save at step 2 over a checkpoint of step 1, dying at the k-th call of one of these.
+# One child process builds the worker once, then forks once per job: the fork saves at step 2
+# over a checkpoint of step 1, dying at the k-th call of one of the patched functions (the
+# patches are made in the fork only). It prints the fork's exit status per job.
 _CHILD = textwrap.dedent(
     """
-    import os, shutil, signal, sys
+    import json, os, shutil, signal, sys
     sys.path.insert(0, {here!r})
     os.environ.update(WORLD_SIZE="1", RANK="0")
     from _workers_helpers import critic_config
@@ -32,22 +36,29 @@ _CHILD = textwrap.dedent(
 
     worker = CriticWorker(critic_config())
     worker.init_model()
-    kill_at = int(sys.argv[1])
-    calls = [0]
+    statuses = {{}}
+    for kill_at, path in json.loads(sys.argv[1]):
+        pid = os.fork()
+        if pid == 0:
+            calls = [0]
 
-    def deadly(real):
-        def wrapper(*args, **kwargs):
-            calls[0] += 1
-            if calls[0] == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real(*args, **kwargs)
-        return wrapper
+            def deadly(real):
+                def wrapper(*args, **kwargs):
+                    calls[0] += 1
+                    if calls[0] == kill_at:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return real(*args, **kwargs)
+                return wrapper
 
-    for module, name in ((os, "replace"), (os, "rename"), (os, "mkdir"), (os, "unlink"),
-                         (os, "rmdir"), (shutil, "rmtree")):
-        setattr(module, name, deadly(getattr(module, name)))
-    worker.save_checkpoint(sys.argv[2], global_step=2)
-    print("CALLS", calls[0])
+            for module, name in ((os, "replace"), (os, "rename"), (os, "mkdir"),
+                                 (os, "unlink"), (os, "rmdir"), (shutil, "rmtree")):
+                setattr(module, name, deadly(getattr(module, name)))
+            worker.save_checkpoint(path, global_step=2)
+            print("CALLS", calls[0], flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        statuses[kill_at] = status
+    print("STATUSES", json.dumps(statuses), flush=True)
     """
 )
 
@@ -59,13 +70,20 @@ def _step_of(path: Path) -> int:
     return step
 
 
-def _start_child(kill_at: int, path: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", _CHILD.format(here=str(HERE)), str(kill_at), str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+def _run_child(jobs: list[tuple[int, Path]]) -> tuple[str, dict[int, int]]:
+    """Run the jobs (kill at the k-th call, save to the path); the child's output and the
+    wait status of each job's fork."""
+    spec = json.dumps([[k, str(p)] for k, p in jobs])
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(here=str(HERE)), spec],
+        capture_output=True,
         text=True,
+        timeout=300,
+        check=False,
     )
+    assert done.returncode == 0, done.stderr
+    statuses = json.loads(done.stdout.split("STATUSES")[-1])
+    return done.stdout, {int(k): int(v) for k, v in statuses.items()}
 
 
 @pytest.fixture(autouse=True)
@@ -80,23 +98,20 @@ def test_a_save_killed_at_any_step_leaves_the_old_or_the_new_checkpoint(
 ) -> None:
     worker = CriticWorker(critic_config())
     worker.init_model()
-    base = tmp_path / "base"
-    worker.save_checkpoint(str(base), global_step=1)
     # How many filesystem changes does an undisturbed save make?
     probe = tmp_path / "probe"
     worker.save_checkpoint(str(probe), global_step=1)
-    probe_child = _start_child(10**6, probe)
-    out, err = probe_child.communicate(timeout=300)
-    assert probe_child.returncode == 0, err
-    total = int(out.split("CALLS")[-1])
+    out, statuses = _run_child([(10**6, probe)])
+    assert statuses == {10**6: 0}, out
+    total = int(out.split("CALLS")[-1].split()[0])
     assert total >= 6  # mkdir, pointer files, rename, cleanup: every step gets a kill
     paths = {k: tmp_path / f"kill{k}" for k in range(1, total + 1)}
     for path in paths.values():
         worker.save_checkpoint(str(path), global_step=1)
-    children = {k: _start_child(k, path) for k, path in paths.items()}  # in parallel
-    for kill_at, child in children.items():
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == -signal.SIGKILL, (kill_at, out, err)
+    _, statuses = _run_child(list(paths.items()))
+    for kill_at in paths:
+        assert os.WIFSIGNALED(statuses[kill_at]), (kill_at, statuses[kill_at])
+        assert os.WTERMSIG(statuses[kill_at]) == signal.SIGKILL, kill_at
     seen: set[int] = set()
     for kill_at, path in paths.items():
         step = _step_of(path)
