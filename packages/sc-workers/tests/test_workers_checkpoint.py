@@ -189,16 +189,18 @@ def test_checkpoint_of_another_model_is_rejected(tmp_path: Path) -> None:
 def test_a_background_save_holds_the_state_of_when_it_was_called(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
+    """A CPU engine's background save writes the live tensors: the next update must wait
+    until they are written. The write is held back 0.5 s; an update that did not wait would
+    change the weights under it, and the checkpoint would hold the later state."""
+    import time
 
-    trained_on = threading.Event()
     real_save = torch.save
 
-    def save_after_training(obj: object, f: object) -> None:
-        assert trained_on.wait(60)  # the write starts only after the next update changed it all
+    def slow_save(obj: object, f: object) -> None:
+        time.sleep(0.5)
         real_save(obj, f)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch, "save", save_after_training)
+    monkeypatch.setattr(torch, "save", slow_save)
     path = str(tmp_path / "actor")
     a = ActorRolloutRefWorker(_config(), "actor_rollout")
     a.init_model()
@@ -206,8 +208,7 @@ def test_a_background_save_holds_the_state_of_when_it_was_called(
     a.generate_sequences(_prompts())
     a.save_checkpoint(path, global_step=1, background=True)
     assert a.wait_checkpoint(timeout=0) is False  # the thread is still writing
-    expected = _finish(a)  # training goes on while the thread writes
-    trained_on.set()
+    expected = _finish(a)  # the update inside waits for the write
     assert a.wait_checkpoint() is True
     monkeypatch.setattr(torch, "save", real_save)
     assert a.wait_checkpoint(timeout=0) is True  # nothing pending any more

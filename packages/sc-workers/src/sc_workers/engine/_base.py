@@ -280,13 +280,15 @@ class Engine(ABC):
         state = get_model_state_dict(self.module, options=options)
         return {name: value for name, value in state.items() if isinstance(value, Tensor)}
 
-    def local_state_dict(self) -> dict[str, Any]:
+    def local_state_dict(self, copy: bool = True) -> dict[str, Any]:
         """This rank's shards of the model, optimizer and schedule, as plain CPU tensors.
 
         ``model_chunks`` records, per parameter, the full shape and where this rank's block
-        starts, so that an offline export can reassemble full tensors.
+        starts, so that an offline export can reassemble full tensors. With ``copy=False``
+        tensors already on the CPU are the live ones (views, no copy): the caller must be
+        done with them before the next update changes them.
         """
-        return local_state_dict(self.module, self.optimizer, self.lr_scheduler)
+        return local_state_dict(self.module, self.optimizer, self.lr_scheduler, copy)
 
     def load_local_state_dict(self, state: dict[str, Any], source: str) -> None:
         """Restore what :meth:`local_state_dict` returned; names and shapes must match."""

@@ -35,20 +35,24 @@ def _local(t: Tensor) -> Tensor:
 
 
 def local_state_dict(
-    module: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: LambdaLR | None
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: LambdaLR | None,
+    copy: bool = True,
 ) -> dict[str, Any]:
     """See :meth:`sc_workers.Engine.local_state_dict`."""
+
+    def cpu(t: Tensor) -> Tensor:
+        return t.to("cpu", copy=copy)
+
     params = dict(module.named_parameters())
-    model = {name: _local(p.detach()).to("cpu", copy=True) for name, p in params.items()}
+    model = {name: cpu(_local(p.detach())) for name, p in params.items()}
     chunks = {name: chunk_of(p) for name, p in params.items()}
     state: dict[str, Any] = {"model": model, "model_chunks": chunks}
     if optimizer is not None and scheduler is not None:
         optim = optimizer.state_dict()
         optim["state"] = {
-            idx: {
-                k: (_local(v).to("cpu", copy=True) if isinstance(v, Tensor) else v)
-                for k, v in entry.items()
-            }
+            idx: {k: (cpu(_local(v)) if isinstance(v, Tensor) else v) for k, v in entry.items()}
             for idx, entry in optim["state"].items()
         }
         state["optim"] = optim

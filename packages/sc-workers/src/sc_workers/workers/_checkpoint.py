@@ -31,6 +31,7 @@ a ``save_pretrained`` directory without a process group.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ import random
 import re
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -234,7 +236,10 @@ def save_engine_checkpoint(
     _barrier()
     if layout.rank != 0:
         tmp = root / (root / PENDING).read_text(encoding="utf-8").strip()
-    state = engine.local_state_dict()  # CPU copies: training may go on while they are written
+    # A background save of a CPU engine writes the live tensors (no copy of the whole state):
+    # the worker's next update waits until this rank's file is written. Elsewhere the move
+    # to the CPU is the copy.
+    state = engine.local_state_dict(copy=not (background and engine.device.type == "cpu"))
     state["rng"] = capture_rng(engine.device)
     state["extra"] = extra
     meta = _meta(engine, global_step) if layout.rank == 0 else None
@@ -243,8 +248,9 @@ def save_engine_checkpoint(
     if background:
         from ._checkpoint_background import BackgroundSave, wait_for_files
 
-        def write(cancel: threading.Event) -> None:
+        def write(cancel: threading.Event, written: threading.Event) -> None:
             _write_shard(state, tmp, layout.rank, layout.world_size)
+            written.set()
             if meta is not None:
                 expected = {_rank_file(r, layout.world_size) for r in range(layout.world_size)}
                 wait_for_files(tmp, expected, PG_TIMEOUT.get(worker_environ()), cancel, where)
@@ -283,10 +289,32 @@ def _meta(engine: Engine, global_step: int) -> dict[str, Any]:
     return meta
 
 
+#: torch's save settings are process-wide: one shard write at a time changes them
+_SAVE_SETTINGS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _without_crc32() -> Iterator[None]:
+    """``torch.save`` without the CRC32 of every zip record, about two thirds of its CPU time
+    on large tensors (CPU a background save takes from training): a shard's completeness
+    comes from the atomic publish, and the files load as usual."""
+    import torch.utils.serialization
+
+    save_config = torch.utils.serialization.config
+    with _SAVE_SETTINGS_LOCK:
+        before = save_config.save.compute_crc32
+        save_config.save.compute_crc32 = False
+        try:
+            yield
+        finally:
+            save_config.save.compute_crc32 = before
+
+
 def _write_shard(state: dict[str, Any], tmp: Path, rank: int, world: int) -> None:
     name = _rank_file(rank, world)
     partial = tmp / (name + ".partial")
-    torch.save(state, partial)
+    with _without_crc32():
+        torch.save(state, partial)
     os.replace(partial, tmp / name)
 
 

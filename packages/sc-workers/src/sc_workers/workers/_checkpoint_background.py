@@ -1,10 +1,12 @@
 """Checkpoints written in the background of training.
 
-``save_checkpoint(..., background=True)`` takes this rank's state as CPU copies (the model
-shards, optimizer state, schedule, RNG states: :meth:`Engine.local_state_dict` copies
-already), and returns; a thread of the worker process writes the copy into the version that
-rank 0 opened, and rank 0's thread publishes the version once every rank's file is there.
-Training goes on meanwhile: the step pays for the copy, not for the disk.
+``save_checkpoint(..., background=True)`` takes this rank's state (the model shards,
+optimizer state, schedule, RNG states) and returns; a thread of the worker process writes it
+into the version that rank 0 opened, and rank 0's thread publishes the version once every
+rank's file is there. Training goes on meanwhile. On a GPU the state is first copied to CPU
+memory (the step pays for that copy, not for the disk); a CPU engine's tensors are written
+as they are, without a copy, and the worker's next update waits until this rank's file is
+written before it changes them (:meth:`BackgroundSave.wait_written`).
 
 The writer threads use no collective (a collective issued from a second thread would race
 the training's own collectives on the same process group): each rank's file appears through
@@ -64,14 +66,20 @@ def wait_for_files(
 class BackgroundSave:
     """One rank's share of a checkpoint being written by a thread.
 
-    ``write(cancel)`` runs on the thread; what it raises is kept and raised by :meth:`wait`
-    as a :class:`CheckpointError` naming ``where``.
+    ``write(cancel, written)`` runs on the thread and sets ``written`` once this rank's file
+    is written; what it raises is kept and raised by :meth:`wait` as a
+    :class:`CheckpointError` naming ``where``.
     """
 
-    def __init__(self, where: str, step: int, write: Callable[[threading.Event], Any]) -> None:
+    def __init__(
+        self, where: str, step: int, write: Callable[[threading.Event, threading.Event], Any]
+    ) -> None:
         self.where = where
         self.step = step
         self._cancel = threading.Event()
+        #: set once this rank's file is written (or the write failed): the live tensors it
+        #: reads may change after that
+        self._written = threading.Event()
         self._error: BaseException | None = None
         self._write = write
         self._thread = threading.Thread(
@@ -81,11 +89,18 @@ class BackgroundSave:
 
     def _run(self) -> None:
         try:
-            self._write(self._cancel)
+            self._write(self._cancel, self._written)
         except _SaveCancelled:
             logger.info("%s: the background save of step %d was cancelled", self.where, self.step)
         except BaseException as exc:  # kept for wait(), which raises it on the caller's thread
             self._error = exc
+        finally:
+            self._written.set()
+
+    def wait_written(self) -> None:
+        """Return once this rank's file is written (or its write failed): from then on the
+        state it wrote may change. Errors are left for :meth:`wait`."""
+        self._written.wait()
 
     def done(self) -> bool:
         """Whether the thread has finished (written, failed or cancelled)."""

@@ -53,6 +53,8 @@ class WorkerBase(Worker):
         differ between updates yet replay exactly after a resume.
         """
         seed = data_loader_seed * 1_000_003 + self._update_steps
+        if self._pending_save is not None:  # it may be writing the tensors this update changes
+            self._pending_save.wait_written()
         with engine.on_device(with_optimizer=True):
             lr = engine.get_lr()
             metrics = step(seed)
