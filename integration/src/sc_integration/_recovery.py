@@ -152,9 +152,10 @@ def inject(group: WorkerGroup[Any], fault: FaultSpec) -> None:
 
 def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str, Any]:
     """Bring ``trainer``'s workers back after ``error`` (a death during ``step``) and restore
-    the newest checkpoint (or start again from step 0 before the first one); returns the
+    the newest complete checkpoint (``fit`` saved one before its first step); returns the
     ``recovery/*`` metrics. Raises :class:`TrainerRecoveryError` (from ``error``) when the run
-    may not recover (``max_recoveries`` reached), and ``error`` itself when no worker died."""
+    may not recover (``max_recoveries`` reached, or no checkpoint left), and ``error`` itself
+    when no worker died."""
     cfg = trainer.config
     done = trainer.recoveries
     if done >= cfg.max_recoveries:
