@@ -40,6 +40,14 @@ def _positive(owner: str, **values: int | float) -> None:
             raise TrainerConfigError(f"{owner}.{name} must be > 0, got {value!r}")
 
 
+def _int_at_least(owner: str, name: str, value: object, minimum: int) -> None:
+    """``value`` (field ``name``) must be an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainerConfigError(f"{owner}.{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise TrainerConfigError(f"{owner}.{name} must be >= {minimum}, got {value}")
+
+
 def _non_negative(owner: str, **values: int | float) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not value >= 0:
@@ -123,10 +131,7 @@ class TrainerConfig:
             raise TrainerConfigError(
                 f"{owner}.placement must be one of {PLACEMENTS}, got {self.placement!r}"
             )
-        if isinstance(self.rollout_tp, bool) or not isinstance(self.rollout_tp, int):
-            raise TrainerConfigError(f"{owner}.rollout_tp must be an int, got {self.rollout_tp!r}")
-        if self.rollout_tp < 1:
-            raise TrainerConfigError(f"{owner}.rollout_tp must be >= 1, got {self.rollout_tp}")
+        _int_at_least(owner, "rollout_tp", self.rollout_tp, 1)
         if self.rollout_tp > 1 and self.placement != "separate":
             raise TrainerConfigError(
                 f"{owner}: rollout_tp={self.rollout_tp} needs placement='separate' (a colocated "
@@ -208,22 +213,8 @@ class TrainerConfig:
                 f"{owner}.background_checkpoints must be a bool, got "
                 f"{self.background_checkpoints!r}"
             )
-        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int):
-            raise TrainerConfigError(
-                f"{owner}.keep_checkpoints must be an int, got {self.keep_checkpoints!r}"
-            )
-        if self.keep_checkpoints < 1:
-            raise TrainerConfigError(
-                f"{owner}.keep_checkpoints must be >= 1, got {self.keep_checkpoints}"
-            )
-        if isinstance(self.max_recoveries, bool) or not isinstance(self.max_recoveries, int):
-            raise TrainerConfigError(
-                f"{owner}.max_recoveries must be an int, got {self.max_recoveries!r}"
-            )
-        if self.max_recoveries < 0:
-            raise TrainerConfigError(
-                f"{owner}.max_recoveries must be >= 0, got {self.max_recoveries}"
-            )
+        _int_at_least(owner, "keep_checkpoints", self.keep_checkpoints, 1)
+        _int_at_least(owner, "max_recoveries", self.max_recoveries, 0)
         for fault in self.faults:
             if fault.role == "critic" and not self.uses_critic:
                 raise TrainerConfigError(

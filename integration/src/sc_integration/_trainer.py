@@ -474,6 +474,11 @@ class RayPPOTrainer:
         if not all(done):
             return None
         self._pending_save = None
+        return self._complete_save(pending)
+
+    def _complete_save(self, pending: _PendingSave) -> Path:
+        """Write the trainer's part of ``pending`` (its workers are done) and keep only the
+        newest ``config.keep_checkpoints``."""
         folder = self.output.finish_checkpoint(pending.step, pending.state, pending.history)
         self.output.prune_checkpoints(self.config.keep_checkpoints)
         logger.info("checkpoint of step %d complete: %s", pending.step, folder)
@@ -488,9 +493,7 @@ class RayPPOTrainer:
         folder = self.output.checkpoint_dir(pending.step)
         roles = ["actor", "critic"] if self.use_critic else ["actor"]
         if all(published_step(folder / role) == pending.step for role in roles):
-            self.output.finish_checkpoint(pending.step, pending.state, pending.history)
-            self.output.prune_checkpoints(self.config.keep_checkpoints)
-            logger.info("checkpoint of step %d complete (found on disk)", pending.step)
+            self._complete_save(pending)  # found published on disk
         else:
             logger.warning("the checkpoint of step %d was not complete; abandoned", pending.step)
 

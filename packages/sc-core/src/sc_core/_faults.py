@@ -87,6 +87,9 @@ class ArmedFault:
 def take_fault(worker: object, method_name: str, args: tuple[object, ...]) -> ArmedFault | None:
     """The fault armed on ``worker`` for the method a call starts (disarmed), else ``None``;
     for a fused worker's ``_fuw_execute``, the method it names. Backends call it."""
+    armed = getattr(worker, "__dict__", {}).get("_sc_armed_faults")
+    if not armed:  # every call asks: nothing armed costs one dict lookup
+        return None
     take = getattr(worker, "_sc_take_fault", None)
     if take is None:
         return None

@@ -247,7 +247,7 @@ def _create_slots(
     in ``created`` at once; returns their names and the rendezvous address (rank 0's node
     and a free port there, unless the group was given them)."""
     slots = spec.pool.bundle_slots()
-    addr, port = _discover_master(slots[0], spec.master_addr, spec.master_port, timeout)
+    addr, port = rendezvous_address(spec, timeout)
     remote_cls = _prepare(spec)
     names = {}
     for rank in ranks:
