@@ -68,6 +68,9 @@ class BatchAdapter:
     def auto_padding(self, obj: Batch) -> bool:
         return obj.auto_pad
 
+    def take(self, obj: Batch, positions: Sequence[int]) -> Batch:
+        return Batch([obj.rows[i] for i in positions], obj.auto_pad)
+
 
 register_shardable(Batch, BatchAdapter())
 

@@ -50,6 +50,7 @@ from ._errors import (
     UnknownMeshError,
     UnknownMethodError,
     UnknownRoleError,
+    UnsupportedCallError,
     VisibleDevicesError,
     WorkerDiedError,
     WorkerEnvironmentError,
@@ -62,6 +63,7 @@ from ._future import LazyFuture
 from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
 from ._pool_manager import ResourcePoolManager
 from ._resource import ClassWithInitArgs, ResourcePool
+from ._schedule import StreamingBackend
 from ._settings import SETTINGS, TRACE_FILE
 from ._spans import (
     CallSpan,
@@ -73,6 +75,7 @@ from ._spans import (
     driver_span,
     remove_span_observer,
 )
+from ._stream import CallStream
 from ._worker import (
     RESERVED_WORKER_ATTRS,
     DistGlobalInfo,
@@ -95,6 +98,7 @@ __all__ = [
     "BackendNotImplementedError",
     "Call",
     "CallOptions",
+    "CallStream",
     "CallSpan",
     "CallHandle",
     "CallTimeoutError",
@@ -115,6 +119,7 @@ __all__ = [
     "MeshRegistrationError",
     "MethodCollisionError",
     "MethodProxy",
+    "StreamingBackend",
     "MissingEnvironmentError",
     "PhaseRecord",
     "PhaseStats",
@@ -132,6 +137,7 @@ __all__ = [
     "SpanRecorder",
     "UnknownMeshError",
     "UnknownMethodError",
+    "UnsupportedCallError",
     "UnknownRoleError",
     "VisibleDevicesError",
     "Worker",

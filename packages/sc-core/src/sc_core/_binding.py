@@ -24,6 +24,7 @@ from sc_dispatch import (
 from ._call import CallOptions, check_timeout
 from ._errors import ConfigTypeError, MethodCollisionError
 from ._pipeline import run_call
+from ._stream import CallStream, run_planned
 
 if TYPE_CHECKING:
     from ._worker_group import WorkerGroup
@@ -44,7 +45,8 @@ KEEP = _Keep.KEEP
 class MethodProxy(Generic[P, R]):
     """A worker method bound on a worker group: calling it runs the distributed call.
 
-    ``proxy.options(timeout=..., blocking=...)`` returns a proxy with per-call overrides.
+    ``proxy.options(timeout=..., blocking=..., in_order=...)`` returns a proxy with per-call
+    overrides; ``proxy.stream(...)`` runs the call and yields its shards as they finish.
     ``method_name`` is the name the workers run; ``__name__`` the name on the group (they
     differ for the plain-name aliases of :meth:`WorkerGroup.spawn`).
     """
@@ -69,13 +71,27 @@ class MethodProxy(Generic[P, R]):
         self.__doc__ = doc
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self.spec.scheduled:
+            return cast("R", run_planned(self._group, self, args, kwargs))
         return cast("R", run_call(self._group, self, args, kwargs))
+
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> CallStream[R]:
+        """Run the call and yield ``(rows, shard)`` as each shard finishes: ``rows`` are
+        the positions of the shard's rows in the input batch, ``shard`` the method's output
+        for them (padding dropped). Completion order, or input order after
+        ``.options(in_order=True)``; ``.result()`` on the stream joins every shard, as a
+        blocking call does. Needs a mode that cuts the batch into units
+        (:class:`~sc_core.UnsupportedCallError` otherwise); the call's timeout covers the
+        whole stream, and a worker failure raises the blocking call's typed error."""
+        in_order = self.call_options.in_order
+        return CallStream(self._group, self, args, kwargs, in_order=in_order)
 
     @overload
     def options(
         self,
         *,
         timeout: float | _Keep | None = KEEP,
+        in_order: bool | _Keep = KEEP,
         blocking: Literal[True] | _Keep = KEEP,
     ) -> MethodProxy[P, R]: ...
 
@@ -84,6 +100,7 @@ class MethodProxy(Generic[P, R]):
         self,
         *,
         timeout: float | _Keep | None = KEEP,
+        in_order: bool | _Keep = KEEP,
         blocking: bool | _Keep | None = KEEP,
     ) -> MethodProxy[P, Any]: ...
 
@@ -91,10 +108,12 @@ class MethodProxy(Generic[P, R]):
         self,
         *,
         timeout: float | _Keep | None = KEEP,
+        in_order: bool | _Keep = KEEP,
         blocking: bool | _Keep | None = KEEP,
     ) -> MethodProxy[P, Any]:
         """A proxy whose calls use ``timeout`` seconds (``None``: no limit) and ``blocking``
-        instead of the defaults; arguments left out keep their current setting.
+        instead of the defaults, and whose streams yield in input order when ``in_order``;
+        arguments left out keep their current setting.
 
         For the type checker the proxy keeps its result type unless ``blocking`` may be
         false (``blocking=False`` or ``None``, which restores the registered default):
@@ -110,6 +129,13 @@ class MethodProxy(Generic[P, R]):
                     f"got {type(blocking).__qualname__} {blocking!r}"
                 )
             opts = replace(opts, blocking=blocking)
+        if in_order is not KEEP:
+            if not isinstance(in_order, bool):
+                raise ConfigTypeError(
+                    f"{where}: in_order must be a bool, "
+                    f"got {type(in_order).__qualname__} {in_order!r}"
+                )
+            opts = replace(opts, in_order=in_order)
         return self.rebind(self._group, self.__name__, opts)
 
     def rebind(

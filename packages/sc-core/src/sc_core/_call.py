@@ -38,12 +38,15 @@ class CallOptions:
     """Per-call overrides set with ``proxy.options(...)``.
 
     ``timeout`` applies only when ``has_timeout`` (``None`` then means no deadline), else the
-    group's ``default_timeout`` does; ``blocking=None`` keeps the method's registered value.
+    group's ``default_timeout`` does; ``blocking=None`` keeps the method's registered value;
+    ``in_order`` makes ``proxy.stream(...)`` yield its shards in input order rather than as
+    they finish.
     """
 
     timeout: float | None = None
     has_timeout: bool = False
     blocking: bool | None = None
+    in_order: bool = False
 
 
 class Call:
@@ -90,6 +93,15 @@ class Call:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.span = new_span(group, method_name, blocking, ranks)
+
+    def part(self, ranks: tuple[int, ...]) -> Call:
+        """The same call on ``ranks`` only, sharing this call's deadline and span: one unit
+        of a planned call (see ``_schedule.py``)."""
+        part = object.__new__(Call)
+        for name in Call.__slots__:
+            setattr(part, name, getattr(self, name))
+        part.ranks = ranks
+        return part
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (never negative), or ``None`` if there is none."""

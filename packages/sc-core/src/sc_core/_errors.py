@@ -23,6 +23,9 @@ so callers may catch either::
     ├── WorkerGroupError (RuntimeError)        a group used in a state it cannot serve
     │   │                                      (no workers, unknown backend handle)
     │   └── WorkerGroupClosedError             a call on a group after ``close()``
+    ├── UnsupportedCallError (TypeError)       a call its dispatch mode cannot make: a stream
+    │                                          of a mode that does not cut the batch into
+    │                                          units, a non-blocking call of a scheduled mode
     ├── BackendNotImplementedError             a worker group subclass that binds methods but
     │   (NotImplementedError)                  lacks the backend hook a call needs
     ├── UnknownMethodError (AttributeError)    a worker-group attribute that is no bound method
@@ -76,6 +79,7 @@ __all__ = [
     "ScCoreError",
     "UnknownMeshError",
     "UnknownMethodError",
+    "UnsupportedCallError",
     "UnknownRoleError",
     "VisibleDevicesError",
     "WorkerDiedError",
@@ -366,6 +370,12 @@ class ResourcePoolError(InvalidConfigError):
 
 class InvalidCallOptionsError(InvalidConfigError):
     """A bad ``timeout`` value given to ``.options()`` or a group."""
+
+
+class UnsupportedCallError(ScCoreError, TypeError):
+    """A call its dispatch mode cannot make: ``proxy.stream(...)`` of a mode without a work
+    plan (``ONE_TO_ALL``, ``RANK_ZERO``...), or a non-blocking call of a mode that schedules
+    its units from the driver (``DP_COMPUTE_PROTO_BALANCED``, balanced and sticky modes)."""
 
 
 class MethodCollisionError(ScCoreError, TypeError):

@@ -332,6 +332,13 @@ class LocalBackend:
     def is_done(self, rank_handle: Any) -> bool:
         return not isinstance(rank_handle, LocalHandle) or rank_handle.future.done()
 
+    def wait_any(self, rank_handles: Sequence[Any], timeout: float | None) -> list[int]:
+        """Positions of the finished calls among ``rank_handles`` (after waiting up to
+        ``timeout`` seconds for the first)."""
+        futures = [h.future for h in rank_handles if isinstance(h, LocalHandle)]
+        concurrent.futures.wait(futures, timeout, concurrent.futures.FIRST_COMPLETED)
+        return [i for i, h in enumerate(rank_handles) if self.is_done(h)]
+
     def cancel(self, rank_handle: Any) -> bool:
         # A call still waiting for its rank's thread (or its turn) is dropped; one that runs
         # cannot be interrupted.

@@ -135,9 +135,9 @@ def wait(group: WorkerGroup, handle: CallHandle, backend: Backend | None = None)
     return outputs
 
 
-def give_up(group: WorkerGroup, handle: CallHandle, exc: BaseException) -> None:
+def give_up(group: WorkerGroup, handle: CallHandle, exc: BaseException | None) -> None:
     """The group stops waiting for a call: cancel what the backend can, remember the ranks
-    still running it, and say so in ``exc``'s message."""
+    still running it, and say so in ``exc``'s message (if any)."""
     call = handle.call
     backend = group._sc_backend(call.method_name)
     busy = group._liveness.busy
@@ -147,7 +147,8 @@ def give_up(group: WorkerGroup, handle: CallHandle, exc: BaseException) -> None:
         busy.record(rank, call.method_name, rank_handle, backend.cancel(rank_handle))
     still = busy.current(backend.is_done, call.ranks)
     if still:
-        add_note(exc, f"Ranks {sorted(still)} are {describe_busy(still)}.")
+        if exc is not None:
+            add_note(exc, f"Ranks {sorted(still)} are {describe_busy(still)}.")
         logger.warning(
             "worker group %s: %s: ranks %s %s",
             group.name_prefix,

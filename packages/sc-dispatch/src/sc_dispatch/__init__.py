@@ -28,12 +28,28 @@ from ._errors import (
     SettingValueError,
     UnknownDispatchModeError,
 )
+from ._modes import (
+    KeyRouter,
+    PlannedDispatchFnDict,
+    make_balanced_dispatch_fn,
+    make_sticky_dispatch_fn,
+)
 from ._nbytes import NbytesFn, get_nbytes_fn, payload_nbytes, register_nbytes
 from ._nd import (
     MeshDispatchFnDict,
     MeshModeName,
     make_nd_compute_dataproto_dispatch_fn,
     mesh_layout,
+)
+from ._plan import (
+    PlanFn,
+    Slot,
+    WorkPlan,
+    WorkUnit,
+    balanced_plan,
+    even_plan,
+    mesh_slots,
+    rank_slots,
 )
 from ._predefined import (
     collect_all_to_all,
@@ -115,6 +131,12 @@ __all__ = [
     "ExecuteFnDict",
     "FutureLike",
     "InvalidDispatchModeError",
+    "WorkUnit",
+    "WorkPlan",
+    "Slot",
+    "PlanFn",
+    "PlannedDispatchFnDict",
+    "KeyRouter",
     "MeshDispatchFnDict",
     "MeshLayoutError",
     "MeshModeName",
@@ -135,6 +157,12 @@ __all__ = [
     "UnknownDispatchModeError",
     "__version__",
     "chunk_sizes",
+    "rank_slots",
+    "mesh_slots",
+    "make_sticky_dispatch_fn",
+    "make_balanced_dispatch_fn",
+    "even_plan",
+    "balanced_plan",
     "collect_all_to_all",
     "collect_dp_compute",
     "collect_dp_compute_data_proto",

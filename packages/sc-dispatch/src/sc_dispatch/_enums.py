@@ -157,6 +157,7 @@ class Dispatch(DynamicEnum):
     DP_COMPUTE: ClassVar[PerRankCollectsList]
     DP_COMPUTE_PROTO: ClassVar[CollectsResult]
     DP_COMPUTE_PROTO_WITH_FUNC: ClassVar[CollectsResult]
+    DP_COMPUTE_PROTO_BALANCED: ClassVar[CollectsResult]
     DP_COMPUTE_METRIC: ClassVar[CollectsList]
     DIRECT_ROLLOUT_METHOD: ClassVar[Dispatch]
 
@@ -194,6 +195,7 @@ for _name in (
     "DP_COMPUTE_PROTO_WITH_FUNC",
     "DP_COMPUTE_METRIC",
     "DIRECT_ROLLOUT_METHOD",
+    "DP_COMPUTE_PROTO_BALANCED",
 ):
     Dispatch.register(_name)
 for _name in ("ALL", "RANK_ZERO"):

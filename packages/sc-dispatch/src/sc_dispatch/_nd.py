@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NewType
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NewType
 
 from ._errors import DispatchArgumentError, MeshLayoutError
 from ._predefined import concat_outputs
 from ._protocols import DispatchWorkerGroup
 from ._shard import split_args_kwargs
 from ._spec import PADDING_SIZE_KEY, DispatchFnDict
+
+if TYPE_CHECKING:
+    from ._plan import WorkPlan
 
 __all__ = [
     "MeshDispatchFnDict",
@@ -24,13 +27,20 @@ __all__ = [
 MeshModeName = NewType("MeshModeName", str)
 
 
+#: A planner, ``plan_fn(worker_group, *args, **kwargs) -> WorkPlan``.
+PlanFnField = Callable[..., "WorkPlan"]
+
+
 class MeshDispatchFnDict(DispatchFnDict):
     """The custom mode :func:`make_nd_compute_dataproto_dispatch_fn` returns: the dispatch
-    and collect functions, the mode's ``name`` (``nd_dispatch_fn[<mesh>]``) and
-    ``joins_shards`` (``True``: the collect function joins row shards)."""
+    and collect functions, the mode's ``name`` (``nd_dispatch_fn[<mesh>]``),
+    ``joins_shards`` (``True``: the collect function joins row shards) and ``plan_fn``
+    (the same split as a :class:`~sc_dispatch.WorkPlan`, one unit per dp group, which is
+    what streaming a call needs)."""
 
     name: MeshModeName
     joins_shards: bool
+    plan_fn: PlanFnField
 
 
 def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list[int], list[bool]]:
@@ -136,6 +146,11 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
         picked = [output[rank] for _, rank in order]
         return concat_outputs(mode, picked)
 
+    def nd_plan_fn(worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any) -> WorkPlan:
+        from ._plan import even_plan, mesh_slots  # _plan builds on this module
+
+        return even_plan(mode, mesh_slots(worker_group, mesh_name), args, kwargs)
+
     nd_dispatch_fn.__name__ = nd_dispatch_fn.__qualname__ = f"nd_dispatch_fn[{mesh_name}]"
     nd_collect_fn.__name__ = nd_collect_fn.__qualname__ = f"nd_collect_fn[{mesh_name}]"
     return {
@@ -143,4 +158,5 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
         "collect_fn": nd_collect_fn,
         "name": MeshModeName(nd_dispatch_fn.__name__),
         "joins_shards": True,
+        "plan_fn": nd_plan_fn,
     }

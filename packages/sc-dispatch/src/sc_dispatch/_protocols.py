@@ -48,7 +48,8 @@ class ShardAdapter(Protocol[T]):
 
     An adapter may also define ``nbytes(obj) -> int``, the payload bytes of ``obj`` counted
     without copying; :func:`sc_dispatch.payload_nbytes` then uses it (see
-    :class:`SizedShardAdapter`).
+    :class:`SizedShardAdapter`). And ``take(obj, positions) -> T``, the rows at
+    ``positions`` (a list of ints) in that order: the sticky mode routes rows with it.
     """
 
     def length(self, obj: T) -> int | None:

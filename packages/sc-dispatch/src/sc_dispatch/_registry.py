@@ -5,7 +5,7 @@ lookups a worker group makes (:func:`resolve_dispatch_mode`, verl's
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from ._enums import Dispatch, Execute
@@ -15,6 +15,8 @@ from ._errors import (
     InvalidDispatchModeError,
     UnknownDispatchModeError,
 )
+from ._modes import plan_balanced_proto
+from ._plan import WorkPlan, even_plan, rank_slots
 from ._predefined import (
     collect_all_to_all,
     collect_direct_rollout_method,
@@ -56,8 +58,23 @@ def _spec(
     collect_fn: CollectFn,
     unpad_output: bool = True,
     joins_shards: bool = False,
+    plan_fn: Callable[..., WorkPlan] | None = None,
+    scheduled: bool = False,
 ) -> DispatchModeSpec:
-    return DispatchModeSpec(name, dispatch_fn, collect_fn, unpad_output, joins_shards)
+    return DispatchModeSpec(
+        name,
+        dispatch_fn,
+        collect_fn,
+        unpad_output,
+        joins_shards,
+        plan_fn=plan_fn,
+        scheduled=scheduled,
+    )
+
+
+def plan_dp_compute_proto(worker_group: Any, *args: Any, **kwargs: Any) -> WorkPlan:
+    """``DP_COMPUTE_PROTO``'s plan (for streaming): one shard per rank, pinned to it."""
+    return even_plan("DP_COMPUTE_PROTO", rank_slots(worker_group), args, dict(kwargs))
 
 
 def _install_predefined() -> None:
@@ -70,6 +87,15 @@ def _install_predefined() -> None:
         dispatch_dp_compute_data_proto,
         collect_dp_compute_data_proto,
         joins_shards=True,
+        plan_fn=plan_dp_compute_proto,
+    )
+    _registry[Dispatch.DP_COMPUTE_PROTO_BALANCED] = _spec(
+        "DP_COMPUTE_PROTO_BALANCED",
+        dispatch_dp_compute_data_proto,
+        collect_dp_compute_data_proto,
+        joins_shards=True,
+        plan_fn=plan_balanced_proto,
+        scheduled=True,
     )
     _registry[Dispatch.DP_COMPUTE_PROTO_WITH_FUNC] = _spec(
         "DP_COMPUTE_PROTO_WITH_FUNC",
@@ -126,6 +152,8 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             "joins_shards",
             "collect_sees_dispatch",
             "name",
+            "plan_fn",
+            "scheduled",
         }
         if unknown:
             raise InvalidDispatchModeError(
@@ -142,6 +170,8 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             dispatch_mode.get("unpad_output", True),
             dispatch_mode.get("joins_shards", False),
             dispatch_mode.get("collect_sees_dispatch", False),
+            dispatch_mode.get("plan_fn"),
+            dispatch_mode.get("scheduled", False),
         )
     raise DispatchModeTypeError(
         f"dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' and "

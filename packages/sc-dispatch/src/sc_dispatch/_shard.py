@@ -77,6 +77,9 @@ class _SequenceAdapter:
     def unpad(self, obj: Sequence[Any], pad_size: int) -> Sequence[Any]:
         return self._kind(list(obj[: len(obj) - pad_size])) if pad_size else obj
 
+    def take(self, obj: Sequence[Any], positions: Sequence[int]) -> Sequence[Any]:
+        return self._kind([obj[i] for i in positions])
+
     def auto_padding(self, obj: Sequence[Any]) -> bool:
         return False
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, cast
 
-from ._errors import DispatchModeTypeError
+from ._errors import DispatchModeTypeError, InvalidDispatchModeError
+
+if TYPE_CHECKING:
+    from ._plan import WorkPlan
 
 __all__ = [
     "PADDING_SIZE_KEY",
@@ -86,6 +89,12 @@ class DispatchModeSpec:
     ``collect_fn`` is a :class:`DispatchAwareCollectFn`; the field keeps the
     :data:`CollectFn` type that worker groups have always called, so call it through
     :meth:`collect`.
+
+    ``plan_fn`` (optional) describes a call as a :class:`~sc_dispatch.WorkPlan`: units of
+    rows that a worker group can start one by one on free ranks and hand back as each
+    finishes, which is what streaming a call needs. ``scheduled`` says that every call runs
+    through the plan (the load-balanced and sticky modes); otherwise the plan is used only
+    when a call is streamed, and a plain call keeps ``dispatch_fn`` / ``collect_fn``.
     """
 
     name: str
@@ -94,6 +103,8 @@ class DispatchModeSpec:
     unpad_output: bool = True
     joins_shards: bool = False
     collect_sees_dispatch: bool = False
+    plan_fn: Callable[..., WorkPlan] | None = None
+    scheduled: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dispatch_fn", "collect_fn"):
@@ -102,12 +113,20 @@ class DispatchModeSpec:
                     f"dispatch mode {self.name}: {field} must be callable, "
                     f"got {getattr(self, field)!r}"
                 )
-        for field in ("unpad_output", "joins_shards", "collect_sees_dispatch"):
+        for field in ("unpad_output", "joins_shards", "collect_sees_dispatch", "scheduled"):
             if not isinstance(getattr(self, field), bool):
                 raise DispatchModeTypeError(
                     f"dispatch mode {self.name}: {field} must be a bool, "
                     f"got {getattr(self, field)!r}"
                 )
+        if self.plan_fn is not None and not callable(self.plan_fn):
+            raise DispatchModeTypeError(
+                f"dispatch mode {self.name}: plan_fn must be callable or None, got {self.plan_fn!r}"
+            )
+        if self.scheduled and self.plan_fn is None:
+            raise InvalidDispatchModeError(
+                f"dispatch mode {self.name}: scheduled=True needs a plan_fn"
+            )
 
     def collect(self, worker_group: Any, outputs: Any, dispatched: Dispatched) -> Any:
         """Run ``collect_fn`` on a call's ``outputs`` (one per rank; rank 0's alone for

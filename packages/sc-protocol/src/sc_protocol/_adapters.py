@@ -58,6 +58,10 @@ class DataProtoAdapter:
     def auto_padding(self, obj: DataProto) -> bool:
         return obj.is_padding_enabled()
 
+    def take(self, obj: DataProto, positions: Sequence[int]) -> DataProto:
+        """The rows at ``positions``, in that order (a new object)."""
+        return obj.select_idxs(np.asarray(positions, dtype=np.int64))
+
     def nbytes(self, obj: DataProto) -> int:
         """Tensor elements of every leaf plus the ``nbytes`` of every numpy column."""
         return data_proto_nbytes(obj)
@@ -105,6 +109,11 @@ class TensorDictAdapter:
 
     def auto_padding(self, obj: TensorDictBase) -> bool:
         return bool(DataProtoConfig.auto_padding)
+
+    def take(self, obj: TensorDictBase, positions: Sequence[int]) -> TensorDictBase:
+        """The rows at ``positions``, in that order."""
+        out: TensorDictBase = obj[torch.as_tensor(list(positions), dtype=torch.long)]
+        return out
 
     def nbytes(self, obj: TensorDictBase) -> int:
         """Tensor elements of every leaf (``numel * element_size``)."""

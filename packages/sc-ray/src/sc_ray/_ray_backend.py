@@ -195,6 +195,16 @@ class RayBackend:
     def is_done(self, rank_handle: Any) -> bool:
         return not rapi.is_object_ref(rank_handle) or rapi.is_ready(rank_handle)
 
+    def wait_any(self, rank_handles: Sequence[Any], timeout: float | None) -> list[int]:
+        """Positions of the finished calls among ``rank_handles`` (``ray.wait`` for the
+        first, up to ``timeout`` seconds; an error counts as finished)."""
+        refs = [h for h in rank_handles if rapi.is_object_ref(h)]
+        if len(refs) < len(rank_handles):
+            return [i for i, h in enumerate(rank_handles) if not rapi.is_object_ref(h)]
+        ready, _ = rapi.wait(refs, 1, timeout)
+        ready_ids = {id(r) for r in ready}
+        return [i for i, h in enumerate(rank_handles) if id(h) in ready_ids]
+
     def cancel(self, rank_handle: Any) -> bool:
         return rapi.is_object_ref(rank_handle) and rapi.cancel(rank_handle)
 

@@ -1,0 +1,155 @@
+"""Work plans without a worker group: the units of the even, balanced and sticky plans
+partition the batch, joining the units' own rows gives the batch back (an identity
+method), and the key router keeps keys where they are until a slot dies or falls behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sc_dispatch import (
+    DispatchArgumentError,
+    DispatchModeSpec,
+    DispatchModeTypeError,
+    InvalidDispatchModeError,
+    KeyRouter,
+    NotShardableError,
+    Rows,
+    Slot,
+    WorkPlan,
+    WorkUnit,
+    balanced_plan,
+    even_plan,
+    make_sticky_dispatch_fn,
+    rank_slots,
+    resolve_dispatch_mode,
+)
+
+PROPERTY = settings(deadline=None, max_examples=60)
+
+
+class Group:
+    """Just enough of a worker group for planners."""
+
+    def __init__(self, world_size: int, dead: tuple[int, ...] = ()) -> None:
+        self.world_size = world_size
+        self.dead_ranks = list(dead)
+        self._dispatch_info: dict[str, list[int]] = {}
+        self._collect_info: dict[str, list[bool]] = {}
+
+    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
+        return [r // 2 for r in range(self.world_size)]
+
+    def _query_collect_info(self, mesh_name: str) -> list[bool]:
+        return [r % 2 == 0 for r in range(self.world_size)]
+
+
+def _identity_outputs(plan: WorkPlan) -> list[Any]:
+    return [u.args[0] for u in plan.units]
+
+
+def _check_partition(plan: WorkPlan, rows: int) -> None:
+    seen = sorted(r for u in plan.units for r in u.rows)
+    assert seen == list(range(rows))
+
+
+@PROPERTY
+@given(rows=st.integers(1, 50), world=st.integers(1, 6))
+def test_the_even_plan_partitions_and_joins_back(rows: int, world: int) -> None:
+    """Rows ask for padding only through an adapter that pads; Rows never pads, so the
+    batch length is a multiple of the world size here."""
+    batch = Rows(range(rows * world))
+    plan = even_plan("EVEN", rank_slots(Group(world)), (batch,), {})
+    assert [u.slot for u in plan.units] == list(range(world))
+    _check_partition(plan, rows * world)
+    assert plan.join(_identity_outputs(plan)) == batch
+
+
+@PROPERTY
+@given(rows=st.integers(1, 60), world=st.integers(1, 5), size=st.integers(1, 12) | st.none())
+def test_the_balanced_plan_partitions_in_order(rows: int, world: int, size: int | None) -> None:
+    batch = Rows(range(rows))
+    plan = balanced_plan("BAL", rank_slots(Group(world)), (batch,), {}, size)
+    assert all(u.slot is None for u in plan.units)
+    limit = size or -(-rows // (4 * world))
+    assert all(1 <= len(u.rows) <= limit for u in plan.units)
+    _check_partition(plan, rows)
+    assert [list(u.args[0]) for u in plan.units] == [list(u.rows) for u in plan.units]
+    assert plan.join(_identity_outputs(plan)) == batch
+
+
+@PROPERTY
+@given(
+    keys=st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=40),
+    world=st.integers(1, 5),
+)
+def test_the_sticky_plan_routes_each_key_to_one_slot_and_joins_in_input_order(
+    keys: list[str], world: int
+) -> None:
+    mode = make_sticky_dispatch_fn(lambda b: [r["k"] for r in b], max_lag=100)
+    batch = Rows({"k": k, "i": i} for i, k in enumerate(keys))
+    group = Group(world)
+    plan = mode["plan_fn"](group, batch)
+    _check_partition(plan, len(keys))
+    slot_of = {r: u.slot for u in plan.units for r in u.rows}
+    for i, k in enumerate(keys):
+        assert all(slot_of[j] == slot_of[i] for j, kk in enumerate(keys) if kk == k)
+    assert plan.join(_identity_outputs(plan)) == batch
+    again = mode["plan_fn"](group, batch)
+    assert {r: u.slot for u in again.units for r in u.rows} == slot_of
+
+
+def test_the_router_moves_keys_off_dead_and_lagging_slots_only() -> None:
+    router = KeyRouter(3, max_lag=1)
+    first = router.assign("M", ["a", "b", "c"], [True, True, True])
+    assert first == [0, 1, 2]
+    for slot in range(3):
+        router.release(slot, 1)
+    # b's slot died: b goes to the least loaded live slot (2, as a took slot 0 first)
+    assert router.assign("M", ["a", "b", "c"], [True, False, True]) == [0, 2, 2]
+    assert router.moves == 1
+    for slot, rows in ((0, 1), (2, 2)):
+        router.release(slot, rows)
+    assert router.outstanding == [0, 0, 0]
+    router.outstanding[2] = 5  # slot 2 is five rows behind
+    assert router.assign("M", ["c"], [True, True, True]) == [0]
+    assert router.moves == 2
+    with pytest.raises(DispatchArgumentError, match="no live slot"):
+        router.assign("M", ["a"], [False, False, False])
+    with pytest.raises(DispatchArgumentError, match="hashable"):
+        router.assign("M", [["unhashable"]], [True, True, True])  # type: ignore[list-item]
+
+
+def test_planned_calls_refuse_what_they_cannot_cut() -> None:
+    slots = rank_slots(Group(2))
+    with pytest.raises(NotShardableError, match="at least one batch argument"):
+        balanced_plan("BAL", slots, (3,), {}, None)
+    with pytest.raises(DispatchArgumentError, match="empty batch"):
+        balanced_plan("BAL", slots, (Rows(),), {}, None)
+    with pytest.raises(DispatchArgumentError, match="same length"):
+        balanced_plan("BAL", slots, (Rows([1, 2]), Rows([1])), {}, None)
+    with pytest.raises(DispatchArgumentError, match="collect rank"):
+        Slot((0, 1), 2)
+    with pytest.raises(DispatchArgumentError, match="pinned to slot 3"):
+        WorkPlan("P", slots, (WorkUnit(0, range(1), (Rows([1]),), {}, slot=3),), 1)
+    with pytest.raises(InvalidDispatchModeError, match="scheduled=True needs a plan_fn"):
+        DispatchModeSpec("X", lambda g: ((), {}), lambda g, o: o, scheduled=True)
+    with pytest.raises(DispatchModeTypeError, match="plan_fn must be callable"):
+        DispatchModeSpec("X", lambda g: ((), {}), lambda g, o: o, plan_fn=3)  # type: ignore[arg-type]
+    sticky = make_sticky_dispatch_fn("sid")
+    with pytest.raises(DispatchArgumentError, match="cannot read the routing key"):
+        sticky["plan_fn"](Group(2), Rows([1, 2]))
+
+
+def test_a_custom_mapping_may_carry_a_plan() -> None:
+    mode = make_sticky_dispatch_fn("sid", mesh_name="m")
+    spec = resolve_dispatch_mode(mode)
+    assert spec.scheduled
+    assert spec.plan_fn is mode["plan_fn"]
+    assert spec.name == "sticky_dispatch_fn[sid, m]"
+    batch = Rows({"sid": s} for s in "abcd")
+    plan = mode["plan_fn"](Group(4), batch)
+    assert [s.ranks for s in plan.slots] == [(0, 1), (2, 3)]
+    assert [s.collect_rank for s in plan.slots] == [0, 2]
