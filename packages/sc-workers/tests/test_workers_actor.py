@@ -77,6 +77,26 @@ def test_generation_stops_at_eos(worker: ActorRolloutRefWorker) -> None:
     assert col(out, "responses")[:, 1:].eq(0).all()
 
 
+def test_rollout_log_probs_are_the_sampling_models(worker: ActorRolloutRefWorker) -> None:
+    """``rollout_log_probs`` (the off-policy ratio's denominator) equal what the actor computes
+    for the sampled tokens at the same temperature, and are 0 where the mask is 0."""
+    for temperature in (1.0, 1.7):
+        out = worker.generate_sequences(prompt_batch(6, temperature=temperature))
+        mask = col(out, "response_mask")
+        rollout = col(out, "rollout_log_probs")
+        assert rollout.shape == mask.shape
+        assert rollout.dtype == torch.float32
+        assert bool((rollout <= 0).all())
+        assert bool(rollout[mask == 0].eq(0).all())
+        out.meta_info["temperature"] = temperature
+        actor = col(worker.compute_log_prob(out), "old_log_probs")
+        torch.testing.assert_close(rollout * mask, actor * mask, rtol=1e-4, atol=1e-5)
+    # an eos after one token: the rest of each row is masked, its log-probs are 0
+    short = worker.generate_sequences(prompt_batch(3, eos_token_id=list(range(32)), pad_token_id=0))
+    assert bool(col(short, "rollout_log_probs")[:, 1:].eq(0).all())
+    assert bool(col(short, "rollout_log_probs")[:, 0].lt(0).all())
+
+
 def test_sampling_settings_are_validated(worker: ActorRolloutRefWorker) -> None:
     with pytest.raises(BatchError, match=r"temperature must be > 0, got 0\.0"):
         worker.generate_sequences(prompt_batch(2, temperature=0.0))

@@ -227,7 +227,7 @@ def test_greedy_generation_through_the_cache_equals_transformers(models: dict[st
         params = SamplingParams(GEN_LEN, 1.0, -1, 1.0, False, (1,), 0)
         runs = []
         for use_cache in (True, False):
-            responses, _ = generate(
+            responses, _, _ = generate(
                 engine,
                 prompts["input_ids"],
                 prompts["attention_mask"],

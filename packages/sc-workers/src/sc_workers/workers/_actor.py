@@ -140,8 +140,10 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         ``meta_info`` may override the rollout config: ``temperature``, ``top_k``, ``top_p``,
         ``do_sample``, ``response_length`` (or ``max_new_tokens``), ``eos_token_id`` (int or
         list) and ``pad_token_id``. Returns ``prompts``, ``responses``, ``input_ids``
-        (prompt + response), ``attention_mask``, ``position_ids`` and ``response_mask``;
-        the non-tensor columns of the input are passed through.
+        (prompt + response), ``attention_mask``, ``position_ids``, ``response_mask`` and
+        ``rollout_log_probs`` (each sampled token's log-prob under the sampling model, logits
+        divided by the temperature, 0 past the mask); the non-tensor columns of the input are
+        passed through.
         """
         where = self._where("generate_sequences")
         if not self._is_rollout:

@@ -65,7 +65,7 @@ def generate_batch(
     t = gather_tensors(prompts, ("input_ids", "attention_mask", "position_ids"), (), where)
     with engine.on_device():
         engine.eval_mode()
-        responses, response_mask = generate(
+        responses, response_mask, log_probs = generate(
             engine,
             t["input_ids"],
             t["attention_mask"],
@@ -73,7 +73,7 @@ def generate_batch(
             params,
             generator,
         )
-    responses, response_mask = responses.cpu(), response_mask.cpu()
+    responses, response_mask, log_probs = responses.cpu(), response_mask.cpu(), log_probs.cpu()
     prompt_ids = t["input_ids"]
     length = responses.shape[1]
     delta = torch.arange(1, length + 1, dtype=t["position_ids"].dtype)
@@ -87,5 +87,7 @@ def generate_batch(
         ),
         "position_ids": torch.cat([t["position_ids"], response_pos], dim=1),
         "response_mask": response_mask.to(t["attention_mask"].dtype),
+        # the behaviour policy's log-probs: the importance ratio of off-policy (async) PPO
+        "rollout_log_probs": log_probs,
     }
     return DataProto.from_dict(tensors=out, non_tensors=dict(prompts.non_tensor_batch))

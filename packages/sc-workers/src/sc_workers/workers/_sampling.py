@@ -71,11 +71,15 @@ def generate(
     params: SamplingParams,
     generator: torch.Generator,
     use_cache: bool = True,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """Sample up to ``response_length`` tokens after left-padded prompts.
 
-    Returns ``(responses, response_mask)``, both ``[batch, response_length]``: tokens after
-    a sequence's eos are ``pad_token_id`` with mask 0; the eos itself has mask 1. The ranks of
+    Returns ``(responses, response_mask, log_probs)``, all ``[batch, response_length]``:
+    tokens after a sequence's eos are ``pad_token_id`` with mask 0; the eos itself has mask 1.
+    ``log_probs`` is each sampled token's log-probability under the sampling model with the
+    logits divided by the temperature (top-k / top-p filtering not applied: the definition of
+    the actor's ``compute_log_prob``), 0 where the mask is 0. It is computed from the logits
+    the sampler already has, and draws nothing from ``generator``. The ranks of
     ``engine.step_group`` run the same number of decoding steps (a sharded model needs every
     one of them in each forward; replicas of a rollout step independently).
     With ``use_cache`` and a model that has one (the built-in model, a Hugging Face causal
@@ -90,6 +94,7 @@ def generate(
     length = params.response_length
     responses = torch.full((batch, length), params.pad_token_id, dtype=ids.dtype, device=device)
     response_mask = torch.zeros((batch, length), dtype=mask.dtype, device=device)
+    log_probs = torch.zeros((batch, length), dtype=torch.float32, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     eos = torch.tensor(list(params.eos_token_ids), dtype=ids.dtype, device=device)
     cache = engine.new_cache() if use_cache else None
@@ -102,6 +107,8 @@ def generate(
         token = torch.where(alive, token, torch.full_like(token, params.pad_token_id))
         responses[:, t] = token
         response_mask[:, t] = alive.to(mask.dtype)
+        token_log_prob = _token_log_prob(logits, token, params.temperature)
+        log_probs[:, t] = torch.where(alive, token_log_prob, torch.zeros_like(token_log_prob))
         finished = finished | torch.isin(token, eos)
         if t == length - 1 or _all_finished(finished, device, engine.step_group):
             break
@@ -114,7 +121,13 @@ def generate(
             logits = engine.forward(token[:, None], all_mask, last_pos[:, None], cache)[:, -1, :]
         else:
             logits = engine.forward(all_ids, all_mask, all_pos)[:, -1, :]
-    return responses, response_mask
+    return responses, response_mask, log_probs
+
+
+def _token_log_prob(logits: Tensor, token: Tensor, temperature: float) -> Tensor:
+    """``log_softmax(logits / temperature)`` at ``token`` (float32), row by row."""
+    log_softmax = F.log_softmax(logits.float() / temperature, dim=-1)
+    return log_softmax.gather(-1, token[:, None]).squeeze(-1)
 
 
 def eos_tuple(value: int | Sequence[int]) -> tuple[int, ...]:
