@@ -1,6 +1,6 @@
 """DataProto through Ray: each shard put once, futures chained between groups without the
-driver fetching data, padding removed from futures, failures surfacing from futures.
-Local cluster: 8 CPUs."""
+driver fetching data, padding removed from futures, failures surfacing from futures;
+streamed calls and the load-balanced mode on Ray. Local cluster: 8 CPUs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 import torch
 from sc_core import SpanRecorder, Worker, WorkerError
-from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch import (
+    Dispatch,
+    make_balanced_dispatch_fn,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
 from sc_protocol import DataProto, DataProtoFuture
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
@@ -46,6 +51,16 @@ class Producer(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def double_now(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"y": _col(data, "x") * 2})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_BALANCED)
+    def double_balanced(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"y": _col(data, "x") * 2})
+
+    @register(dispatch_mode=make_balanced_dispatch_fn(3, mesh_name="dp"))
+    def nd_double_balanced(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict(
+            {"y": _col(data, "x") * 2, "r": torch.full((len(data),), self.rank)}
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def broken(self, data: DataProto) -> DataProto:
@@ -189,6 +204,42 @@ def test_future_of_a_failed_call_raises_worker_error(
         future.get()
     assert info.value.method == "broken"
     assert info.value.error_type == "KeyError"
+
+
+def test_a_stream_yields_every_row_once_as_shards_finish(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    data = _batch(10, padding=True)  # shards 3, 3, 3, 1 + 2 padding rows
+    with SpanRecorder() as rec:
+        stream = wg.double_now.stream(data)
+        items = list(stream)
+    assert sorted(r for rows, _ in items for r in rows) == list(range(10))
+    for rows, shard in items:
+        assert torch.equal(_col(shard, "y"), _col(data, "x")[list(rows)] * 2)
+    assert torch.equal(_col(stream.result(), "y"), _col(data, "x") * 2)
+    (span,) = rec.spans
+    assert span.error is None
+    assert {p.rank for p in span.phases if p.rank is not None} == {0, 1, 2, 3}
+    with pytest.raises(WorkerError) as info:
+        list(wg.broken.stream(_batch(4)))
+    assert info.value.error_type == "KeyError"
+
+
+def test_balanced_modes_return_the_even_result_on_ray(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    data = _batch(13, padding=True)
+    even = _col(wg.double_now(data), "y")
+    assert torch.equal(_col(wg.double_balanced(data), "y"), even)
+    nd = wg.nd_double_balanced(data)
+    assert torch.equal(_col(nd, "y"), even)
+    assert set(_col(nd, "r").tolist()) <= {0, 2}  # the collect ranks of the two dp groups
+    ordered = list(wg.nd_double_balanced.options(in_order=True).stream(data))
+    # 13 rows in micro-shards of at most 3: five of 3, 3, 3, 2, 2 rows, in input order
+    expected = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10], [11, 12]]
+    assert [list(rows) for rows, _ in ordered] == expected
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")

@@ -18,7 +18,7 @@ from sc_core import (
     WorkerError,
     WorkerGroupError,
 )
-from sc_dispatch import Dispatch, register
+from sc_dispatch import Dispatch, Rows, make_sticky_dispatch_fn, register
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from sc_ray import _ray_api as rapi
 
@@ -41,6 +41,11 @@ class Member(Worker):
     def nap(self, seconds: float) -> int:
         time.sleep(seconds)
         return os.getpid()
+
+    @register(dispatch_mode=make_sticky_dispatch_fn("sid"))
+    def turn(self, rows: Rows) -> Rows:
+        """Each row, with the rank that served its session."""
+        return Rows((row["sid"], self.rank) for row in rows)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def identity(self) -> dict[str, Any]:
@@ -100,6 +105,28 @@ def test_a_killed_actor_is_replaced_in_place(ray_cluster: None) -> None:
         assert wg.worker_names[0::2] == names[0::2]
         assert wg.worker_names[1] == f"{names[1]}-g1"
         assert wg.alive_ranks() == [0, 1, 2]
+
+
+def test_sticky_routing_moves_only_the_keys_of_a_killed_rank(ray_cluster: None) -> None:
+    """Sessions stay on their rank call after call; a killed rank fails the call that finds
+    it dead, the next call moves its sessions (and only those) to live ranks, and after the
+    rank is replaced the moved sessions stay where they went while new ones may use it."""
+    with _group("sticky") as wg:
+        batch = Rows({"sid": f"s{i}"} for i in range(6))
+        owners = dict(wg.turn(batch))
+        assert sorted(owners.values()) == [0, 0, 1, 1, 2, 2]
+        assert dict(wg.turn(Rows(reversed(batch)))) == owners
+        _kill_and_wait(wg, 1)
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            wg.turn(batch)
+        moved = dict(wg.turn(batch))
+        assert [s for s, _ in wg.turn(batch)] == [f"s{i}" for i in range(6)]  # input order
+        for session, rank in owners.items():
+            assert moved[session] == rank if rank != 1 else moved[session] in (0, 2)
+        assert wg.replace_ranks() == [1]
+        again = dict(wg.turn(Rows([*batch, {"sid": "new"}])))
+        assert {s: again[s] for s in moved} == moved
+        assert again["new"] == 1
 
 
 def test_several_ranks_and_a_second_replacement(ray_cluster: None) -> None:
