@@ -71,6 +71,11 @@ class TrainerConfig:
     processes, tensor parallel over ``rollout_tp`` of them, replicas over the rest) whose
     weights follow the actor's through a weight sync after every update; ``"colocated"``
     (the default) samples with the actor's own model in the actor's processes.
+
+    ``async_staleness`` (k) > 0 makes a separately placed rollout generate the next batch
+    while the actor trains on the current one: a batch that trains the actor from version v
+    to v + 1 was sampled with the weights of version v - k or newer, and the PPO ratio uses
+    the sampling-time log-probs (see docs/guides/async-training.md). 0: the synchronous loop.
     """
 
     algorithm: Algorithm = "ppo"
@@ -83,6 +88,7 @@ class TrainerConfig:
     colocate: bool = True
     placement: Placement = "colocated"
     rollout_tp: int = 1
+    async_staleness: int = 0
     seed: int = 0
     # policy and critic optimisation
     actor_lr: float = 2e-3
@@ -141,6 +147,13 @@ class TrainerConfig:
             raise TrainerConfigError(
                 f"{owner}: rollout_tp ({self.rollout_tp}) must divide the rollout group's "
                 f"{self.workers_per_role} workers (workers_per_role)"
+            )
+        _int_at_least(owner, "async_staleness", self.async_staleness, 0)
+        if self.async_staleness > 0 and self.placement != "separate":
+            raise TrainerConfigError(
+                f"{owner}: async_staleness={self.async_staleness} needs placement='separate' "
+                f"(got {self.placement!r}): generation overlaps the update only on a rollout "
+                "group of its own"
             )
         if self.device not in DEVICES:
             raise TrainerConfigError(

@@ -20,6 +20,9 @@ means, so callers may catch either::
     │                                               the columns the next stage reads
     ├── TrainerRecoveryError (RuntimeError)         a worker died and the run may not recover
     │                                               (``max_recoveries`` reached)
+    ├── StalenessBoundError (RuntimeError)          an async run about to update with a batch
+    │                                               sampled more than ``async_staleness``
+    │                                               versions before the actor's weights
     ├── TrainerStateError (RuntimeError)            the trainer used before ``init_workers``
     │                                               (or after ``close``), or a spawned role
     │                                               group that does not bind its role's methods
@@ -38,6 +41,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "IntegrationError",
     "ScIntegrationError",
+    "StalenessBoundError",
     "TaskError",
     "TrainerConfigError",
     "TrainerRecoveryError",
@@ -81,6 +85,11 @@ class WorkerOutputError(ScIntegrationError, RuntimeError):
 class TrainerRecoveryError(ScIntegrationError, RuntimeError):
     """A worker died and the run may not recover (``max_recoveries`` reached); the death is
     its ``__cause__``."""
+
+
+class StalenessBoundError(ScIntegrationError, RuntimeError):
+    """An asynchronous run (``async_staleness`` k > 0) about to start a generation, or to
+    update with a batch, whose weights are more than k versions behind the actor's."""
 
 
 class TrainerStateError(IntegrationError, RuntimeError):

@@ -38,6 +38,7 @@ from sc_workers.algos import (
     masked_mean,
 )
 
+from ._async_rollout import AsyncRollout
 from ._backends import WorkerBackend
 from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
@@ -131,6 +132,8 @@ class RayPPOTrainer:
         self._faults: list[FaultSpec] = list(config.faults)  # each injected once
         #: a checkpoint whose workers may still be writing (see save_checkpoint)
         self._pending_save: _PendingSave | None = None
+        #: the generation pipeline of an asynchronous run (async_staleness > 0)
+        self._async: AsyncRollout | None = None
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
@@ -155,6 +158,10 @@ class RayPPOTrainer:
         rollout = self._groups.rollout
         if rollout is not None:
             self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
+            if self.config.async_staleness > 0:
+                self._async = AsyncRollout(
+                    rollout, self._train_batch, self.config.async_staleness, self.config.steps
+                )
 
     def _init_models(self) -> None:
         """Every role's ``init_model`` (idempotent: a rank that has its model keeps it)."""
@@ -205,13 +212,22 @@ class RayPPOTrainer:
             return self.actor_rollout_wg.generate_sequences(batch)
         return rollout.generate_sequences(batch)
 
-    def _sync_weights(self, metrics: dict[str, Any]) -> None:
-        """Bring a separately placed rollout to the actor's current weights."""
+    def _sync_weights(self, metrics: dict[str, Any], actor_version: int) -> None:
+        """Bring a separately placed rollout to the actor's current weights (those of
+        ``actor_version``, its number of updates), after the generation in flight."""
         if self._weight_sync is not None:
-            metrics["sync/weight_version"] = self._weight_sync.sync()
+            if self._async is not None:
+                self._async.drain()  # the rollout ends its generation before it takes weights
+            version = self._weight_sync.sync()
+            metrics["sync/weight_version"] = version
+            if self._async is not None:
+                self._async.synced(version, actor_version)
 
     def close(self) -> None:
         """Stop every worker (spawned role groups share the workers of the groups owned here)."""
+        pipeline, self._async = self._async, None
+        if pipeline is not None:
+            pipeline.close()
         sync, self._weight_sync = self._weight_sync, None
         if sync is not None:
             sync.close()
@@ -296,17 +312,28 @@ class RayPPOTrainer:
         """One PPO/GRPO step; each line is one stage of the dataflow."""
         m: dict[str, Any] = {"step": step}
         t = _StageTimer()
-        batch = self._train_batch(step)
-        with t("generate"):  # prompts in, prompts + responses out (non-tensor columns kept)
-            batch = self._generate(batch)
+        pipeline = self._async
+        if pipeline is None:
+            batch = self._train_batch(step)
+            with t("generate"):  # prompts in, prompts + responses out (non-tensor columns kept)
+                batch = self._generate(batch)
+        else:
+            with t("generate"):  # the prefetched batch; the next one samples while we train
+                batch, m["rollout/staleness"] = pipeline.take(step)
+                if pipeline.allowed(step + 1):
+                    pipeline.launch(step + 1)
         if "weight_version" in batch.meta_info:  # sampled by a separately placed rollout
             m["rollout/weight_version"] = batch.meta_info["weight_version"]
         with t("balance"):
             batch = self._balance_batch(batch, m)
         with t("reward"):
             batch = self._compute_reward(batch, m)
-        with t("old_log_prob"):
-            batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+        if pipeline is None:
+            with t("old_log_prob"):
+                batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+        else:  # off-policy: the ratio is against the policy that sampled the batch
+            td = _tensors(batch, "off_policy")
+            td["old_log_probs"] = td["rollout_log_probs"]
         with t("ref_log_prob"):
             batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
         if self.use_critic:
@@ -319,9 +346,14 @@ class RayPPOTrainer:
                 m.update(_metrics_of(self.critic_wg.update_critic(batch)))
         with t("update_actor"):
             m.update(_metrics_of(self.actor_rollout_wg.update_actor(batch)))
-        if self._weight_sync is not None:
+        if self._weight_sync is not None and (
+            pipeline is None or pipeline.needs_sync(step, validate=self._validates(step))
+        ):
+            if pipeline is not None:
+                with t("generate"):  # the generation in flight ends before the sync
+                    pipeline.drain()
             with t("sync_weights"):  # the rollout samples the next step with these weights
-                self._sync_weights(m)
+                self._sync_weights(m, step)
         m.update({f"timing/{k}": v for k, v in t.seconds.items()})
         m["perf/step_time_s"] = sum(t.seconds.values())
         _check_finite(step, m)
@@ -356,7 +388,7 @@ class RayPPOTrainer:
             self._load_checkpoint(resume_from)
         else:
             self.output.start()
-        self._sync_weights({})  # a separate rollout starts from the actor's (restored) weights
+        self._sync_weights({}, self.global_step)  # a separate rollout starts from the actor's
         if on_start is not None:
             on_start(self.global_step)
         if not any("val/reward" in r for r in self.history):
@@ -376,7 +408,7 @@ class RayPPOTrainer:
                 self._inject_fault(step)
                 metrics = self._train_step(step)
                 self.global_step = step
-                if step % cfg.val_every == 0 or step == cfg.steps:
+                if self._validates(step):
                     metrics["val/reward"] = self.validate()
                 metrics.update(recovered)
                 recovered = {}
@@ -388,9 +420,13 @@ class RayPPOTrainer:
                 else:
                     self._finish_save(block=False)  # the previous save, if its writes are done
             except (WorkerDiedError, WorkerError, WeightSyncError) as exc:
+                if self._async is not None:  # prefetched batches are regenerated after it
+                    self._async.drop()
                 recovered = recover(self, step, exc)  # back at the newest checkpoint
                 if progress is not None:
                     progress(self.global_step, recovered)
+        if self._async is not None:
+            self._async.drop()  # nothing is in flight past the last step; to be sure
         vals = [r["val/reward"] for r in self.history if "val/reward" in r]
         return RunResult(
             output=self.output,
@@ -425,7 +461,11 @@ class RayPPOTrainer:
         fresh channel."""
         if self._weight_sync is not None:
             self._weight_sync.reset()
-            self._sync_weights({})
+            self._sync_weights({}, self.global_step)
+
+    def _validates(self, step: int) -> bool:
+        """Whether the run validates after ``step``."""
+        return step % self.config.val_every == 0 or step == self.config.steps
 
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
@@ -513,6 +553,7 @@ _NEEDED = {
     "reward": ("responses", "response_mask"),
     "advantages": ("token_level_rewards", "response_mask", "old_log_probs", "ref_log_prob"),
     "validate": ("responses", "response_mask"),
+    "off_policy": ("rollout_log_probs",),
 }
 
 

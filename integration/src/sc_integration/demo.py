@@ -81,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="tensor-parallel size of a separately placed rollout (default: 1)",
     )
     add(
+        "--async-staleness",
+        type=int,
+        default=d.async_staleness,
+        metavar="K",
+        help="with --placement separate: generate the next batch while the actor trains on "
+        "this one, from weights at most K updates old, the PPO ratio against the sampling "
+        f"policy; 0: synchronous (default: {d.async_staleness})",
+    )
+    add(
         "--backend",
         choices=BACKENDS,
         default=d.backend,
@@ -260,6 +269,7 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
         colocate=args.colocate,
         placement=args.placement,
         rollout_tp=args.rollout_tp,
+        async_staleness=args.async_staleness,
         seed=args.seed,
         output_dir=args.output_dir,
         resume_from=args.resume_from,

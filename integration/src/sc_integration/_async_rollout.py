@@ -1,0 +1,209 @@
+"""The asynchronous trainer's rollout pipeline: generation one step ahead, under a staleness
+bound.
+
+With ``TrainerConfig.async_staleness`` k > 0 (and a separately placed rollout), the trainer
+asks :class:`AsyncRollout` for step ``s``'s batch, then has it launch step ``s + 1``'s
+generation, a non-blocking call on the rollout group, before it computes the log-probs,
+values, advantages and updates of step ``s`` on the actor's (and critic's) groups. The
+rollout group samples while the actor trains.
+
+Versions are counted in actor updates: the actor is at version ``v`` after ``v`` updates
+(a resumed run at its checkpoint's step), and every weight sync records which actor version
+it sent (:meth:`AsyncRollout.synced`). A rollout batch carries the sync version it was
+sampled with in ``meta_info["weight_version"]``; its *staleness* when it trains the actor
+from version ``v`` to ``v + 1`` is ``v`` minus the actor version of those weights. The bound:
+
+* a generation for step ``s`` (used at actor version ``s - 1``) is not started while the
+  rollout's weights are older than actor version ``s - 1 - k``
+  (:meth:`AsyncRollout.needs_sync` tells the trainer to sync first);
+* :meth:`AsyncRollout.take` checks every batch it hands out, and both raise
+  :class:`~sc_integration.StalenessBoundError` if the bound would be broken.
+
+One generation is in flight at a time: the rollout group runs its calls one after another,
+so a second queued generation would only delay the next weight sync. A weight sync first
+waits for the generation in flight (:meth:`AsyncRollout.drain`), so the sync never runs
+while the rollout is mid-generation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sc_core import WorkerGroup, driver_span
+from sc_protocol import DataProto
+from sc_workers import RolloutWorker
+
+from ._errors import StalenessBoundError, WorkerOutputError
+
+__all__ = ["AsyncRollout", "GenerationWindow"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationWindow:
+    """When one prefetched generation ran, as seen from the driver (``time.time()``)."""
+
+    step: int
+    launched: float
+    finished: float
+
+
+@dataclass
+class _InFlight:
+    step: int
+    future: concurrent.futures.Future[tuple[DataProto, float]]
+    launched: float = field(default_factory=time.time)
+
+
+class AsyncRollout:
+    """The in-flight generation of an asynchronous run, its target step and the staleness
+    check (see the module doc). ``make_prompts(step)`` builds a step's prompt batch."""
+
+    def __init__(
+        self,
+        rollout: WorkerGroup[RolloutWorker],
+        make_prompts: Callable[[int], DataProto],
+        staleness: int,
+        last_step: int,
+    ) -> None:
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 1:
+            raise StalenessBoundError(
+                f"AsyncRollout: staleness must be an int >= 1, got {staleness!r}"
+            )
+        self.rollout = rollout
+        self.make_prompts = make_prompts
+        self.staleness = staleness
+        self.last_step = last_step
+        #: sync (weight) version -> the actor version whose weights it sent
+        self.actor_version_of: dict[int, int] = {}
+        #: the actor version the rollout's current weights came from (None: before any sync)
+        self.rollout_actor_version: int | None = None
+        #: when each prefetched generation ran, for the overlap figures of a benchmark
+        self.windows: list[GenerationWindow] = []
+        self._in_flight: _InFlight | None = None
+        self._ready: dict[int, DataProto] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sc-async-rollout")
+
+    # ---------------------------------------------------------------- versions
+    def synced(self, weight_version: int, actor_version: int) -> None:
+        """A weight sync made the rollout serve ``weight_version``, the weights of actor
+        version ``actor_version``."""
+        self.actor_version_of[weight_version] = actor_version
+        self.rollout_actor_version = actor_version
+
+    def allowed(self, step: int) -> bool:
+        """Whether the rollout's current weights may sample step ``step``'s batch (it trains
+        actor version ``step - 1``: the weights must be of version ``step - 1 - k`` or newer)."""
+        version = self.rollout_actor_version
+        return version is not None and version >= step - 1 - self.staleness
+
+    def needs_sync(self, actor_version: int, validate: bool) -> bool:
+        """After the update to ``actor_version``: must the rollout get those weights now?
+        Yes when the next generation to launch would otherwise break the bound, and before a
+        validation (it measures the actor's current weights)."""
+        if validate:
+            return self.rollout_actor_version != actor_version
+        launched = self._launched_step()
+        upcoming = (actor_version if launched is None else launched) + 1
+        return upcoming <= self.last_step and not self.allowed(upcoming)
+
+    def _launched_step(self) -> int | None:
+        if self._in_flight is not None:
+            return self._in_flight.step
+        return max(self._ready) if self._ready else None
+
+    # ------------------------------------------------------------- generation
+    def launch(self, step: int) -> None:
+        """Start step ``step``'s generation (non-blocking); nothing past the last step, nothing
+        already launched."""
+        if step > self.last_step or step in self._ready:
+            return
+        if self._in_flight is not None:
+            if self._in_flight.step == step:
+                return
+            raise StalenessBoundError(
+                f"AsyncRollout.launch: step {step} while step {self._in_flight.step}'s "
+                "generation is in flight (one at a time)"
+            )
+        if not self.allowed(step):
+            raise StalenessBoundError(
+                f"AsyncRollout.launch: step {step} trains actor version {step - 1}; the "
+                f"rollout's weights are of version {self.rollout_actor_version}, more than "
+                f"async_staleness={self.staleness} behind; sync the weights first"
+            )
+        prompts = self.make_prompts(step)
+        # the non-blocking call is made here; the pool's thread waits for its result, so
+        # the trace shows the generation as one span from launch to completion
+        proxy = self.rollout.generate_sequences.options(blocking=False)
+        pending = proxy(prompts)
+        self._in_flight = _InFlight(step, self._pool.submit(self._wait, step, pending))
+
+    def _wait(self, step: int, pending: Any) -> tuple[DataProto, float]:
+        """On the pool's thread: the generation's batch, and when it arrived."""
+        with driver_span("rollout", "generate_async"):
+            out = pending.get()
+        finished = time.time()
+        if not isinstance(out, DataProto):
+            raise WorkerOutputError(
+                f"AsyncRollout: step {step}'s generation returned {type(out).__name__}, "
+                "not a DataProto"
+            )
+        return out, finished
+
+    def drain(self) -> None:
+        """Wait for the generation in flight and keep its batch (before a weight sync)."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        out, finished = flight.future.result()
+        self.windows.append(GenerationWindow(flight.step, flight.launched, finished))
+        self._ready[flight.step] = out
+
+    def take(self, step: int) -> tuple[DataProto, int]:
+        """Step ``step``'s batch (launched now if it was not) and its staleness in versions;
+        raises :class:`StalenessBoundError` if it is more than k versions old."""
+        if step not in self._ready:
+            if self._in_flight is None or self._in_flight.step != step:
+                self.launch(step)
+            self.drain()
+        batch = self._ready.pop(step)
+        weight_version = batch.meta_info.get("weight_version")
+        if not isinstance(weight_version, int) or weight_version not in self.actor_version_of:
+            raise StalenessBoundError(
+                f"AsyncRollout.take: step {step}'s batch has weight_version "
+                f"{weight_version!r}, which no weight sync of this run sent"
+            )
+        age = (step - 1) - self.actor_version_of[weight_version]
+        if age > self.staleness:
+            raise StalenessBoundError(
+                f"AsyncRollout.take: step {step}'s batch was sampled with weight_version "
+                f"{weight_version} (actor version {self.actor_version_of[weight_version]}), "
+                f"{age} versions behind the actor's {step - 1}: more than "
+                f"async_staleness={self.staleness}"
+            )
+        return batch, age
+
+    def drop(self) -> None:
+        """Forget every prefetched batch (a recovery, the end of a run): a generation in
+        flight is waited for and its result, or error, discarded."""
+        flight, self._in_flight = self._in_flight, None
+        dropped = sorted(self._ready)
+        self._ready.clear()
+        if flight is not None:
+            dropped.append(flight.step)
+            try:
+                flight.future.result()
+            except Exception as exc:  # the run goes on without it
+                logger.warning("async rollout: step %d's dropped generation: %s", flight.step, exc)
+        if dropped:
+            logger.info("async rollout: dropped the prefetched batches of steps %s", dropped)
+
+    def close(self) -> None:
+        self.drop()
+        self._pool.shutdown(wait=True)

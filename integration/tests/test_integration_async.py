@@ -1,0 +1,247 @@
+"""The asynchronous trainer (``async_staleness`` k > 0, ``sc-demo --async-staleness K``): the
+rollout samples the next batch while the actor trains on this one, and no batch that trains
+the actor is more than k weight versions old."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from _integration_runs import assert_finite_training_metrics, assert_same_metrics, run, tiny_config
+from sc_core import SpanRecorder
+from sc_integration import (
+    StalenessBoundError,
+    TaskRunner,
+    TrainerConfig,
+    TrainerConfigError,
+    read_metrics,
+)
+from sc_integration._async_rollout import AsyncRollout
+from sc_integration._backends import make_backend
+from sc_integration.demo import build_parser, config_from_args, main
+from sc_protocol import DataProto
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _ages_of_a_run(config: TrainerConfig) -> tuple[list[int], list[dict[str, Any]]]:
+    """Train, watching the calls themselves: every weight sync (its version, and how many
+    updates the actor had made when it ran) and every update (the ``weight_version`` its
+    batch carries). Returns each update's staleness in versions, and the metrics."""
+    runner = TaskRunner(config)
+    updates = 0
+    actor_version_of: dict[int, int] = {}
+    ages: list[int] = []
+    with make_backend(config).running():
+        trainer = runner.build_trainer(make_backend(config))
+        trainer.init_workers()
+        try:
+            sync = trainer._weight_sync
+            assert sync is not None
+            group = trainer.actor_rollout_wg
+            real_sync = sync.sync
+            real_update: Callable[[DataProto], DataProto] = group.update_actor
+
+            def watched_sync() -> int:
+                version = real_sync()
+                actor_version_of[version] = updates
+                return version
+
+            def watched_update(batch: DataProto) -> DataProto:
+                nonlocal updates
+                ages.append(updates - actor_version_of[batch.meta_info["weight_version"]])
+                out = real_update(batch)
+                updates += 1
+                return out
+
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(sync, "sync", watched_sync)
+                mp.setattr(group, "update_actor", watched_update)
+                result = trainer.fit()
+        finally:
+            trainer.close()
+    return ages, read_metrics(result.output.metrics_path)
+
+
+@pytest.mark.parametrize(("k", "steps"), [(1, 4), (2, 6)])
+def test_no_update_uses_a_batch_more_than_k_versions_old(
+    k: int, steps: int, tmp_path: Path
+) -> None:
+    config = tiny_config(
+        tmp_path,
+        backend="local",
+        placement="separate",
+        async_staleness=k,
+        steps=steps,
+        val_every=steps,
+        save_every=steps,
+    )
+    ages, history = _ages_of_a_run(config)
+    assert len(ages) == steps
+    assert max(ages) <= k, ages
+    # the bound is reached: the rollout really ran ahead of the actor
+    assert max(ages) == k, ages
+    assert ages[0] == 0  # the first batch is sampled with the initial weights
+    # the trainer's own record agrees with what the calls carried
+    trained = [r for r in history if r["step"] > 0]
+    assert [r["rollout/staleness"] for r in trained] == ages
+    assert_finite_training_metrics(history, critic=True)
+    assert all("timing/old_log_prob" not in r for r in trained)  # the rollout's log-probs
+
+
+def test_k0_is_the_synchronous_loop_and_k1_is_not(tmp_path: Path) -> None:
+    """k = 0 keeps the synchronous loop's numbers (a colocated run's, the sampling weights
+    always the latest); k = 1 samples step 2 before update 1, so its numbers differ."""
+
+    def without_sync_keys(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {k: v for k, v in r.items() if not k.startswith(("rollout/", "sync/"))} for r in history
+        ]
+
+    sync_run = read_metrics(
+        run(tiny_config(tmp_path / "k0", backend="local", placement="separate")).output.metrics_path
+    )
+    colocated = read_metrics(
+        run(tiny_config(tmp_path / "col", backend="local")).output.metrics_path
+    )
+    assert_same_metrics(without_sync_keys(sync_run), without_sync_keys(colocated))
+    assert all("rollout/staleness" not in r for r in sync_run)
+    k1 = read_metrics(
+        run(
+            tiny_config(tmp_path / "k1", backend="local", placement="separate", async_staleness=1)
+        ).output.metrics_path
+    )
+    # the first step samples with the same weights and generator: the same batch
+    assert k1[1]["train/reward"] == sync_run[1]["train/reward"]
+    # step 2 trains version 1 on a batch of version 0 (the reference's weights): the sampling
+    # policy's KL to the reference is 0, the synchronous run's is not
+    assert abs(k1[2]["actor/kl_ref"]) < 1e-6 < abs(sync_run[2]["actor/kl_ref"])
+    assert [r["rollout/staleness"] for r in k1[1:]] == [0, 1, 1, 1]
+
+
+def test_async_run_on_ray_overlaps_generation_and_update(ray_cluster: None, tmp_path: Path) -> None:
+    """Actor FSDP dp=2, rollout 2 replicas, k=1 on Ray: the batches are at most one version
+    old, and each step's generation (a non-blocking call, waited for on a thread: the
+    ``generate_async`` span) starts before the actor's update of the step before ends."""
+    config = tiny_config(tmp_path, workers_per_role=2, placement="separate", async_staleness=1)
+    with make_backend(config).running(), SpanRecorder() as recorder:
+        trainer = TaskRunner(config).build_trainer(make_backend(config))
+        trainer.init_workers()
+        try:
+            result = trainer.fit()
+        finally:
+            trainer.close()
+    history = read_metrics(result.output.metrics_path)
+    assert_finite_training_metrics(history, critic=True)
+    assert [r["rollout/staleness"] for r in history[1:]] == [0, 1, 1, 1]
+    generations = [s for s in recorder.spans if s.method == "generate_async"]
+    assert len(generations) == 4
+    training = [
+        (s.start, s.end or 0.0)
+        for s in recorder.spans
+        if s.method.endswith(
+            ("compute_ref_log_prob", "compute_values", "update_critic", "update_actor")
+        )
+    ]
+    # steps 2..4 were generated while a call of the step before ran on the actor's group
+    for gen in generations[1:]:
+        end = gen.end or 0.0
+        assert any(min(end, t_end) > max(gen.start, t_start) for t_start, t_end in training), (
+            gen.start,
+            end,
+        )
+
+
+# ------------------------------------------------------------------- the pipeline alone
+class _Done:
+    def __init__(self, out: DataProto) -> None:
+        self.out = out
+
+    def get(self) -> DataProto:
+        return self.out
+
+
+class _FakeRollout:
+    """Answers every generation with a batch sampled by weight version ``weight_version``."""
+
+    def __init__(self) -> None:
+        self.weight_version = 1
+        self.launched: list[int] = []
+
+    @property
+    def generate_sequences(self) -> _FakeRollout:
+        return self
+
+    def options(self, **_: Any) -> _FakeRollout:
+        return self
+
+    def __call__(self, prompts: DataProto) -> _Done:
+        self.launched.append(prompts.meta_info["step"])
+        return _Done(DataProto(meta_info={"weight_version": self.weight_version}))
+
+
+def _pipeline(k: int) -> tuple[AsyncRollout, _FakeRollout]:
+    fake = _FakeRollout()
+    pipeline = AsyncRollout(
+        cast(Any, fake), lambda step: DataProto(meta_info={"step": step}), k, last_step=10
+    )
+    return pipeline, fake
+
+
+def test_a_generation_too_far_ahead_is_not_started() -> None:
+    pipeline, fake = _pipeline(1)
+    pipeline.synced(1, 0)
+    assert pipeline.allowed(2)
+    assert not pipeline.allowed(3)
+    with pytest.raises(StalenessBoundError, match=r"step 3 trains actor version 2.*version 0"):
+        pipeline.launch(3)
+    assert fake.launched == []
+    # after the update to version 1 the next launch (step 3) needs those weights
+    pipeline.launch(2)
+    assert pipeline.needs_sync(1, validate=False)
+    pipeline.synced(2, 1)
+    assert not pipeline.needs_sync(1, validate=False)
+    assert pipeline.needs_sync(2, validate=True)  # a validation wants the newest weights
+    pipeline.close()
+
+
+def test_a_batch_older_than_the_bound_is_refused() -> None:
+    pipeline, fake = _pipeline(1)
+    pipeline.synced(1, 0)
+    pipeline.synced(2, 3)  # the rollout serves version 3's weights, the batch says version 1
+    with pytest.raises(StalenessBoundError, match=r"3 versions behind .* async_staleness=1"):
+        pipeline.take(4)
+    fake.weight_version = 9
+    with pytest.raises(StalenessBoundError, match=r"weight_version 9, which no weight sync"):
+        pipeline.take(4)
+    pipeline.close()
+
+
+# --------------------------------------------------------------------------- settings
+def test_config_errors_name_the_value(tmp_path: Path) -> None:
+    with pytest.raises(TrainerConfigError, match=r"async_staleness must be >= 0, got -1"):
+        tiny_config(tmp_path, placement="separate", async_staleness=-1)
+    with pytest.raises(TrainerConfigError, match=r"async_staleness must be an int, got True"):
+        tiny_config(tmp_path, placement="separate", async_staleness=True)
+    with pytest.raises(TrainerConfigError, match=r"async_staleness must be an int, got 1\.5"):
+        tiny_config(tmp_path, placement="separate", async_staleness=1.5)
+    with pytest.raises(
+        TrainerConfigError, match=r"async_staleness=2 needs placement='separate' \(got 'colocated'"
+    ):
+        tiny_config(tmp_path, async_staleness=2)
+    assert tiny_config(tmp_path, async_staleness=0).async_staleness == 0
+
+
+def test_cli_async_staleness() -> None:
+    args = build_parser().parse_args(["--placement", "separate", "--async-staleness", "2"])
+    assert config_from_args(args).async_staleness == 2
+    assert config_from_args(build_parser().parse_args([])).async_staleness == 0
+
+
+def test_cli_async_staleness_needs_a_separate_rollout(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--async-staleness", "1"])
+    assert exc.value.code == 2
+    assert "async_staleness=1 needs placement='separate'" in capsys.readouterr().err
