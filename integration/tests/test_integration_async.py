@@ -121,6 +121,31 @@ def test_k0_is_the_synchronous_loop_and_k1_is_not(tmp_path: Path) -> None:
     assert [r["rollout/staleness"] for r in k1[1:]] == [0, 1, 1, 1]
 
 
+def test_a_rollout_death_mid_generation_drops_the_prefetched_batch(tmp_path: Path) -> None:
+    """The rollout rank dies in the generation launched at step 3 (for step 4); the death
+    shows when step 4 waits for that batch (step 3 needs no sync: nothing is launched past
+    the last step). The trainer drops it, recovers at step 2's checkpoint and regenerates
+    step 3's batch with the restored weights (staleness 0), then goes on to the end."""
+    config = tiny_config(
+        tmp_path,
+        backend="local",
+        placement="separate",
+        async_staleness=1,
+        save_every=2,
+        val_every=4,
+        inject_fault="rollout:0@step=3:generate_sequences",
+    )
+    result = run(config)
+    assert result.final_step == 4
+    history = read_metrics(result.output.metrics_path)
+    marked = [r for r in history if "recovery/count" in r]
+    assert len(marked) == 1
+    assert (marked[0]["recovery/failed_step"], marked[0]["recovery/from_step"]) == (4, 2)
+    assert [r["step"] for r in history] == [0, 1, 2, 3, 4]
+    assert [r["rollout/staleness"] for r in history[1:]] == [0, 1, 0, 1]
+    assert_finite_training_metrics(history, critic=True)
+
+
 def test_async_run_on_ray_overlaps_generation_and_update(ray_cluster: None, tmp_path: Path) -> None:
     """Actor FSDP dp=2, rollout 2 replicas, k=1 on Ray: the batches are at most one version
     old, and each step's generation (a non-blocking call, waited for on a thread: the
