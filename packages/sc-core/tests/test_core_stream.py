@@ -40,19 +40,19 @@ from sc_dispatch import (
 
 
 class RowWorker(Worker):
-    """Squares rows; rank ``slow_rank`` sleeps ``delay`` seconds per row; rows equal to
-    ``fail_row`` raise."""
+    """Squares rows, sleeping ``base`` seconds per row (``delay`` on rank ``slow_rank``); a
+    row ``"fail"`` raises, a row ``"hang"`` waits for ``release``."""
 
-    def __init__(self, slow_rank: int = -1, delay: float = 0.0) -> None:
+    def __init__(self, slow_rank: int = -1, delay: float = 0.0, base: float = 0.0) -> None:
         super().__init__()
         self.slow = self.rank == slow_rank
-        self.delay = delay
+        self.delay = delay if self.slow else base
         self.units: list[list[Any]] = []
         self.release = threading.Event()
 
     def _work(self, batch: Batch) -> Batch:
         self.units.append(list(batch.rows))
-        if self.slow:
+        if self.delay:
             time.sleep(self.delay * len(batch.rows))
         for row in batch.rows:
             if row == "fail":
@@ -197,13 +197,13 @@ def test_balanced_returns_the_even_result_in_input_order(wg: LocalWorkerGroup) -
 
 
 def test_balanced_micro_shards_are_pulled_by_free_ranks() -> None:
-    """Rank 0 is 20x slower per row: it takes fewer micro-shards than the others."""
-    with group((4,), RowWorker, 0, 0.02, concurrent=True) as g:
+    """Rank 0 is 20x slower per row: it takes fewer micro-shards than any other rank."""
+    with group((4,), RowWorker, 0, 0.1, 0.005, concurrent=True) as g:
         out = g.balanced_by_two(Batch(range(32)))
         assert out == Batch([r * r for r in range(32)])
         taken = [len(w.units) for w in g.workers]
         assert sum(taken) == 16
-        assert taken[0] < min(taken[1:])
+        assert taken[0] < min(taken[1:]), taken
 
 
 def test_a_balanced_mode_has_no_non_blocking_form(wg: LocalWorkerGroup) -> None:

@@ -133,12 +133,25 @@ def test_shards_are_put_once_and_results_joined(
         assert _col(nd, "r").tolist() == [0] * 6 + [2] * 6
     spans = {s.method: s for s in rec.spans}
     nbytes = 12 * 4 * 4
-    # Four shards put once each; ONE_TO_ALL and nd put each distinct object once.
-    assert spans["double_now"].bytes_put == nbytes
+    # Four small shards, one per rank, travel inline in their tasks (no put); ONE_TO_ALL and
+    # nd put each object that several ranks receive once.
+    assert spans["double_now"].bytes_put == 0
     assert spans["double_now"].bytes_fetched == nbytes
     assert spans["rows"].bytes_put == nbytes
     assert spans["nd_rows"].bytes_put == nbytes
     assert {p.rank for p in spans["double_now"].phases if p.rank is not None} == {0, 1, 2, 3}
+
+
+def test_large_shards_are_put_once_each(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    data = _batch(4 * 8192, width=4)  # four shards of 128 KiB: above Ray's inline limit
+    with SpanRecorder() as rec:
+        out = wg.double_now(data)
+    assert torch.equal(_col(out, "y"), _col(data, "x") * 2)
+    (span,) = rec.spans
+    assert span.bytes_put == 4 * 8192 * 4 * 4
 
 
 def test_nd_future_holds_collect_ranks_only(

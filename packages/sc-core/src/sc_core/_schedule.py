@@ -2,10 +2,10 @@
 handed back one by one as each finishes.
 
 This is what a streamed call (``proxy.stream(...)``) and the load-balanced and sticky modes
-run on. :class:`PlanRun` keeps every slot (a rank, or a dp group of a mesh) busy: a slot that
-finishes a unit gets the next unit pinned to it, else the next unpinned one, so fast ranks
-pull more micro-shards than slow ones. Every unit is an ordinary start of the method on the
-slot's ranks (:func:`~sc_core._pipeline.start`), sharing the call's deadline and span; the
+run on. :class:`PlanRun` starts the units pinned to a slot (a rank, or a dp group of a mesh)
+at once and keeps every slot busy with the unpinned ones: a slot that finishes a unit takes
+the next, so fast ranks pull more micro-shards than slow ones. Every unit is an ordinary
+start of the method on the slot's ranks (:func:`~sc_core._pipeline.start`), sharing the call's deadline and span; the
 driver waits for whichever unit finishes first with the backend's optional ``wait_any``
 (``ray.wait`` on Ray, ``concurrent.futures.wait`` in-process), else by polling ``is_done``.
 
@@ -19,9 +19,9 @@ import collections
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-from sc_dispatch import Slot, WorkPlan, WorkUnit
+from sc_dispatch import WorkPlan, WorkUnit
 
 from ._backend import Backend, CallHandle
 from ._call import Call
@@ -55,9 +55,23 @@ class _Running:
     handle: CallHandle
 
 
+#: A slot whose time per row is within this factor of the fastest slot's counts as keeping
+#: up: it gets a second unit queued behind the one it runs (see :meth:`PlanRun._fill`).
+_KEEPS_UP = 1.5
+
+
 class PlanRun:
     """One planned call in flight: iterate it for ``(unit, output)`` in completion order
-    (``output`` without its padding rows; units of padding only are skipped)."""
+    (``output`` without its padding rows; units of padding only are skipped).
+
+    Units pinned to a slot all start at once. Unpinned units go to idle slots; a slot that
+    has shown it keeps up (its seconds per row within 1.5x the fastest slot's) also gets a
+    second unit queued behind its current one while at least one unit per slot is left,
+    which hides the driver's round trip between units. A slow slot only ever holds one, and
+    an idle slot is given nothing when the other busy slots, at the speeds they have shown,
+    would finish every unit left before it finished the next one: at the end of the batch a
+    straggler is not left with work the others could have done.
+    """
 
     def __init__(
         self,
@@ -73,21 +87,29 @@ class PlanRun:
         self._method = method_name
         self._backend = backend
         self._wait_any = getattr(backend, "wait_any", None)
-        self._pinned: dict[int, collections.deque[WorkUnit]] = {}
         self._free: collections.deque[WorkUnit] = collections.deque()
-        for unit in plan.units:
-            if unit.slot is None:
-                self._free.append(unit)
-            else:
-                self._pinned.setdefault(unit.slot, collections.deque()).append(unit)
-        self._running: dict[int, _Running] = {}  # by slot index
+        self._running: dict[int, list[_Running]] = {i: [] for i in range(len(plan.slots))}
+        #: seconds per row each slot took for its last unit, and when its current one began
+        self._per_row: dict[int, float] = {}
+        self._busy_since: dict[int, float] = {}
         self._done: collections.deque[tuple[WorkUnit, Any]] = collections.deque()
         #: every unit ran to its end (not abandoned)
         self.finished = False
+        pinned = [u for u in plan.units if u.slot is not None]
+        self._free.extend(u for u in plan.units if u.slot is None)
+        try:
+            for unit in pinned:
+                self._launch(unit, cast(int, unit.slot))
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
 
     @property
     def plan(self) -> WorkPlan:
         return self._plan
+
+    def _in_flight(self) -> bool:
+        return any(self._running.values())
 
     def __iter__(self) -> PlanRun:
         return self
@@ -98,46 +120,79 @@ class PlanRun:
                 unit, output = self._done.popleft()
                 if len(unit.rows):
                     return unit, output
-            self._fill()
-            if not self._running:
+            try:
+                self._fill()
+            except BaseException as exc:
+                self.abandon(exc)
+                raise
+            if not self._in_flight():
                 self.finished = True
                 raise StopIteration
             self._wait_some()
 
     # --- starting units -------------------------------------------------------------------
 
-    def _next_unit(self, slot: int) -> WorkUnit | None:
-        pinned = self._pinned.get(slot)
-        if pinned:
-            return pinned.popleft()
-        if self._free:
-            return self._free.popleft()
-        return None
+    def _keeps_up(self, slot: int) -> bool:
+        mine = self._per_row.get(slot)
+        return mine is not None and mine <= _KEEPS_UP * min(self._per_row.values())
+
+    def _backlog_s(self, index: int, now: float) -> float:
+        """Seconds the units queued on slot ``index`` still need, at its speed so far."""
+        rows = sum(len(r.unit.rows) + r.unit.pad for r in self._running[index])
+        elapsed = now - self._busy_since.get(index, now)
+        return max(0.0, self._per_row[index] * rows - elapsed)
+
+    def _worth_waiting_for(self, index: int) -> bool:
+        """Whether this slot is slow (not within 1.5x of the fastest) and the other busy
+        slots, at the speeds they have shown and after the units they already hold, would
+        finish every unit left before it finished the next one alone: then it stays idle, so
+        that a straggler is not handed the batch's last units."""
+        mine = self._per_row.get(index)
+        others = [
+            i for i in self._per_row if i != index and self._per_row[i] > 0 and self._running[i]
+        ]
+        if mine is None or not others or not self._free or self._keeps_up(index):
+            return False
+        now = time.monotonic()
+        rows_left = sum(len(u.rows) + u.pad for u in self._free)
+        rate = sum(1 / self._per_row[i] for i in others)  # rows per second
+        backlog_rows = sum(self._backlog_s(i, now) / self._per_row[i] for i in others)
+        others_done_s = (rows_left + backlog_rows) / rate
+        next_rows = len(self._free[0].rows) + self._free[0].pad
+        return mine * next_rows > others_done_s
 
     def _fill(self) -> None:
-        """Start a unit on every idle slot that has work."""
-        for index, slot in enumerate(self._plan.slots):
-            if index in self._running:
-                continue
-            unit = self._next_unit(index)
-            if unit is not None:
-                self._running[index] = _Running(unit, index, self._start(unit, slot))
+        """Give every idle slot a unit (unless the others will finish the rest sooner), and
+        a second one to slots that keep up."""
+        slots = len(self._plan.slots)
+        for index in range(slots):
+            if self._free and not self._running[index] and not self._worth_waiting_for(index):
+                self._launch(self._free.popleft(), index)
+        for index in range(slots):
+            queued = self._running[index]
+            if len(self._free) >= slots and len(queued) == 1 and self._keeps_up(index):
+                self._launch(self._free.popleft(), index)
 
-    def _start(self, unit: WorkUnit, slot: Slot) -> CallHandle:
+    def _launch(self, unit: WorkUnit, index: int) -> None:
         group = self._group
+        slot = self._plan.slots[index]
         part = self._call.part(slot.ranks)
         group._liveness.check_alive(part)
         target, args = route(group, self._method, unit.args, unit.kwargs, 1)
         rank_args = [(args, unit.kwargs)] * len(slot.ranks)
-        return start(group, part, target, rank_args, self._backend)
+        handle = start(group, part, target, rank_args, self._backend)
+        if not self._running[index]:
+            self._busy_since[index] = time.monotonic()
+        self._running[index].append(_Running(unit, index, handle))
 
     # --- waiting for units ------------------------------------------------------------------
 
-    def _finished_slots(self) -> list[int]:
-        """Slots with at least one finished rank call: wait for any, within the deadline."""
-        entries = list(self._running.values())
+    def _finished(self) -> list[_Running]:
+        """Running units with at least one finished rank call (waited for within the
+        deadline), each slot's in the order they were queued."""
+        entries = [r for queue in self._running.values() for r in queue]
         handles = [h for r in entries for h in r.handle.rank_handles]
-        owners = [r.slot for r in entries for _ in r.handle.rank_handles]
+        owners = [r for r in entries for _ in r.handle.rank_handles]
         call = self._call
         while True:
             if self._wait_any is not None:
@@ -148,25 +203,33 @@ class PlanRun:
                     time.sleep(_POLL_S)
                     continue
             if done:
-                return sorted({owners[i] for i in done})
+                hit = {id(owners[i]) for i in done}
+                return [r for r in entries if id(r) in hit]
             if call.expired():
                 ranks = sorted(r for e in entries for r in e.handle.call.ranks)
                 raise CallTimeoutError(call.method_name, ranks, call.timeout)
 
     def _wait_some(self) -> None:
         try:
-            slots = self._finished_slots()
-            for slot in slots:
-                running = self._running[slot]
+            for running in self._finished():
                 values = wait(self._group, running.handle, self._backend)
-                del self._running[slot]
-                self._release(running.unit)
-                ranks = self._plan.slots[slot].ranks
-                output = values[ranks.index(self._plan.slots[slot].collect_rank)]
-                self._done.append((running.unit, self._plan.trim(running.unit, output)))
+                self._complete(running, values)
         except BaseException as exc:
             self.abandon(exc)
             raise
+
+    def _complete(self, running: _Running, values: list[Any]) -> None:
+        index, unit = running.slot, running.unit
+        queue = self._running[index]
+        queue.remove(running)
+        now = time.monotonic()
+        rows = max(1, len(unit.rows) + unit.pad)
+        self._per_row[index] = (now - self._busy_since.get(index, now)) / rows
+        self._busy_since[index] = now
+        self._release(unit)
+        slot = self._plan.slots[index]
+        output = values[slot.ranks.index(slot.collect_rank)]
+        self._done.append((unit, self._plan.trim(unit, output)))
 
     def _release(self, unit: WorkUnit) -> None:
         if self._plan.release is not None:
@@ -175,10 +238,11 @@ class PlanRun:
     def abandon(self, exc: BaseException | None = None) -> None:
         """Stop waiting for the units still running (the group remembers the busy ranks and
         says so in ``exc``) and release every unit not done."""
-        running, self._running = self._running, {}
-        for entry in running.values():
+        running = [r for queue in self._running.values() for r in queue]
+        for queue in self._running.values():
+            queue.clear()
+        for entry in running:
             give_up(self._group, entry.handle, exc)
             self._release(entry.unit)
-        for queue in (*self._pinned.values(), self._free):
-            while queue:
-                self._release(queue.popleft())
+        while self._free:
+            self._release(self._free.popleft())

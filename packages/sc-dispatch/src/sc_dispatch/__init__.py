@@ -42,6 +42,7 @@ from ._nd import (
     mesh_layout,
 )
 from ._plan import (
+    DEFAULT_UNITS_PER_SLOT,
     PlanFn,
     Slot,
     WorkPlan,
@@ -109,6 +110,7 @@ SETTINGS: tuple[Setting[object], ...] = ()
 """Every environment variable sc-dispatch reads: none (it provides :class:`Setting`)."""
 
 __all__ = [
+    "DEFAULT_UNITS_PER_SLOT",
     "MAGIC_ATTR",
     "PADDING_SIZE_KEY",
     "CollectFn",
