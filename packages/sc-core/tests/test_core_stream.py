@@ -293,6 +293,39 @@ class MeshWorker(Worker):
     def balanced(self, batch: Batch) -> Batch:
         return self.even(batch)
 
+    @register(dispatch_mode=make_balanced_dispatch_fn(1, mesh_name="m"))
+    def balanced_1(self, batch: Batch) -> Batch:
+        return self.even(batch)
+
+    @register(dispatch_mode=make_balanced_dispatch_fn(mesh_name="m"))
+    def balanced_default(self, batch: Batch) -> Batch:
+        return self.even(batch)
+
+
+@pytest.fixture(scope="module")
+def mesh_group() -> Iterator[LocalWorkerGroup]:
+    with group((4,), MeshWorker) as g:
+        yield g
+
+
+@PROPERTY
+@given(
+    rows=st.integers(1, 30), method=st.sampled_from(["balanced", "balanced_1", "balanced_default"])
+)
+def test_balanced_on_a_2d_mesh_equals_the_even_split(
+    mesh_group: LocalWorkerGroup, rows: int, method: str
+) -> None:
+    """Any batch size (the even split pads odd ones) and micro-shard size: the same rows, in
+    order; tp peers receive the same micro-shards."""
+    for w in mesh_group.workers:
+        w.units.clear()
+    batch = Batch(range(rows))
+    out = getattr(mesh_group, method)(batch)
+    units = [w.units for w in mesh_group.workers]
+    assert units[0] == units[1]
+    assert units[2] == units[3]
+    assert out == mesh_group.even(batch)
+
 
 def test_balanced_on_a_2d_mesh_sends_each_micro_shard_to_a_whole_dp_group() -> None:
     with group((4,), MeshWorker) as g:
@@ -360,17 +393,20 @@ def test_sticky_moves_the_keys_of_a_dead_rank_only() -> None:
 
 
 def test_sticky_moves_keys_off_a_rank_that_falls_behind() -> None:
-    """A stream left unfinished on rank 0 counts as rows it still has to do: once that
-    exceeds max_lag (2 rows), rank 0's keys move; its own keys stay while it keeps up."""
+    """A stream still running on rank 0 counts as rows it has to do: once that exceeds
+    max_lag (2 rows) beyond rank 1's, rank 0's keys move; rank 1's keys stay."""
     with group((2,), SessionWorker) as g:
-        base = Batch([("a", 0), ("b", 0)])
-        owners = _owners(g.turn(base))
+        owners = _owners(g.turn(Batch([("a", 0), ("b", 0)])))
         assert owners == {"a": 0, "b": 1}
+        backlog = g.turn.stream(Batch([("a", 1)] * 5 + [("b", 1)]))  # 5 rows on rank 0
         router = next(iter(g._sc_key_routers.values()))
-        router.outstanding[0] = 5  # rank 0 is 5 rows behind
-        moved = _owners(g.turn(base))
+        assert router.outstanding == [5, 1]
+        moved = _owners(g.turn(Batch([("a", 2), ("b", 2)])))
         assert moved == {"a": 1, "b": 1}
         assert router.moves == 1
+        assert len(backlog.result().rows) == 6
+        assert router.outstanding == [0, 0]
+        assert _owners(g.turn(Batch([("a", 3), ("b", 3)]))) == {"a": 1, "b": 1}  # it stays
 
 
 def test_sticky_without_a_key_column_names_it() -> None:
