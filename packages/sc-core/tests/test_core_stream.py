@@ -206,9 +206,19 @@ def test_balanced_micro_shards_are_pulled_by_free_ranks() -> None:
         assert taken[0] < min(taken[1:]), taken
 
 
+class LaterWorker(Worker):
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_BALANCED, blocking=False)
+    def later(self, batch: Batch) -> Batch:
+        return batch
+
+
 def test_a_balanced_mode_has_no_non_blocking_form(wg: LocalWorkerGroup) -> None:
     with pytest.raises(UnsupportedCallError, match="no non-blocking form"):
         wg.balanced.options(blocking=False)(Batch(range(4)))
+    with group((2,), LaterWorker) as g:
+        with pytest.raises(UnsupportedCallError, match="later: DP_COMPUTE_PROTO_BALANCED"):
+            g.later(Batch(range(4)))
+        assert g.later.options(blocking=True)(Batch(range(4))) == Batch(range(4))
 
 
 def test_bad_balanced_and_sticky_settings_are_refused() -> None:

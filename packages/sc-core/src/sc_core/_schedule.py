@@ -5,9 +5,10 @@ This is what a streamed call (``proxy.stream(...)``) and the load-balanced and s
 run on. :class:`PlanRun` starts the units pinned to a slot (a rank, or a dp group of a mesh)
 at once and keeps every slot busy with the unpinned ones: a slot that finishes a unit takes
 the next, so fast ranks pull more micro-shards than slow ones. Every unit is an ordinary
-start of the method on the slot's ranks (:func:`~sc_core._pipeline.start`), sharing the call's deadline and span; the
-driver waits for whichever unit finishes first with the backend's optional ``wait_any``
-(``ray.wait`` on Ray, ``concurrent.futures.wait`` in-process), else by polling ``is_done``.
+start of the method on the slot's ranks (:func:`~sc_core._pipeline.start`), sharing the
+call's deadline and span; the driver waits for whichever unit finishes first with the
+backend's optional ``wait_any`` (``ray.wait`` on Ray, ``concurrent.futures.wait``
+in-process), else by polling ``is_done``.
 
 A failure ends the run with the same typed error as a blocking call (the group gives up on
 the units still running); a run closed early abandons its running units the same way.
@@ -97,10 +98,14 @@ class PlanRun:
         self.finished = False
         pinned = [u for u in plan.units if u.slot is not None]
         self._free.extend(u for u in plan.units if u.slot is None)
+        launched = 0
         try:
             for unit in pinned:
                 self._launch(unit, cast(int, unit.slot))
+                launched += 1
         except BaseException as exc:
+            for unit in pinned[launched:]:
+                self._release(unit)
             self.abandon(exc)
             raise
 

@@ -87,7 +87,8 @@ def run_planned(
 ) -> Any:
     """A blocking call of a scheduled mode: every unit run, the outputs joined in input
     order (the same result as the even split)."""
-    if proxy.call_options.blocking is False or not proxy.attrs.blocking:
+    opts = proxy.call_options
+    if not (proxy.attrs.blocking if opts.blocking is None else opts.blocking):
         raise UnsupportedCallError(
             f"{proxy.__qualname__}: {proxy.spec.name} schedules its units from the driver and "
             "has no non-blocking form; call it blocking, or stream it with .stream(...)"

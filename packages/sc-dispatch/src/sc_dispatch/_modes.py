@@ -237,14 +237,19 @@ def make_sticky_dispatch_fn(
         alive = [not dead.intersection(s.ranks) for s in slots]
         router = _router(worker_group, mode, len(slots), max_lag)
         assigned = router.assign(mode, keys, alive)
+        by_slot = [[i for i, s in enumerate(assigned) if s == slot] for slot in range(len(slots))]
         units: list[WorkUnit] = []
-        for slot in range(len(slots)):
-            rows = [i for i, s in enumerate(assigned) if s == slot]
-            if not rows:
-                continue
-            unit_args = tuple(take_rows(mode, a, rows) for a in args)
-            unit_kwargs = {k: take_rows(mode, v, rows) for k, v in kwargs.items()}
-            units.append(WorkUnit(len(units), tuple(rows), unit_args, unit_kwargs, slot=slot))
+        try:
+            for slot, rows in enumerate(by_slot):
+                if not rows:
+                    continue
+                unit_args = tuple(take_rows(mode, a, rows) for a in args)
+                unit_kwargs = {k: take_rows(mode, v, rows) for k, v in kwargs.items()}
+                units.append(WorkUnit(len(units), tuple(rows), unit_args, unit_kwargs, slot=slot))
+        except BaseException:  # nothing will run: the rows are no one's to do
+            for slot, rows in enumerate(by_slot):
+                router.release(slot, len(rows))
+            raise
 
         def release(unit: WorkUnit) -> None:
             if unit.slot is not None:
