@@ -121,6 +121,16 @@ def test_k0_is_the_synchronous_loop_and_k1_is_not(tmp_path: Path) -> None:
     assert [r["rollout/staleness"] for r in k1[1:]] == [0, 1, 1, 1]
 
 
+def test_grpo_runs_asynchronously(tmp_path: Path) -> None:
+    """No critic: the step without values or a critic update still overlaps and trains."""
+    config = tiny_config(
+        tmp_path, backend="local", algorithm="grpo", placement="separate", async_staleness=1
+    )
+    history = read_metrics(run(config).output.metrics_path)
+    assert [r["rollout/staleness"] for r in history[1:]] == [0, 1, 1, 1]
+    assert_finite_training_metrics(history, critic=False)
+
+
 def test_a_rollout_death_mid_generation_drops_the_prefetched_batch(tmp_path: Path) -> None:
     """The rollout rank dies in the generation launched at step 3 (for step 4); the death
     shows when step 4 waits for that batch (step 3 needs no sync: nothing is launched past
