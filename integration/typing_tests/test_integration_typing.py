@@ -56,8 +56,8 @@ CASES = [
     ),
     (
         "one-to-all-result-used-as-a-batch",  # ONE_TO_ALL collects list[None], not a DataProto
-        "_metrics_of(self.critic_wg.update_critic(batch))",
-        '_metrics_of(self.critic_wg.save_checkpoint("ckpt"))',
+        "metrics_of(self.critic_wg.update_critic(batch))",
+        'metrics_of(self.critic_wg.save_checkpoint("ckpt"))',
         "arg-type",
     ),
 ]

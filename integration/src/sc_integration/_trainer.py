@@ -10,18 +10,15 @@ Python on the driver. Every worker call is checked by mypy with ``sc_core.mypy_p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from sc_core import ResourcePoolManager, WorkerDiedError, WorkerError, WorkerGroup
 from sc_protocol import DataProto
 from sc_workers import (
@@ -32,20 +29,24 @@ from sc_workers import (
     WeightSyncError,
     published_step,
 )
-from sc_workers.algos import (
-    compute_gae_advantage_return,
-    compute_grpo_outcome_advantage,
-    masked_mean,
-)
 
 from ._async_rollout import AsyncRollout
 from ._backends import WorkerBackend
-from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
-from ._errors import TrainerStateError, TrainingDivergedError, WorkerOutputError
+from ._errors import TrainerStateError
 from ._output import RunOutput, check_resumable, read_metrics
 from ._recovery import FaultSpec, inject, recover
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
+from ._stages import (
+    TIMING_PREFIXES,
+    StageTimer,
+    balance_batch,
+    check_finite,
+    compute_advantage,
+    compute_reward,
+    metrics_of,
+    tensors_for,
+)
 from ._task import DigitsTask
 
 __all__ = ["TIMING_PREFIXES", "RayPPOTrainer", "RunResult"]
@@ -53,9 +54,6 @@ __all__ = ["TIMING_PREFIXES", "RayPPOTrainer", "RunResult"]
 logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, Mapping[str, Any]], None]
-
-#: Metric keys that depend on wall time; everything else is a function of the seed.
-TIMING_PREFIXES = ("timing/", "perf/")
 
 
 @dataclass(frozen=True)
@@ -78,21 +76,6 @@ class RunResult:
     checkpoint: Path
     seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
-
-
-class _StageTimer:
-    """``with timer("generate"): ...`` records the seconds of each stage of one step."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
 class RayPPOTrainer:
@@ -258,60 +241,11 @@ class RayPPOTrainer:
         batch = self._prompt_batch(texts, f"s{step}", {"global_step": step})
         return batch.repeat(repeat_times=self.config.responses_per_prompt, interleave=True)
 
-    # ------------------------------------------------------------------ stages
-    def _balance_batch(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        """Reorder rows so every dp shard holds a similar number of tokens."""
-        counts = _tensors(batch, "balance")["attention_mask"].sum(dim=-1).tolist()
-        order = balanced_order(counts, self.dp_size)
-        sums = shard_token_sums([counts[i] for i in order], self.dp_size)
-        metrics["balance/max_over_mean_tokens"] = max(sums) / (sum(sums) / len(sums))
-        batch.reorder(torch.tensor(order))
-        return batch
-
-    def _compute_reward(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        """The verifiable reward: each response token earns its position's credit."""
-        td = _tensors(batch, "reward")
-        mask = td["response_mask"]
-        token_scores = self.task.token_scores(
-            batch.non_tensor_batch["prompt_text"], td["responses"], mask
-        )
-        td["token_level_scores"] = token_scores
-        td["token_level_rewards"] = token_scores  # the KL term is a loss of the actor
-        scores = token_scores.sum(dim=-1)
-        metrics["train/reward"] = scores.mean().item()
-        metrics["train/reward_std"] = scores.std().item() if len(scores) > 1 else 0.0
-        metrics["train/response_length"] = mask.sum(dim=-1).float().mean().item()
-        return batch
-
-    def _compute_advantage(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-        """GAE from the critic's values (PPO), or group-normalised scores (GRPO)."""
-        td = _tensors(batch, "advantages")
-        rewards, mask = td["token_level_rewards"], td["response_mask"]
-        if self.use_critic:
-            advantages, returns = compute_gae_advantage_return(
-                token_level_rewards=rewards,
-                values=td["values"],
-                response_mask=mask,
-                gamma=self.config.gamma,
-                lam=self.config.lam,
-            )
-        else:
-            advantages, returns = compute_grpo_outcome_advantage(
-                token_level_rewards=rewards,
-                response_mask=mask,
-                index=batch.non_tensor_batch["uid"],
-            )
-        td["advantages"] = advantages
-        td["returns"] = returns
-        kl = td["old_log_probs"] - td["ref_log_prob"]
-        metrics["actor/kl_ref"] = masked_mean(kl, mask).item()
-        return batch
-
     # -------------------------------------------------------------------- loop
     def _train_step(self, step: int) -> dict[str, Any]:
         """One PPO/GRPO step; each line is one stage of the dataflow."""
         m: dict[str, Any] = {"step": step}
-        t = _StageTimer()
+        t = StageTimer()
         pipeline = self._async
         if pipeline is None:
             batch = self._train_batch(step)
@@ -325,14 +259,14 @@ class RayPPOTrainer:
         if "weight_version" in batch.meta_info:  # sampled by a separately placed rollout
             m["rollout/weight_version"] = batch.meta_info["weight_version"]
         with t("balance"):
-            batch = self._balance_batch(batch, m)
+            batch = balance_batch(batch, self.dp_size, m)
         with t("reward"):
-            batch = self._compute_reward(batch, m)
+            batch = compute_reward(self.task, batch, m)
         if pipeline is None:
             with t("old_log_prob"):
                 batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
         else:  # off-policy: the ratio is against the policy that sampled the batch
-            td = _tensors(batch, "off_policy")
+            td = tensors_for(batch, "off_policy")
             td["old_log_probs"] = td["rollout_log_probs"]
         with t("ref_log_prob"):
             batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
@@ -340,12 +274,12 @@ class RayPPOTrainer:
             with t("values"):
                 batch = batch.union(self.critic_wg.compute_values(batch))
         with t("advantages"):
-            batch = self._compute_advantage(batch, m)
+            batch = compute_advantage(batch, m, self.config, self.use_critic)
         if self.use_critic:
             with t("update_critic"):
-                m.update(_metrics_of(self.critic_wg.update_critic(batch)))
+                m.update(metrics_of(self.critic_wg.update_critic(batch)))
         with t("update_actor"):
-            m.update(_metrics_of(self.actor_rollout_wg.update_actor(batch)))
+            m.update(metrics_of(self.actor_rollout_wg.update_actor(batch)))
         if self._weight_sync is not None and (
             pipeline is None or pipeline.needs_sync(step, validate=self._validates(step))
         ):
@@ -356,7 +290,7 @@ class RayPPOTrainer:
                 self._sync_weights(m, step)
         m.update({f"timing/{k}": v for k, v in t.seconds.items()})
         m["perf/step_time_s"] = sum(t.seconds.values())
-        _check_finite(step, m)
+        check_finite(step, m)
         return m
 
     def validate(self) -> float:
@@ -366,7 +300,7 @@ class RayPPOTrainer:
         pad = (-len(batch)) % self.dp_size
         if pad:
             batch = DataProto.concat([batch, batch[:pad]])
-        td = _tensors(self._generate(batch), "validate")
+        td = tensors_for(self._generate(batch), "validate")
         n = len(texts)
         scores = self.task.score(texts, td["responses"][:n], td["response_mask"][:n])
         return float(scores.mean().item())
@@ -546,43 +480,3 @@ class RayPPOTrainer:
         self.history = [r for r in read_metrics(folder / "metrics.jsonl") if r["step"] <= step]
         self.output.start(self.history)
         logger.info("resumed from %s at step %d", folder, step)
-
-
-_NEEDED = {
-    "balance": ("attention_mask",),
-    "reward": ("responses", "response_mask"),
-    "advantages": ("token_level_rewards", "response_mask", "old_log_probs", "ref_log_prob"),
-    "validate": ("responses", "response_mask"),
-    "off_policy": ("rollout_log_probs",),
-}
-
-
-def _tensors(batch: DataProto, stage: str) -> Any:
-    """The tensor columns of ``batch`` (a TensorDict), checked for what ``stage`` reads."""
-    td = batch.batch
-    missing = [k for k in _NEEDED[stage] if td is None or k not in td]
-    if td is None or missing:
-        have = [] if td is None else sorted(td.keys())
-        raise WorkerOutputError(f"RayPPOTrainer.{stage}: the batch lacks {missing} (has {have})")
-    return td
-
-
-def _metrics_of(out: DataProto) -> dict[str, float]:
-    """The metrics a worker update returned in ``meta_info["metrics"]``: joining the ranks'
-    outputs gathers each metric into a list of the ranks' values (verl's rule); the values
-    are dp-reduced already, so their mean is the value."""
-    metrics: dict[str, Any] = out.meta_info.get("metrics", {})
-    return {
-        key: float(np.mean(value)) if isinstance(value, list) else float(value)
-        for key, value in metrics.items()
-    }
-
-
-def _check_finite(step: int, metrics: Mapping[str, Any]) -> None:
-    bad = {
-        k: v
-        for k, v in metrics.items()
-        if isinstance(v, float) and not math.isfinite(v) and not k.startswith(TIMING_PREFIXES)
-    }
-    if bad:
-        raise TrainingDivergedError(f"RayPPOTrainer.fit: step {step} has non-finite metrics {bad}")
