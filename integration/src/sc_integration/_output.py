@@ -19,14 +19,23 @@ import math
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from sc_workers import published_step
 
 from ._config import TrainerConfig
 from ._errors import CheckpointMismatchError, CheckpointNotFoundError, TrainerConfigError
 
-__all__ = ["PLOT_PANELS", "RunOutput", "check_resumable", "read_metrics", "resolve_checkpoint"]
+__all__ = [
+    "PLOT_PANELS",
+    "PendingSave",
+    "RunOutput",
+    "check_resumable",
+    "read_metrics",
+    "resolve_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +50,15 @@ PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _LATEST = "latest"
 _STEP_PREFIX = "global_step_"
 TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass(frozen=True)
+class PendingSave:
+    """A checkpoint the workers are writing: what completes it once they are done."""
+
+    step: int
+    state: dict[str, Any]
+    history: list[dict[str, Any]]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -147,6 +165,23 @@ class RunOutput:
         )
         _atomic_write_text(self.checkpoint_root / _LATEST, f"{step}\n")
         return folder
+
+    def complete_save(self, pending: PendingSave, keep: int) -> Path:
+        """Write the trainer's part of ``pending`` (its workers are done) and keep only the
+        newest ``keep`` checkpoints; the completed folder."""
+        folder = self.finish_checkpoint(pending.step, pending.state, pending.history)
+        self.prune_checkpoints(keep)
+        logger.info("checkpoint of step %d complete: %s", pending.step, folder)
+        return folder
+
+    def settle_save(self, pending: PendingSave, roles: Sequence[str], keep: int) -> None:
+        """In a recovery, where the workers may be gone: complete ``pending`` if every role's
+        rank 0 has published it (its files say so), else abandon it."""
+        folder = self.checkpoint_dir(pending.step)
+        if all(published_step(folder / role) == pending.step for role in roles):
+            self.complete_save(pending, keep)  # found published on disk
+        else:
+            logger.warning("the checkpoint of step %d was not complete; abandoned", pending.step)
 
     def prune_checkpoints(self, keep: int) -> list[Path]:
         """Remove all but the newest ``keep`` complete checkpoints, and the incomplete ones

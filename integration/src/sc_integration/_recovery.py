@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sc_core import FAULT_ACTIONS, FaultAction, WorkerGroup, driver_span
 
-from ._errors import TrainerConfigError, TrainerRecoveryError
+from ._errors import TrainerConfigError, TrainerRecoveryError, TrainerStateError
 
 if TYPE_CHECKING:
+    from ._roles import TrainerGroups
     from ._trainer import RayPPOTrainer
 
-__all__ = ["FAULT_ROLES", "FaultSpec", "inject", "recover"]
+__all__ = ["FAULT_ROLES", "FaultSpec", "inject", "inject_due", "recover"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,22 @@ def inject(group: WorkerGroup[Any], fault: FaultSpec) -> None:
     import ray
 
     ray.kill(group.workers[fault.rank], no_restart=True)
+
+
+def inject_due(groups: TrainerGroups, faults: list[FaultSpec], step: int) -> list[FaultSpec]:
+    """Inject the faults of ``faults`` whose step begins into their roles' groups; the faults
+    left for later steps."""
+    for fault in (f for f in faults if f.step == step):
+        group = {
+            "actor": groups.actor_rollout,
+            "critic": groups.critic,
+            "rollout": groups.rollout,
+        }[fault.role]
+        if group is None:
+            raise TrainerStateError(f"inject_fault: this run has no {fault.role} group")
+        logger.warning("step %d: injecting the fault %s", step, fault)
+        inject(group, fault)
+    return [f for f in faults if f.step != step]
 
 
 def recover(trainer: RayPPOTrainer, step: int, error: BaseException) -> dict[str, Any]:

@@ -27,15 +27,14 @@ from sc_workers import (
     RolloutWorker,
     WeightSync,
     WeightSyncError,
-    published_step,
 )
 
 from ._async_rollout import AsyncRollout
 from ._backends import WorkerBackend
 from ._config import TrainerConfig
 from ._errors import TrainerStateError
-from ._output import RunOutput, check_resumable, read_metrics
-from ._recovery import FaultSpec, inject, recover
+from ._output import PendingSave, RunOutput, check_resumable, read_metrics
+from ._recovery import FaultSpec, inject_due, recover
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
 from ._stages import (
     TIMING_PREFIXES,
@@ -54,15 +53,6 @@ __all__ = ["TIMING_PREFIXES", "RayPPOTrainer", "RunResult"]
 logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, Mapping[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class _PendingSave:
-    """A checkpoint the workers are writing: what completes it once they are done."""
-
-    step: int
-    state: dict[str, Any]
-    history: list[dict[str, Any]]
 
 
 @dataclass
@@ -114,7 +104,7 @@ class RayPPOTrainer:
         self.recoveries = 0
         self._faults: list[FaultSpec] = list(config.faults)  # each injected once
         #: a checkpoint whose workers may still be writing (see save_checkpoint)
-        self._pending_save: _PendingSave | None = None
+        self._pending_save: PendingSave | None = None
         #: the generation pipeline of an asynchronous run (async_staleness > 0)
         self._async: AsyncRollout | None = None
 
@@ -374,21 +364,8 @@ class RayPPOTrainer:
 
     def _inject_fault(self, step: int) -> None:
         """Inject the faults of ``config.inject_fault`` whose step begins (each once)."""
-        due = [f for f in self._faults if f.step == step]
-        if not due:
-            return
-        self._faults = [f for f in self._faults if f.step != step]
-        groups = self._workers("inject_fault")
-        for fault in due:
-            group = {
-                "actor": groups.actor_rollout,
-                "critic": groups.critic,
-                "rollout": groups.rollout,
-            }[fault.role]
-            if group is None:
-                raise TrainerStateError(f"inject_fault: this run has no {fault.role} group")
-            logger.warning("step %d: injecting the fault %s", step, fault)
-            inject(group, fault)
+        if any(f.step == step for f in self._faults):
+            self._faults = inject_due(self._workers("inject_fault"), self._faults, step)
 
     def _resync_rollout(self) -> None:
         """After a recovery: a separately placed rollout gets the restored weights over a
@@ -428,7 +405,7 @@ class RayPPOTrainer:
                 str(folder / "critic"), global_step=step, background=background
             )
         state = {"global_step": step, "config": asdict(self.config)}
-        self._pending_save = _PendingSave(step, state, list(self.history))
+        self._pending_save = PendingSave(step, state, list(self.history))
         if not background:
             self._finish_save(block=True)
         return folder
@@ -450,26 +427,16 @@ class RayPPOTrainer:
         self._pending_save = None
         return self._complete_save(pending)
 
-    def _complete_save(self, pending: _PendingSave) -> Path:
-        """Write the trainer's part of ``pending`` (its workers are done) and keep only the
-        newest ``config.keep_checkpoints``."""
-        folder = self.output.finish_checkpoint(pending.step, pending.state, pending.history)
-        self.output.prune_checkpoints(self.config.keep_checkpoints)
-        logger.info("checkpoint of step %d complete: %s", pending.step, folder)
-        return folder
+    def _complete_save(self, pending: PendingSave) -> Path:
+        return self.output.complete_save(pending, self.config.keep_checkpoints)
 
     def _settle_pending_save(self) -> None:
-        """In a recovery, where the workers may be gone: complete the pending checkpoint if
-        every role's rank 0 has published it (its files say so), else abandon it."""
+        """In a recovery: complete the pending checkpoint if every role published it on
+        disk, else abandon it (:meth:`RunOutput.settle_save`)."""
         pending, self._pending_save = self._pending_save, None
-        if pending is None:
-            return
-        folder = self.output.checkpoint_dir(pending.step)
-        roles = ["actor", "critic"] if self.use_critic else ["actor"]
-        if all(published_step(folder / role) == pending.step for role in roles):
-            self._complete_save(pending)  # found published on disk
-        else:
-            logger.warning("the checkpoint of step %d was not complete; abandoned", pending.step)
+        if pending is not None:
+            roles = ["actor", "critic"] if self.use_critic else ["actor"]
+            self.output.settle_save(pending, roles, self.config.keep_checkpoints)
 
     def _load_checkpoint(self, folder: Path) -> None:
         step = check_resumable(folder, self.config)
