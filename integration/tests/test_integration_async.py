@@ -270,13 +270,18 @@ def test_config_errors_name_the_value(tmp_path: Path) -> None:
 
 
 def test_cli_async_staleness() -> None:
-    args = build_parser().parse_args(["--placement", "separate", "--async-staleness", "2"])
+    """``--async-staleness K`` (K > 0) implies ``--placement separate`` unless told otherwise."""
+    parse = build_parser().parse_args
+    args = parse(["--placement", "separate", "--async-staleness", "2"])
     assert config_from_args(args).async_staleness == 2
-    assert config_from_args(build_parser().parse_args([])).async_staleness == 0
+    implied = config_from_args(parse(["--async-staleness", "1"]))
+    assert (implied.async_staleness, implied.placement) == (1, "separate")
+    default = config_from_args(parse([]))
+    assert (default.async_staleness, default.placement) == (0, TrainerConfig.placement)
 
 
 def test_cli_async_staleness_needs_a_separate_rollout(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["--async-staleness", "1"])
+        main(["--async-staleness", "1", "--placement", "colocated"])
     assert exc.value.code == 2
     assert "async_staleness=1 needs placement='separate'" in capsys.readouterr().err

@@ -69,10 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--placement",
         choices=PLACEMENTS,
-        default=d.placement,
+        default=None,
         help="colocated: sample with the actor's model in its processes; separate: sample on a "
         "rollout group of its own, whose weights follow the actor's by a weight sync after "
-        f"every update (default: {d.placement})",
+        f"every update (default: {d.placement}; separate with --async-staleness above 0)",
     )
     add(
         "--rollout-tp",
@@ -85,9 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.async_staleness,
         metavar="K",
-        help="with --placement separate: generate the next batch while the actor trains on "
-        "this one, from weights at most K updates old, the PPO ratio against the sampling "
-        f"policy; 0: synchronous (default: {d.async_staleness})",
+        help="generate the next batch on a separately placed rollout (implies --placement "
+        "separate) while the actor trains on this one, from weights at most K updates old, "
+        f"the PPO ratio against the sampling policy; 0: synchronous (default: "
+        f"{d.async_staleness})",
     )
     add(
         "--backend",
@@ -267,7 +268,11 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
             else (1 if args.backend == "local" else TrainerConfig.workers_per_role)
         ),
         colocate=args.colocate,
-        placement=args.placement,
+        placement=(
+            args.placement
+            if args.placement is not None
+            else ("separate" if args.async_staleness > 0 else TrainerConfig.placement)
+        ),
         rollout_tp=args.rollout_tp,
         async_staleness=args.async_staleness,
         seed=args.seed,
