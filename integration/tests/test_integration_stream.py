@@ -69,7 +69,7 @@ def _same(a: DataProto, b: DataProto) -> None:
     assert a.batch is not None
     assert b.batch is not None
     assert set(a.batch.keys()) == set(b.batch.keys())
-    for key in a.batch:
+    for key in a.batch.keys():  # noqa: SIM118 - iterating a TensorDict yields its rows
         assert torch.equal(a.batch[key], b.batch[key]), key
     assert list(a.non_tensor_batch["tag"]) == list(b.non_tensor_batch["tag"])
 
