@@ -1,6 +1,7 @@
 """``RayWorkerGroup.replace_ranks``: a killed actor is replaced on the same bundle with the same
 environment and a new rendezvous port, every rank runs the re-form hook, the group object and
-its views work again, and nothing is left behind."""
+its views work again, sticky routing moves only the dead rank's sessions, and nothing is left
+behind."""
 
 from __future__ import annotations
 
@@ -83,13 +84,27 @@ def _kill_and_wait(wg: RayWorkerGroup, rank: int) -> None:
 
 
 def test_a_killed_actor_is_replaced_in_place(ray_cluster: None) -> None:
+    """Also sticky routing around it: sessions stay on their rank call after call; once the
+    group knows rank 1 is dead, the next call moves its sessions (and only those) to live
+    ranks, and after the replacement the moved sessions stay where they went while new ones
+    may use the new rank."""
     with _group("replace") as wg:
         before = wg.identity()
         names = wg.worker_names
+        sessions = Rows({"sid": f"s{i}"} for i in range(6))
+        owners = dict(wg.turn(sessions))
+        assert sorted(owners.values()) == [0, 0, 1, 1, 2, 2]
+        assert dict(wg.turn(Rows(reversed(sessions)))) == owners
         _kill_and_wait(wg, 1)
         with pytest.raises(WorkerDiedError, match="rank 1"):
             wg.identity()
+        moved = dict(wg.turn(sessions))
+        for session, rank in owners.items():
+            assert moved[session] == rank if rank != 1 else moved[session] in (0, 2)
         assert wg.replace_ranks() == [1]
+        again = dict(wg.turn(Rows([*sessions, {"sid": "new"}])))
+        assert {s: again[s] for s in moved} == moved
+        assert again["new"] == 1
         after = wg.identity()
         assert [a["env"] for a in after] == [b["env"] for b in before]
         assert after[1]["env"]["MY_SETTING"] == "kept"
@@ -105,28 +120,6 @@ def test_a_killed_actor_is_replaced_in_place(ray_cluster: None) -> None:
         assert wg.worker_names[0::2] == names[0::2]
         assert wg.worker_names[1] == f"{names[1]}-g1"
         assert wg.alive_ranks() == [0, 1, 2]
-
-
-def test_sticky_routing_moves_only_the_keys_of_a_killed_rank(ray_cluster: None) -> None:
-    """Sessions stay on their rank call after call; a killed rank fails the call that finds
-    it dead, the next call moves its sessions (and only those) to live ranks, and after the
-    rank is replaced the moved sessions stay where they went while new ones may use it."""
-    with _group("sticky") as wg:
-        batch = Rows({"sid": f"s{i}"} for i in range(6))
-        owners = dict(wg.turn(batch))
-        assert sorted(owners.values()) == [0, 0, 1, 1, 2, 2]
-        assert dict(wg.turn(Rows(reversed(batch)))) == owners
-        _kill_and_wait(wg, 1)
-        with pytest.raises(WorkerDiedError, match="rank 1"):
-            wg.turn(batch)
-        moved = dict(wg.turn(batch))
-        assert [s for s, _ in wg.turn(batch)] == [f"s{i}" for i in range(6)]  # input order
-        for session, rank in owners.items():
-            assert moved[session] == rank if rank != 1 else moved[session] in (0, 2)
-        assert wg.replace_ranks() == [1]
-        again = dict(wg.turn(Rows([*batch, {"sid": "new"}])))
-        assert {s: again[s] for s in moved} == moved
-        assert again["new"] == 1
 
 
 def test_several_ranks_and_a_second_replacement(ray_cluster: None) -> None:
