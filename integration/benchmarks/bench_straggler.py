@@ -15,11 +15,12 @@ each row costs ``--per-row-ms`` of sleep, and on the straggler (the last rank)
   first ``(rows, shard)``, against ``micro_shard_s``, the sleep of one micro-shard on a fast
   rank.
 
-The issue's goals: balanced with a straggler <= 1.25x the clean step, the even split's
-figure beside it (>= 2.5x), the first streamed result in about one micro-shard's time. With
-one rank ``s`` times slower among ``n``, no schedule can beat ``n / (n - 1 + 1/s)`` times
-the clean step (all the work has to be done by someone): 1.25x for 4 ranks and 5x. The
-result records that floor as ``floor_ratio``.
+The issue's goals: the balanced step with the straggler <= 1.25x the one without, the even
+split's figure beside it (>= 2.5x), the first streamed result in about one micro-shard's
+time. With one rank ``s`` times slower among ``n``, no schedule can beat
+``n / (n - 1 + 1/s)`` times the clean even step (all the work has to be done by someone):
+1.25x for 4 ranks and 5x. The result records that floor as ``floor_ratio``, and the
+balanced figures against the clean even step too.
 """
 
 from __future__ import annotations
