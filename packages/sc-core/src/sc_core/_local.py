@@ -11,19 +11,14 @@ within each call's deadline.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import functools
 import inspect
 import logging
 import os
-import queue
-import threading
 import time
-import traceback
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from ._backend import CallHandle, RankArgs, ReplacedWorkers
@@ -41,6 +36,7 @@ from ._errors import (
 )
 from ._faults import take_fault
 from ._future import LazyFuture
+from ._local_runner import LocalHandle, Outcome, RankRunner, Turns, worker_traceback
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._settings import LOCAL_INLINE, RENDEZVOUS
 from ._worker_group import W, WorkerGroup
@@ -48,118 +44,6 @@ from ._worker_group import W, WorkerGroup
 __all__ = ["LocalBackend", "LocalHandle", "LocalWorkerGroup"]
 
 logger = logging.getLogger("sc_core.local")
-
-
-@dataclass
-class _Outcome:
-    value: Any = None
-    error: BaseException | None = None
-    traceback: str = ""
-    start: float = 0.0
-    end: float = 0.0
-    died: bool = False
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
-
-
-class _RankRunner:
-    """A daemon thread running one rank's tasks in submission order."""
-
-    def __init__(self, name: str, inline: bool) -> None:
-        self._inline = inline
-        self._queue: queue.SimpleQueue[
-            tuple[concurrent.futures.Future[_Outcome], Callable[[], _Outcome]] | None
-        ] = queue.SimpleQueue()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        if not inline:
-            self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-            self._thread.start()
-
-    def submit(self, task: Callable[[], _Outcome]) -> concurrent.futures.Future[_Outcome]:
-        fut: concurrent.futures.Future[_Outcome] = concurrent.futures.Future()
-        if self._inline:
-            fut.set_running_or_notify_cancel()
-            fut.set_result(task())
-        else:
-            self._queue.put((fut, task))
-        return fut
-
-    def run_awaitable(self, awaitable: Any) -> Any:
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        coro: Coroutine[Any, Any, Any] = (
-            awaitable if inspect.iscoroutine(awaitable) else _await(awaitable)
-        )
-        return self._loop.run_until_complete(coro)
-
-    def _serve(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
-            fut, task = item
-            if fut.set_running_or_notify_cancel():
-                fut.set_result(task())
-            # Drop the references before blocking on the next item: the task (a bound method
-            # of the group) would otherwise keep the group alive and its finalizer from running.
-            del item, fut, task
-        if self._loop is not None:
-            self._loop.close()
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-
-
-class _Turns:
-    """The last task submitted by a group (and the groups spawned from it): the next one
-    starts after it, so that ranks take turns."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.last: concurrent.futures.Future[_Outcome] | None = None
-
-
-class LocalHandle:
-    """The backend handle of one rank's call: ``result(timeout)`` waits for its value."""
-
-    def __init__(self, rank: int, method_name: str, future: concurrent.futures.Future[_Outcome]):
-        self.rank = rank
-        self.method_name = method_name
-        self.future = future
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def result(self, timeout: float | None = None) -> Any:
-        """The value, or :class:`~sc_core.WorkerError` / :class:`~sc_core.WorkerDiedError` /
-        :class:`~sc_core.CallTimeoutError`."""
-        try:
-            outcome = self.future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            raise CallTimeoutError(self.method_name, [self.rank], timeout) from None
-        if outcome.died:
-            raise WorkerDiedError(self.method_name, [self.rank], "killed with kill_worker")
-        if outcome.error is not None:
-            raise WorkerError.from_exception(
-                self.method_name, self.rank, outcome.error, remote_traceback=outcome.traceback
-            )
-        return outcome.value
-
-    def __repr__(self) -> str:
-        state = "done" if self.done() else "running"
-        return f"<LocalHandle {self.method_name} rank {self.rank} {state}>"
-
-
-def _worker_traceback(exc: BaseException) -> str:
-    """The traceback text of ``exc`` without this module's own frames at its top."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
 class LocalBackend:
@@ -176,9 +60,9 @@ class LocalBackend:
         self._inline = inline
         self._rendezvous = InProcessRendezvous()
         self.killed: set[int] = set()
-        self._turns = _Turns()
-        self.runners: list[_RankRunner] = [
-            _RankRunner(f"sc-local-{name_prefix}-rank{rank}", inline) for rank in range(len(envs))
+        self._turns = Turns()
+        self.runners: list[RankRunner] = [
+            RankRunner(f"sc-local-{name_prefix}-rank{rank}", inline) for rank in range(len(envs))
         ]
         #: Builds one rank's worker (set by the group; :meth:`replace` needs it).
         self.factory: Callable[[], Any] | None = None
@@ -186,11 +70,11 @@ class LocalBackend:
 
     # --- running code on a rank --------------------------------------------------------------
 
-    def _in_rank(self, rank: int, fn: Callable[[], Any]) -> _Outcome:
+    def _in_rank(self, rank: int, fn: Callable[[], Any]) -> Outcome:
         """Run ``fn`` as rank ``rank`` (its environment, its event loop); never raises."""
         return self._run_as(self._envs[rank], self.runners[rank], fn)
 
-    def _run_as(self, env: dict[str, str], runner: _RankRunner, fn: Callable[[], Any]) -> _Outcome:
+    def _run_as(self, env: dict[str, str], runner: RankRunner, fn: Callable[[], Any]) -> Outcome:
         """Run ``fn`` with environment ``env`` and ``runner``'s event loop; never raises."""
         start = time.time()
         try:
@@ -198,13 +82,11 @@ class LocalBackend:
                 value = fn()
                 if inspect.isawaitable(value):
                     value = runner.run_awaitable(value)
-            return _Outcome(value=value, start=start, end=time.time())
+            return Outcome(value=value, start=start, end=time.time())
         except BaseException as exc:
-            return _Outcome(
-                error=exc, traceback=_worker_traceback(exc), start=start, end=time.time()
-            )
+            return Outcome(error=exc, traceback=worker_traceback(exc), start=start, end=time.time())
 
-    def construct(self, rank: int, factory: Callable[[], Any]) -> _Outcome:
+    def construct(self, rank: int, factory: Callable[[], Any]) -> Outcome:
         """Build rank ``rank``'s worker with ``factory`` on its thread; the outcome."""
         return self.runners[rank].submit(functools.partial(self._in_rank, rank, factory)).result()
 
@@ -224,8 +106,8 @@ class LocalBackend:
                 f"LocalWorkerGroup {self.name_prefix}.{method_name}: the group is closed"
             )
         if rank in self.killed:
-            fut: concurrent.futures.Future[_Outcome] = concurrent.futures.Future()
-            fut.set_result(_Outcome(died=True))
+            fut: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+            fut.set_result(Outcome(died=True))
             return LocalHandle(rank, method_name, fut)
         worker = self.workers[rank]
 
@@ -235,7 +117,7 @@ class LocalBackend:
         # bound now: a group closed while this call waits for its turn clears self.runners
         in_rank = functools.partial(self._run_as, self._envs[rank], runners[rank])
 
-        def run_on_rank() -> _Outcome:
+        def run_on_rank() -> Outcome:
             fault = take_fault(worker, method_name, args)
             if fault is None:
                 return in_rank(run)
@@ -244,7 +126,7 @@ class LocalBackend:
             # an injected kill: the method runs (its result is lost), then the rank is dead
             in_rank(run)
             self.killed.add(rank)
-            return _Outcome(died=True)
+            return Outcome(died=True)
 
         if self._concurrent or self._inline:
             return LocalHandle(rank, method_name, runners[rank].submit(run_on_rank))
@@ -252,7 +134,7 @@ class LocalBackend:
         with turns.lock:
             previous = turns.last
 
-            def in_turn() -> _Outcome:
+            def in_turn() -> Outcome:
                 if previous is not None:
                     concurrent.futures.wait([previous])
                 return run_on_rank()
@@ -276,7 +158,7 @@ class LocalBackend:
         return self.wait_handles(handle.rank_handles, handle.call)
 
     def wait_handles(self, handles: Sequence[Any], call: Call) -> list[Any]:
-        outcomes: list[_Outcome] = []
+        outcomes: list[Outcome] = []
         for i, handle in enumerate(handles):
             if not isinstance(handle, LocalHandle):
                 raise WorkerGroupError(
@@ -363,12 +245,12 @@ class LocalBackend:
         self._generation += 1
         # the environments carry the new address: rank 0's new worker publishes it afresh
         self._rendezvous = InProcessRendezvous()
-        built: dict[int, tuple[Any, dict[str, str], _RankRunner]] = {}
+        built: dict[int, tuple[Any, dict[str, str], RankRunner]] = {}
         try:
             for rank in ranks:
                 env = dict(self._envs[rank], MASTER_ADDR=addr, MASTER_PORT=port)
                 name = f"sc-local-{self.name_prefix}-rank{rank}-g{self._generation}"
-                runner = _RankRunner(name, self._inline)
+                runner = RankRunner(name, self._inline)
                 built[rank] = (None, env, runner)
                 outcome = runner.submit(
                     functools.partial(self._run_as, env, runner, factory)
@@ -512,7 +394,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
         self._local.killed.add(rank)
 
 
-def _close_runners(runners: list[_RankRunner]) -> None:
+def _close_runners(runners: list[RankRunner]) -> None:
     for runner in runners:
         runner.close()
     runners.clear()
