@@ -32,7 +32,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from _machine import machine  # this folder: the script's own
 from sc_core import CallSpan, SpanRecorder
 from sc_integration import TaskRunner, TrainerConfig, make_backend
 
@@ -191,14 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "benchmark": "async trainer (k=1) vs synchronous (k=0), separate rollout on Ray",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "loadavg_at_start": loadavg,
-            "loadavg_at_end": list(os.getloadavg()),
-        },
+        "machine": machine(
+            ray=ray.__version__, loadavg_at_start=loadavg, loadavg_at_end=list(os.getloadavg())
+        ),
         "quick": args.quick,
         "result": result,
     }

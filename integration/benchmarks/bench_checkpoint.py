@@ -23,7 +23,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from _machine import machine  # this folder: the script's own
 from sc_integration import TaskConfig, TaskRunner, TrainerConfig
 
 
@@ -102,13 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "benchmark": "step time with and without a checkpoint save",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "loadavg_at_start": list(os.getloadavg()),
-        },
+        "machine": machine(ray=ray.__version__),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "results": results,
     }

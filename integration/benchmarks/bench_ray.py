@@ -38,9 +38,7 @@ import datetime as dt
 import io
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +50,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import numpy as np
 import ray
 import torch
+from _machine import machine  # this folder: the script's own
 from sc_core import SpanRecorder, Worker
 from sc_dispatch import Dispatch, register
 from sc_protocol import DataProto
@@ -450,16 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "sc-ray",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "quick": q,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "torch": torch.__version__,
-            "gpus": torch.cuda.device_count(),
-            "memory_gib": _memory_gib(),
-            "loadavg_at_start": list(os.getloadavg()),
-        },
+        "machine": machine(
+            ray=ray.__version__,
+            torch=torch.__version__,
+            gpus=torch.cuda.device_count(),
+            memory_gib=_memory_gib(),
+        ),
         "cluster": {"num_cpus": CLUSTER_CPUS, "object_store_bytes": store},
     }
     ray.init(

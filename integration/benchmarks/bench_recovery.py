@@ -27,7 +27,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 import ray
 import torch  # at module level, as sc-workers' workers import it: a spare has it loaded
+from _machine import machine  # this folder: the script's own
 from sc_core import Worker, WorkerDiedError
 from sc_dispatch import Dispatch, register
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -144,13 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "benchmark": "replace a dead rank on Ray",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "loadavg_at_start": list(os.getloadavg()),
-        },
+        "machine": machine(ray=ray.__version__),
         "quick": args.quick,
         "result": result,
     }

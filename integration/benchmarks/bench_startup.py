@@ -37,7 +37,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -58,6 +57,7 @@ if str(HERE) not in sys.path:
 
 import ray  # noqa: E402
 import torch  # noqa: E402
+from _machine import machine  # noqa: E402 - this folder: the script's own
 from sc_protocol import DataProto  # noqa: E402
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
 
@@ -300,15 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "worker start-up",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "quick": q,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "torch": torch.__version__,
-            "tensordict": __import__("tensordict").__version__,
-            "loadavg_at_start": list(os.getloadavg()),
-        },
+        "machine": machine(
+            ray=ray.__version__,
+            torch=torch.__version__,
+            tensordict=__import__("tensordict").__version__,
+        ),
         "cluster": {"num_cpus": CLUSTER_CPUS, "actor_cpus": ACTOR_CPUS},
     }
     t0 = time.perf_counter()

@@ -38,13 +38,11 @@ from typing import Any
 
 import ray
 import torch
+from _machine import machine  # this folder: the script's own
 from sc_core import Worker
 from sc_dispatch import DEFAULT_UNITS_PER_SLOT, Dispatch, register
 from sc_protocol import DataProto
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import machine
 
 
 class Rower(Worker):

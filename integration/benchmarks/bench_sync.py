@@ -39,7 +39,6 @@ import json
 import math
 import multiprocessing
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -49,6 +48,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _machine import machine  # this folder: the script's own
 from sc_workers.sync import (
     ChannelSpec,
     ModelLayout,
@@ -356,13 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "benchmark": "weight sync",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "loadavg_at_start": list(os.getloadavg()),
-        },
+        "machine": machine(torch=torch.__version__),
     }
     results["plan"] = bench_plan(args.plan_tensors)
     print(f"plan: {results['plan']}", flush=True)
