@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from sc_dispatch import DispatchError, DispatchModeSpec, Execute, WorkPlan, WorkUnit
+from sc_dispatch import DispatchError, Execute, WorkPlan, WorkUnit
 
 from ._errors import UnsupportedCallError
 from ._pipeline import _finish_failed, _waiting_behind, new_call, reraise_with_method
@@ -37,7 +37,7 @@ def _plan_of(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     what: str,
-) -> tuple[DispatchModeSpec, Any]:
+) -> WorkPlan:
     spec = proxy.spec
     if spec.plan_fn is None or proxy.attrs.execute_mode is not Execute.ALL:
         raise UnsupportedCallError(
@@ -55,7 +55,7 @@ def _plan_of(
             f"{proxy.__qualname__}: the plan_fn of {spec.name} returned "
             f"{type(plan).__qualname__}, not a sc_dispatch.WorkPlan"
         )
-    return spec, plan
+    return plan
 
 
 def open_plan(
@@ -75,7 +75,7 @@ def open_plan(
     waiting = _waiting_behind(group, call, backend)
     try:
         with call.span.phase("dispatch"):
-            _, plan = _plan_of(group, proxy, args, kwargs, what)
+            plan = _plan_of(group, proxy, args, kwargs, what)
         return call, PlanRun(group, call, plan, name, backend), waiting
     except BaseException as exc:
         _finish_failed(call, exc, waiting)

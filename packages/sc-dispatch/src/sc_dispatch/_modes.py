@@ -62,6 +62,23 @@ def _even_fns(mesh_name: str | None) -> tuple[Callable[..., Any], Callable[..., 
     return nd["dispatch_fn"], nd["collect_fn"]
 
 
+def _planned_mode(
+    mode: str, mesh: str | None, plan_fn: Callable[..., WorkPlan]
+) -> PlannedDispatchFnDict:
+    """The mapping of a scheduled mode named ``mode``: ``plan_fn``, and the even split's
+    functions for worker groups that only know ``dispatch_fn`` / ``collect_fn``."""
+    dispatch_fn, collect_fn = _even_fns(mesh)
+    plan_fn.__name__ = plan_fn.__qualname__ = mode
+    return {
+        "dispatch_fn": dispatch_fn,
+        "collect_fn": collect_fn,
+        "name": MeshModeName(mode),
+        "joins_shards": True,
+        "plan_fn": plan_fn,
+        "scheduled": True,
+    }
+
+
 def _check_mesh(where: str, mesh_name: object) -> str | None:
     if mesh_name is not None and (not isinstance(mesh_name, str) or not mesh_name):
         raise InvalidDispatchModeError(
@@ -97,16 +114,7 @@ def make_balanced_dispatch_fn(
     def plan_fn(worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any) -> WorkPlan:
         return balanced_plan(mode, _slots(worker_group, mesh), args, kwargs, size)
 
-    dispatch_fn, collect_fn = _even_fns(mesh)
-    plan_fn.__name__ = plan_fn.__qualname__ = mode
-    return {
-        "dispatch_fn": dispatch_fn,
-        "collect_fn": collect_fn,
-        "name": MeshModeName(mode),
-        "joins_shards": True,
-        "plan_fn": plan_fn,
-        "scheduled": True,
-    }
+    return _planned_mode(mode, mesh, plan_fn)
 
 
 class KeyRouter:
@@ -257,13 +265,4 @@ def make_sticky_dispatch_fn(
 
         return WorkPlan(mode, slots, tuple(units), length, release)
 
-    dispatch_fn, collect_fn = _even_fns(mesh)
-    plan_fn.__name__ = plan_fn.__qualname__ = mode
-    return {
-        "dispatch_fn": dispatch_fn,
-        "collect_fn": collect_fn,
-        "name": MeshModeName(mode),
-        "joins_shards": True,
-        "plan_fn": plan_fn,
-        "scheduled": True,
-    }
+    return _planned_mode(mode, mesh, plan_fn)
