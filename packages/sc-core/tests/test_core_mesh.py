@@ -93,6 +93,43 @@ def test_query_collect_info_in_the_worker_still_raises_for_unknown_meshes() -> N
         worker.query_collect_info("nope")
 
 
+@pytest.mark.parametrize("query", ["_query_dispatch_info", "_query_collect_info"])
+def test_a_workers_query_of_an_unregistered_mesh_is_a_key_error_naming_it(query: str) -> None:
+    # verl fails an assertion in the worker; sc raises UnknownMeshError (a KeyError).
+    worker = _bare_worker()
+    worker._register_dispatch_collect_info("actor", 0, True)
+    with pytest.raises(UnknownMeshError) as info:
+        getattr(worker, query)("critic")
+    assert isinstance(info.value, KeyError)
+    text = str(info.value)
+    assert f"Worker.{query} (rank 1): mesh 'critic' was never registered" in text
+    assert "registered meshes: ['actor']" in text
+    assert worker._query_dispatch_info("actor") == 0
+    assert worker._query_collect_info("actor") is True
+
+
+class HalfRegisteredWorker(Worker):
+    """Only the even ranks register the mesh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.rank % 2 == 0:
+            self._register_dispatch_collect_info("actor", self.rank // 2, True)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
+    def forward(self, batch: Batch) -> Batch:  # pragma: no cover - never runs
+        return batch
+
+
+def test_a_mesh_some_ranks_did_not_register_names_those_ranks_on_the_driver() -> None:
+    with group((4,), HalfRegisteredWorker) as g:
+        with pytest.raises(MeshLayoutError) as info:
+            g.forward(Batch(range(4)))
+        assert "ranks [1, 3] did not register the mesh 'actor'" in str(info.value)
+        assert "mesh 'actor' was never registered; registered meshes: []" in str(info.value)
+        assert "actor" not in g._dispatch_info
+
+
 def test_registering_a_mesh_twice_is_an_error(wg: LocalWorkerGroup) -> None:
     with pytest.raises(WorkerError, match=r"MeshRegistrationError.*'actor' is already registered"):
         wg.register_again("actor", 0, True)

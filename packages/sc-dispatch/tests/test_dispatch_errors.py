@@ -107,12 +107,46 @@ def test_exception_tree_is_documented_in_one_docstring() -> None:
         assert exc.__name__ in doc
 
 
-def test_a_string_as_mode_is_a_type_error_naming_the_value() -> None:
-    with pytest.raises(TypeError, match=r"str 'NOT_A_MODE'") as info:
-        scd.get_predefined_dispatch_fn("NOT_A_MODE")  # type: ignore[arg-type]
-    assert isinstance(info.value, scd.DispatchModeTypeError)
-    with pytest.raises(TypeError, match=r"str 'DP_COMPUTE'"):
+def test_an_unknown_name_looked_up_is_a_key_error_naming_the_known_modes() -> None:
+    # verl's lookup is a dict lookup: code catches KeyError.
+    bare = Dispatch.register(unique_name("BARE"))  # a member without functions
+    for unknown in ("NOT_A_MODE", 3, None, bare):
+        with pytest.raises(KeyError, match=r"known: \[.*'DP_COMPUTE_PROTO'.*\]") as info:
+            scd.get_predefined_dispatch_fn(unknown)  # type: ignore[arg-type]
+        assert isinstance(info.value, UnknownDispatchModeError)
+        assert repr(unknown) in str(info.value)
+        assert unknown not in scd.DISPATCH_MODE_FN_REGISTRY
+        with pytest.raises(UnknownDispatchModeError):
+            scd.DISPATCH_MODE_FN_REGISTRY[unknown]  # type: ignore[index]
+        assert scd.DISPATCH_MODE_FN_REGISTRY.get(unknown) is None  # type: ignore[call-overload]
+    Dispatch.remove(bare.name)
+
+
+def test_a_string_as_register_mode_is_a_type_error_naming_the_value() -> None:
+    # Where a mode is configured (not looked up), a string is the wrong type.
+    with pytest.raises(TypeError, match=r"str 'DP_COMPUTE'") as info:
         scd.resolve_dispatch_mode("DP_COMPUTE")  # type: ignore[arg-type]
+    assert isinstance(info.value, scd.DispatchModeTypeError)
+
+
+def test_the_verl_registry_view_is_live_and_read_only() -> None:
+    registry = scd.DISPATCH_MODE_FN_REGISTRY
+    assert registry[Dispatch.ONE_TO_ALL] == scd.get_predefined_dispatch_fn(Dispatch.ONE_TO_ALL)
+    assert set(registry) >= {Dispatch.ONE_TO_ALL, Dispatch.DP_COMPUTE_PROTO, Dispatch.RANK_ZERO}
+    before = len(registry)
+    name = unique_name("VIEW")
+    scd.register_dispatch_mode(name, _noop_dispatch, _noop_collect)
+    try:
+        assert len(registry) == before + 1
+        assert registry[Dispatch[name]] == {
+            "dispatch_fn": _noop_dispatch,
+            "collect_fn": _noop_collect,
+        }
+        assert name in repr(registry)
+    finally:
+        Dispatch.remove(name)
+    with pytest.raises(TypeError):
+        registry[Dispatch.ONE_TO_ALL] = {}  # type: ignore[index]
 
 
 def test_member_without_functions_is_unknown_and_named() -> None:
@@ -130,13 +164,18 @@ def test_unknown_member_by_name() -> None:
     assert Dispatch.from_name("NOPE") is None
     with pytest.raises(KeyError, match=r"Dispatch has no member 'NOPE'"):
         Dispatch["NOPE"]
-    with pytest.raises(KeyError, match=r"Dispatch.remove: no member 'NOPE'"):
-        Dispatch.remove("NOPE")
+    for unknown in ("NOPE", "register", 7, None):
+        with pytest.raises(KeyError, match=r"Dispatch.remove: no member .*known: \[") as info:
+            Dispatch.remove(unknown)  # type: ignore[arg-type]
+        assert isinstance(info.value, UnknownDispatchModeError)
+    assert Dispatch.DP_COMPUTE in Dispatch  # nothing was removed
 
 
-def test_a_string_as_execute_mode_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match=r"expected an Execute member, got str 'ALL'"):
-        scd.get_predefined_execute_fn("ALL")  # type: ignore[arg-type]
+def test_an_unknown_execute_mode_is_a_key_error() -> None:
+    for unknown in ("ALL", 0, None):
+        with pytest.raises(KeyError, match=r"no execute mode .*known: \['ALL', 'RANK_ZERO'\]") as info:
+            scd.get_predefined_execute_fn(unknown)  # type: ignore[arg-type]
+        assert isinstance(info.value, UnknownDispatchModeError)
 
 
 def test_registering_a_name_twice() -> None:

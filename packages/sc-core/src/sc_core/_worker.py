@@ -406,16 +406,18 @@ class Worker(WorkerHelper):
         return table[mesh_name]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def _query_dispatch_info(self, mesh_name: str) -> int | None:
-        """This worker's dp rank on ``mesh_name``, or ``None`` if it never registered it (the
-        group gets one answer per rank and reports unregistered meshes itself)."""
-        return self._sc_mesh_tables()[0].get(mesh_name)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This worker's dp rank on ``mesh_name``; a mesh it never registered is an
+        :class:`~sc_core.UnknownMeshError` (a ``KeyError``) naming the mesh, this rank and the
+        meshes it did register (on the driver, a :class:`~sc_core.WorkerError` that is also an
+        ``UnknownMeshError``)."""
+        return self._sc_lookup_mesh(self._sc_mesh_tables()[0], mesh_name, "_query_dispatch_info")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def _query_collect_info(self, mesh_name: str) -> bool | None:
-        """Whether this worker's output is collected on ``mesh_name`` (``None``: never
-        registered)."""
-        return self._sc_mesh_tables()[1].get(mesh_name)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this worker's output is collected on ``mesh_name``; a mesh it never
+        registered is an :class:`~sc_core.UnknownMeshError`, as in :meth:`_query_dispatch_info`."""
+        return self._sc_lookup_mesh(self._sc_mesh_tables()[1], mesh_name, "_query_collect_info")
 
     def query_collect_info(self, mesh_name: str) -> bool:
         """Whether this worker's output is collected on ``mesh_name`` (called in the worker);

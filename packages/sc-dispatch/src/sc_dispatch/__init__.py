@@ -70,6 +70,7 @@ from ._predefined import (
 from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter, SizedShardAdapter
 from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
 from ._registry import (
+    DISPATCH_MODE_FN_REGISTRY,
     get_predefined_dispatch_fn,
     get_predefined_execute_fn,
     register_dispatch_mode,
@@ -111,6 +112,7 @@ SETTINGS: tuple[Setting[object], ...] = ()
 
 __all__ = [
     "DEFAULT_UNITS_PER_SLOT",
+    "DISPATCH_MODE_FN_REGISTRY",
     "MAGIC_ATTR",
     "PADDING_SIZE_KEY",
     "CollectFn",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NewType
+from typing import TYPE_CHECKING, Any, NewType, TypeVar
 
 from ._errors import DispatchArgumentError, MeshLayoutError
 from ._predefined import concat_outputs
@@ -43,6 +43,34 @@ class MeshDispatchFnDict(DispatchFnDict):
     plan_fn: PlanFnField
 
 
+T = TypeVar("T")
+
+
+def _ask(query: Callable[[str], Sequence[T]], mesh_name: str, mode: str, world: int) -> list[T]:
+    """One answer per rank from the group's mesh query. A rank that never registered the
+    mesh raises a ``KeyError`` in the worker (sc-core's ``UnknownMeshError``, arriving as its
+    ``WorkerError``, which names the first failing rank and the others); that is one
+    :class:`~sc_dispatch.MeshLayoutError` on the driver."""
+    try:
+        return list(query(mesh_name))
+    except KeyError as exc:
+        first = getattr(exc, "rank", None)
+        failed = sorted({first, *getattr(exc, "other_failed_ranks", ())} - {None})
+        which = (
+            "no rank registered"
+            if len(failed) == world
+            else f"ranks {failed} did not register"
+            if failed
+            else "some rank did not register"
+        )
+        reason = getattr(exc, "error_message", None) or str(exc)
+        raise MeshLayoutError(
+            f"{mode}: {which} the mesh {mesh_name!r} (a worker registers it with "
+            f"_register_dispatch_collect_info before the first call that dispatches on it); "
+            f"check the mesh name. The worker said: {reason}"
+        ) from exc
+
+
 def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list[int], list[bool]]:
     """Each rank's dp rank and collect flag on ``mesh_name``, validated and cached.
 
@@ -55,17 +83,17 @@ def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list
     mode = f"nd dispatch on mesh {mesh_name!r}"
     dispatch_info = worker_group._dispatch_info
     collect_info = worker_group._collect_info
+    world = worker_group.world_size
     raw_dp: list[int | None] = list(
         dispatch_info[mesh_name]
         if mesh_name in dispatch_info
-        else worker_group._query_dispatch_info(mesh_name)
+        else _ask(worker_group._query_dispatch_info, mesh_name, mode, world)
     )
     raw_collect: list[bool | None] = list(
         collect_info[mesh_name]
         if mesh_name in collect_info
-        else worker_group._query_collect_info(mesh_name)
+        else _ask(worker_group._query_collect_info, mesh_name, mode, world)
     )
-    world = worker_group.world_size
     if len(raw_dp) != world or len(raw_collect) != world:
         raise MeshLayoutError(
             f"{mode}: expected one dp rank and one collect flag per rank (world size {world}), "
@@ -77,9 +105,9 @@ def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list
         if d is None or c is None
     ]
     if missing:
-        which = "no rank" if len(missing) == world else f"ranks {missing} did not"
+        which = "no rank registered" if len(missing) == world else f"ranks {missing} did not register"
         raise MeshLayoutError(
-            f"{mode}: {which} registered the mesh {mesh_name!r} (a worker registers it with "
+            f"{mode}: {which} the mesh {mesh_name!r} (a worker registers it with "
             "_register_dispatch_collect_info before the first call that dispatches on it); "
             "check the mesh name"
         )

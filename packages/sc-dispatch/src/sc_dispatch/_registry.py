@@ -5,7 +5,7 @@ lookups a worker group makes (:func:`resolve_dispatch_mode`, verl's
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from ._enums import Dispatch, Execute
@@ -41,6 +41,7 @@ from ._spec import (
 )
 
 __all__ = [
+    "DISPATCH_MODE_FN_REGISTRY",
     "get_predefined_dispatch_fn",
     "get_predefined_execute_fn",
     "register_dispatch_mode",
@@ -115,9 +116,42 @@ _install_predefined()
 
 
 def get_predefined_dispatch_fn(dispatch_mode: Dispatch) -> DispatchFnDict:
-    """verl's lookup: ``{"dispatch_fn": ..., "collect_fn": ...}`` for a registered mode."""
-    spec = _lookup(dispatch_mode)
+    """verl's lookup: ``{"dispatch_fn": ..., "collect_fn": ...}`` for a registered mode.
+
+    Anything that is not a registered :class:`Dispatch` member (a string, a member without
+    functions) is an unknown name, as in verl's dict lookup: an
+    :class:`~sc_dispatch.UnknownDispatchModeError` (a ``KeyError``) naming the known modes.
+    """
+    spec = _registry.get(dispatch_mode) if isinstance(dispatch_mode, Dispatch) else None
+    if spec is None:
+        raise UnknownDispatchModeError(
+            f"get_predefined_dispatch_fn: no dispatch mode {dispatch_mode!r}; "
+            f"known: {sorted(mode.name for mode in _registry)}"
+        )
     return {"dispatch_fn": spec.dispatch_fn, "collect_fn": spec.collect_fn}
+
+
+class _ModeFunctions(Mapping[Dispatch, DispatchFnDict]):
+    """A live, read-only view of the registry in verl's shape: each registered mode's
+    ``{"dispatch_fn": ..., "collect_fn": ...}``. Register or change modes with
+    :func:`register_dispatch_mode` and :func:`update_dispatch_mode`."""
+
+    def __getitem__(self, dispatch_mode: Dispatch) -> DispatchFnDict:
+        return get_predefined_dispatch_fn(dispatch_mode)
+
+    def __iter__(self) -> Iterator[Dispatch]:
+        return iter(list(_registry))
+
+    def __len__(self) -> int:
+        return len(_registry)
+
+    def __repr__(self) -> str:
+        return f"DISPATCH_MODE_FN_REGISTRY({sorted(mode.name for mode in _registry)})"
+
+
+#: verl's ``DISPATCH_MODE_FN_REGISTRY``, as a read-only view (item assignment is a
+#: ``TypeError``): iterate it, look modes up, test membership.
+DISPATCH_MODE_FN_REGISTRY: Mapping[Dispatch, DispatchFnDict] = _ModeFunctions()
 
 
 def _lookup(dispatch_mode: Dispatch) -> DispatchModeSpec:
@@ -250,15 +284,14 @@ def update_dispatch_mode(
 
 
 def get_predefined_execute_fn(execute_mode: Execute) -> ExecuteFnDict:
-    """verl's lookup: the name of the worker-group method that runs a call."""
-    if not isinstance(execute_mode, Execute):
-        raise DispatchModeTypeError(
-            f"expected an Execute member, got {type(execute_mode).__qualname__} {execute_mode!r}"
-        )
+    """verl's lookup: the name of the worker-group method that runs a call. Anything but
+    ``Execute.ALL`` and ``Execute.RANK_ZERO`` is an unknown name, as in verl: an
+    :class:`~sc_dispatch.UnknownDispatchModeError` (a ``KeyError``)."""
     if execute_mode is Execute.ALL:
         return {"execute_fn_name": "execute_all"}
     if execute_mode is Execute.RANK_ZERO:
         return {"execute_fn_name": "execute_rank_zero"}
     raise UnknownDispatchModeError(
-        f"execute mode {execute_mode!r} is not supported; use Execute.ALL or Execute.RANK_ZERO"
+        f"get_predefined_execute_fn: no execute mode {execute_mode!r}; "
+        "known: ['ALL', 'RANK_ZERO']"
     )
