@@ -173,7 +173,8 @@ def test_unknown_member_by_name() -> None:
 
 def test_an_unknown_execute_mode_is_a_key_error() -> None:
     for unknown in ("ALL", 0, None):
-        with pytest.raises(KeyError, match=r"no execute mode .*known: \['ALL', 'RANK_ZERO'\]") as info:
+        expected = r"no execute mode .*known: \['ALL', 'RANK_ZERO'\]"
+        with pytest.raises(KeyError, match=expected) as info:
             scd.get_predefined_execute_fn(unknown)  # type: ignore[arg-type]
         assert isinstance(info.value, UnknownDispatchModeError)
 

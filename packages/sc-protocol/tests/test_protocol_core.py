@@ -32,13 +32,32 @@ def test_from_dict_builds_batch_and_columns() -> None:
     assert dp.meta_info == {"step": 3}
 
 
-def test_from_dict_keeps_list_entries_as_objects() -> None:
-    dp = DataProto.from_dict(non_tensors={"ids": [[1, 2], [3, 4]]})
+def test_from_dict_lays_out_lists_of_lists_as_verl_does() -> None:
+    # verl: np.array(value, dtype=object): rows of one length make a 2-d object column.
+    dp = DataProto.from_dict(non_tensors={"ids": [[1, 2], [3, 4], [5, 6]]})
     col = dp.non_tensor_batch["ids"]
-    assert col.shape == (2,)
-    assert col[0] == [1, 2]
-    assert len(dp) == 2
+    assert col.shape == (3, 2)
+    assert col.dtype == object
+    assert list(col[:, 1]) == [2, 4, 6]
+    assert len(dp) == 3
     assert dp.batch is None
+    # unfold_column_chunks relies on the second dimension.
+    unfolded = dp.unfold_column_chunks(2, split_keys=["ids"])
+    assert unfolded.non_tensor_batch["ids"].tolist() == [[1], [2], [3], [4], [5], [6]]
+    # The constructor takes lists by the same rule.
+    assert DataProto(non_tensor_batch={"ids": [[1, 2], [3, 4]]}).non_tensor_batch["ids"].shape == (
+        2,
+        2,
+    )
+
+
+def test_from_dict_keeps_ragged_lists_and_arrays_as_one_object_per_row() -> None:
+    arrays = [np.zeros((2, 2)), np.zeros((2, 3)), np.zeros(1)]  # numpy cannot stack these
+    dp = DataProto.from_dict(non_tensors={"ids": [[1, 2], [3], []], "arrays": arrays})
+    assert dp.non_tensor_batch["ids"].shape == (3,)
+    assert dp.non_tensor_batch["ids"][0] == [1, 2]
+    assert dp.non_tensor_batch["arrays"].shape == (3,)
+    assert all(a is b for a, b in zip(dp.non_tensor_batch["arrays"], arrays, strict=True))
 
 
 def test_from_dict_auto_padding_sets_flag() -> None:
@@ -47,10 +66,10 @@ def test_from_dict_auto_padding_sets_flag() -> None:
     assert dp.is_padding_enabled()
 
 
-def test_from_dict_multiple_batch_dims_without_columns() -> None:
-    dp = DataProto.from_dict({"x": torch.zeros(2, 3, 4)}, num_batch_dims=2)
+def test_from_dict_takes_the_first_dimension_as_rows() -> None:
+    dp = DataProto.from_dict({"x": torch.zeros(2, 3, 4)}, num_batch_dims=1)
     assert dp.batch is not None
-    assert dp.batch.batch_size == torch.Size([2, 3])
+    assert dp.batch.batch_size == torch.Size([2])
     assert len(dp) == 2
 
 

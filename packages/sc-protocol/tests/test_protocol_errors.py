@@ -142,14 +142,29 @@ def test_check_consistency_on_mutated_object() -> None:
 
 
 def test_batch_without_batch_dimension() -> None:
-    with pytest.raises(BatchSizeMismatchError, match=r"no batch dimension"):
+    with pytest.raises(BatchSizeMismatchError, match=r"batch has 0 batch dimensions \[\]"):
         DataProto(batch=TensorDict({"a": torch.zeros(2)}, batch_size=[]))
 
 
-def test_two_batch_dims_with_non_tensor_columns() -> None:
+@pytest.mark.parametrize("non_tensors", [{}, {"u": np.arange(2)}])
+def test_more_than_one_batch_dimension_is_refused_as_in_verl(
+    non_tensors: dict[str, np.ndarray],
+) -> None:
     td = TensorDict({"a": torch.zeros(2, 3)}, batch_size=[2, 3])
-    with pytest.raises(BatchSizeMismatchError, match=r"2 batch dimensions \(2, 3\)"):
-        DataProto(batch=td, non_tensor_batch={"u": np.arange(2)})
+    expected = r"batch has 2 batch dimensions \[2, 3\]; a DataProto has exactly one"
+    with pytest.raises(BatchSizeMismatchError, match=expected) as info:
+        DataProto(batch=td, non_tensor_batch=non_tensors)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("dims", [0, 2, 3, True, 1.0, "1"])
+def test_num_batch_dims_other_than_one_is_refused_naming_the_value(dims: object) -> None:
+    expected = rf"from_dict: num_batch_dims must be 1 .*got {re.escape(repr(dims))}"
+    with pytest.raises(InvalidSizeError, match=expected):
+        DataProto.from_dict({"a": torch.zeros(2, 3)}, num_batch_dims=dims)  # type: ignore[arg-type]
+    td = TensorDict({"a": torch.zeros(2, 3)}, batch_size=[2, 3])
+    with pytest.raises(InvalidSizeError, match=r"from_tensordict: num_batch_dims must be 1"):
+        DataProto.from_tensordict(td, num_batch_dims=dims)  # type: ignore[arg-type]
 
 
 def test_from_dict_errors() -> None:
@@ -157,12 +172,8 @@ def test_from_dict_errors() -> None:
         ProtocolTypeError, match=r"tensor column 'a' must be a torch.Tensor, got list"
     ):
         DataProto.from_dict({"a": [1, 2]})  # type: ignore[dict-item]
-    with pytest.raises(InvalidSizeError, match=r"num_batch_dims must be >= 1, got 0"):
-        DataProto.from_dict({"a": torch.zeros(2)}, num_batch_dims=0)
-    with pytest.raises(
-        BatchSizeMismatchError, match=r"tensor 'a' has 1 dimensions, fewer than num_batch_dims=2"
-    ):
-        DataProto.from_dict({"a": torch.zeros(2)}, num_batch_dims=2)
+    with pytest.raises(BatchSizeMismatchError, match=r"tensor 'a' has 0 dimensions"):
+        DataProto.from_dict({"a": torch.tensor(1.0)})
     with pytest.raises(
         ProtocolTypeError, match=r"value of 'a' must be a torch.Tensor or a numpy array, got list"
     ):
@@ -170,7 +181,7 @@ def test_from_dict_errors() -> None:
     with pytest.raises(ProtocolTypeError, match=r"expected a TensorDict, got dict"):
         DataProto.from_tensordict({"a": torch.zeros(1)})  # type: ignore[arg-type]
     with pytest.raises(
-        BatchSizeMismatchError, match=r"has 2 batch dimensions \(1, 2\), expected num_batch_dims=1"
+        BatchSizeMismatchError, match=r"has 2 batch dimensions \[1, 2\]; a DataProto has one"
     ):
         DataProto.from_tensordict(TensorDict({"a": torch.zeros(1, 2)}, batch_size=[1, 2]))
 

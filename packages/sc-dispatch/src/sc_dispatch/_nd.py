@@ -105,7 +105,9 @@ def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list
         if d is None or c is None
     ]
     if missing:
-        which = "no rank registered" if len(missing) == world else f"ranks {missing} did not register"
+        which = (
+            "no rank registered" if len(missing) == world else f"ranks {missing} did not register"
+        )
         raise MeshLayoutError(
             f"{mode}: {which} the mesh {mesh_name!r} (a worker registers it with "
             "_register_dispatch_collect_info before the first call that dispatches on it); "

@@ -292,6 +292,5 @@ def get_predefined_execute_fn(execute_mode: Execute) -> ExecuteFnDict:
     if execute_mode is Execute.RANK_ZERO:
         return {"execute_fn_name": "execute_rank_zero"}
     raise UnknownDispatchModeError(
-        f"get_predefined_execute_fn: no execute mode {execute_mode!r}; "
-        "known: ['ALL', 'RANK_ZERO']"
+        f"get_predefined_execute_fn: no execute mode {execute_mode!r}; known: ['ALL', 'RANK_ZERO']"
     )

@@ -104,6 +104,18 @@ def _object_column(values: Iterable[Any]) -> NDArray:
     return out
 
 
+def _list_column(values: list[Any] | tuple[Any, ...]) -> NDArray:
+    """A column from a list, by verl's rule (``np.array(values, dtype=object)``): rows that
+    are lists of one length make a 2-d object array (``column[:, j]`` works), ragged rows a
+    1-d array of lists. Rows numpy cannot lay out (arrays of different shapes) stay a 1-d
+    array of the rows as they are."""
+    try:
+        out = np.array(values, dtype=object)
+    except ValueError:
+        return _object_column(values)
+    return out if out.ndim >= 1 else _object_column(values)
+
+
 def _as_column(key: str, value: Any) -> NDArray:
     if isinstance(value, np.ndarray):
         if value.ndim == 0:
@@ -112,7 +124,7 @@ def _as_column(key: str, value: Any) -> NDArray:
             )
         return value
     if isinstance(value, (list, tuple)):
-        return _object_column(value)
+        return _list_column(value)
     raise ProtocolTypeError(
         f"non-tensor column {key!r} must be a numpy array (or a list), got {type(value).__name__}"
     )

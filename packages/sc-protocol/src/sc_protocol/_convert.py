@@ -23,6 +23,15 @@ __all__ = ["from_dict", "from_single_dict", "from_tensordict", "to_tensordict"]
 D = TypeVar("D", bound="DataProto")
 
 
+def _check_one_batch_dim(where: str, num_batch_dims: object) -> None:
+    # verl's signature keeps the parameter, and verl refuses any value but 1 (an assertion).
+    if type(num_batch_dims) is not int or num_batch_dims != 1:
+        raise InvalidSizeError(
+            f"{where}: num_batch_dims must be 1 (a DataProto has one batch dimension, its "
+            f"rows), got {num_batch_dims!r}"
+        )
+
+
 def from_dict(
     cls: type[D],
     tensors: Mapping[str, torch.Tensor] | None = None,
@@ -33,11 +42,12 @@ def from_dict(
 ) -> D:
     """Build from a dict of tensors, a dict of numpy columns (or lists) and ``meta_info``.
 
-    The batch size is the first ``num_batch_dims`` dimensions of the tensors, which must
-    all agree. ``auto_padding=True`` sets the per-object padding flag in ``meta_info``.
+    The batch size is the first dimension of the tensors, which must all agree
+    (``num_batch_dims`` is verl's parameter: any value but 1 is an
+    :class:`~sc_protocol.InvalidSizeError`). ``auto_padding=True`` sets the per-object
+    padding flag in ``meta_info``.
     """
-    if not isinstance(num_batch_dims, int) or num_batch_dims < 1:
-        raise InvalidSizeError(f"from_dict: num_batch_dims must be >= 1, got {num_batch_dims!r}")
+    _check_one_batch_dim("from_dict", num_batch_dims)
     tensors = dict(tensors or {})
     batch: TensorDict | None = None
     if tensors:
@@ -49,12 +59,11 @@ def from_dict(
                     f"from_dict: tensor column {key!r} must be a torch.Tensor, "
                     f"got {type(value).__name__}"
                 )
-            if value.dim() < num_batch_dims:
+            if value.dim() == 0:
                 raise BatchSizeMismatchError(
-                    f"from_dict: tensor {key!r} has {value.dim()} dimensions, fewer than "
-                    f"num_batch_dims={num_batch_dims}"
+                    f"from_dict: tensor {key!r} has 0 dimensions; a column needs one entry per row"
                 )
-            dims = tuple(value.shape[:num_batch_dims])
+            dims = tuple(value.shape[:1])
             if batch_size is None:
                 batch_size, first_key = dims, key
             elif dims != batch_size:
@@ -105,10 +114,12 @@ def from_tensordict(
         raise ProtocolTypeError(
             f"from_tensordict: expected a TensorDict, got {type(tensor_dict).__name__}"
         )
-    if tensor_dict.batch_dims != num_batch_dims:
+    _check_one_batch_dim("from_tensordict", num_batch_dims)
+    if tensor_dict.batch_dims != 1:
         raise BatchSizeMismatchError(
             f"from_tensordict: the TensorDict has {tensor_dict.batch_dims} batch dimensions "
-            f"{tuple(tensor_dict.batch_size)}, expected num_batch_dims={num_batch_dims}"
+            f"{list(tensor_dict.batch_size)}; a DataProto has one, its rows (set the "
+            "TensorDict's batch_size to [rows])"
         )
     meta = dict(meta_info or {})
     non_tensors: dict[str, NDArray] = {}

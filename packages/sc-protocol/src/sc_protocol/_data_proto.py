@@ -84,8 +84,12 @@ class DataProto:
     ) -> D:
         """Build from a dict of tensors, a dict of numpy columns (or lists) and ``meta_info``.
 
-        The batch size is the first ``num_batch_dims`` dimensions of the tensors, which must
-        all agree. ``auto_padding=True`` sets the per-object padding flag in ``meta_info``.
+        The rows are the tensors' first dimension, which must agree. ``num_batch_dims`` is
+        verl's parameter: a DataProto has one batch dimension, and any other value is an
+        :class:`~sc_protocol.InvalidSizeError`, as verl refuses it. Lists of lists become
+        2-d object columns when their rows have one length (verl's ``np.array(value,
+        dtype=object)``). ``auto_padding=True`` sets the per-object padding flag in
+        ``meta_info``.
         """
         return _convert.from_dict(
             cls, tensors, non_tensors, meta_info, num_batch_dims, auto_padding
@@ -125,19 +129,15 @@ class DataProto:
     # -- validation and basic protocol -------------------------------------------------
 
     def check_consistency(self) -> None:
-        """Check that every column has the same number of rows; raise a typed error if not."""
-        if self.batch is not None:
-            if self.batch.batch_dims == 0:
-                raise BatchSizeMismatchError(
-                    "DataProto: batch has no batch dimension (batch_size=[]); "
-                    "a DataProto needs at least one"
-                )
-            if self.non_tensor_batch and self.batch.batch_dims != 1:
-                raise BatchSizeMismatchError(
-                    f"DataProto: batch has {self.batch.batch_dims} batch dimensions "
-                    f"{tuple(self.batch.batch_size)}; with non-tensor columns only one is "
-                    "supported"
-                )
+        """Check that the batch has one batch dimension and every column the same number of
+        rows; raise a typed error if not."""
+        if self.batch is not None and self.batch.batch_dims != 1:
+            raise BatchSizeMismatchError(
+                f"DataProto: batch has {self.batch.batch_dims} batch dimensions "
+                f"{list(self.batch.batch_size)}; a DataProto has exactly one, its rows "
+                "(as in verl): give the TensorDict batch_size=[rows], or fold the extra "
+                "dimensions with fold_batch_dim / unfold_batch_dim"
+            )
         for key, value in self.non_tensor_batch.items():
             if not isinstance(value, np.ndarray):
                 raise ProtocolTypeError(
