@@ -34,6 +34,7 @@ from ._errors import (
     SerializationError,
     UnknownRowCountError,
 )
+from ._fold import fold_batch_dim, unfold_batch_dim
 from ._future import DataProtoFuture
 from ._item import DataProtoItem, collate_fn
 from ._padding import pad_dataproto_to_divisor, unpad_dataproto
@@ -74,10 +75,12 @@ __all__ = [
     "UnknownRowCountError",
     "__version__",
     "collate_fn",
+    "fold_batch_dim",
     "pad_dataproto_to_divisor",
     "plan_shard_slices",
     "register_adapters",
     "rebuild_tensordict",
+    "unfold_batch_dim",
     "register_future_resolver",
     "tensordict_state",
     "union_numpy_dict",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -36,30 +37,59 @@ def _tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _values_equal(a: Any, b: Any) -> bool:
+    return _equal(a, b, set())
+
+
+def _arrays_equal(a: NDArray, b: NDArray) -> bool:
+    return _equal(a, b, set())
+
+
+#: The pairs of objects (by id) whose comparison is under way on the current path.
+_Path = set[tuple[int, int]]
+
+
+def _equal(a: Any, b: Any, path: _Path) -> bool:
+    """Deep equality, NaN equal to NaN. Object arrays, lists, tuples and dicts are compared
+    element by element; a pair of containers met again while it is being compared (an
+    array that holds itself) counts as equal there, so cycles end instead of recursing
+    forever, and two arrays that each hold themselves are equal, as in verl."""
     if a is b:
         return True
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
             return False
-        return _arrays_equal(a, b)
+        if a.shape != b.shape:
+            return False
+        if a.dtype != object and b.dtype != object:
+            equal_nan = a.dtype.kind in "fc" and b.dtype.kind in "fc"
+            return bool(np.array_equal(a, b, equal_nan=equal_nan))
+        return _each_equal(a, b, zip(a.ravel(), b.ravel(), strict=True), path)
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return False
         return _tensors_equal(a, b)
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
+    if type(a) is type(b) and isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return False
+        return _each_equal(a, b, zip(a, b, strict=True), path)
+    if type(a) is type(b) and isinstance(a, dict):
+        if a.keys() != b.keys():
+            return False
+        return _each_equal(a, b, ((a[k], b[k]) for k in a), path)
     try:
         return bool(a == b)
     except (TypeError, ValueError):
         return False
 
 
-def _arrays_equal(a: NDArray, b: NDArray) -> bool:
-    if a is b:
-        return True
-    if a.shape != b.shape:
-        return False
-    if a.dtype != object and b.dtype != object:
-        equal_nan = a.dtype.kind in "fc" and b.dtype.kind in "fc"
-        return bool(np.array_equal(a, b, equal_nan=equal_nan))
-    return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel(), strict=True))
+def _each_equal(a: Any, b: Any, pairs: Iterator[tuple[Any, Any]], path: _Path) -> bool:
+    pair = (id(a), id(b))
+    if pair in path:
+        return True  # a cycle: this pair is already being compared further up
+    path.add(pair)
+    try:
+        return all(_equal(x, y, path) for x, y in pairs)
+    finally:
+        path.discard(pair)

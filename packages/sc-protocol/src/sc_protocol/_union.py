@@ -73,6 +73,8 @@ def union_numpy_dict(
                     f"dtypes {mine.dtype} and {value.dtype}"
                     if mine.dtype != value.dtype
                     else f"shapes {mine.shape} and {value.shape}"
+                    if mine.shape != value.shape
+                    else f"shape {mine.shape}, values differ"
                 )
                 raise KeyConflictError(
                     f"union_numpy_dict: non-tensor key {key!r} has different values on the two "
