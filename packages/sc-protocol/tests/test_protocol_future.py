@@ -7,6 +7,7 @@ import pickle
 from typing import Any
 
 import pytest
+import torch
 from _protocol_helpers import make_dp, row_ids
 from sc_protocol import (
     DataProto,
@@ -19,6 +20,7 @@ from sc_protocol import (
     plan_shard_slices,
     register_future_resolver,
 )
+from tensordict import TensorDict
 
 
 class Store:
@@ -294,3 +296,46 @@ def test_registered_resolver_fetches_handles_in_bulk_without_resolve_argument() 
         register_future_resolver("x", resolve)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"resolve must be callable"):
         register_future_resolver(_Handle, 3)  # type: ignore[arg-type]
+
+
+def _td(start: int, stop: int) -> TensorDict:
+    return TensorDict({"x": torch.arange(start, stop)}, batch_size=[stop - start])
+
+
+def test_a_future_of_tensordict_shards_resolves_to_the_joined_tensordict() -> None:
+    # verl's future joins TensorDicts as well as DataProtos.
+    shards = {"a": _td(0, 3), "b": _td(3, 5), "c": _td(5, 9)}
+    store = Store(shards)  # type: ignore[arg-type]
+    fut: DataProtoFuture[TensorDict] = DataProtoFuture.from_shards(
+        ["a", "b", "c"], [3, 2, 4], store.resolve
+    )
+    value = fut.get()
+    assert isinstance(value, TensorDict)
+    assert value["x"].tolist() == list(range(9))
+    parts = fut.chunk(3)
+    assert [p.get()["x"].tolist() for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert store.fetched[-2:] == [["b", "c"], ["c"]]  # each part fetches its shards only
+    assert fut.pad(2).unpad(2).get()["x"].tolist() == list(range(9))
+    # Unknown row counts: the operations are recorded and applied to the joined TensorDict.
+    unknown: DataProtoFuture[TensorDict] = DataProtoFuture.from_shards(
+        ["a", "c"], None, store.resolve
+    )
+    assert unknown.pad(1).get()["x"].tolist() == [0, 1, 2, 5, 6, 7, 8, 0]
+    assert unknown.chunk(2)[1].get()["x"].tolist() == [6, 7, 8]
+    assert DataProtoFuture.concat([parts[2], parts[0]]).get()["x"].tolist() == [6, 7, 8, 0, 1, 2]
+    verl_style: DataProtoFuture[TensorDict] = DataProtoFuture(futures=[_td(0, 2), _td(2, 3)])
+    assert verl_style.get()["x"].tolist() == [0, 1, 2]
+
+
+def test_a_future_of_mixed_or_foreign_shards_is_an_error_naming_them() -> None:
+    mixed = DataProtoFuture.from_shards([make_dp(2), _td(0, 2)], [2, 2])
+    with pytest.raises(FutureError, match=r"cannot join shards of different kinds"):
+        mixed.get()
+    foreign = DataProtoFuture.from_shards([[1, 2]], [2], resolve=lambda refs: refs)
+    with pytest.raises(
+        FutureError, match=r"shard 0 resolved to a list, not a DataProto or a TensorDict"
+    ):
+        foreign.get()
+    wrong_rows = DataProtoFuture.from_shards([_td(0, 2)], [3])
+    with pytest.raises(FutureError, match=r"shard 0 has 2 rows, 3 were announced"):
+        wrong_rows.get()

@@ -19,6 +19,7 @@ from sc_dispatch import (
 )
 from sc_protocol import DataProto, DataProtoFuture
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from tensordict import TensorDict
 
 RAY_INIT: dict[str, Any] = {"num_cpus": 8}
 
@@ -77,6 +78,17 @@ class Producer(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"), blocking=False)
     def nd_rows_later(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"r": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"), blocking=False)
+    def nd_td_later(self, data: TensorDict) -> TensorDict:
+        return TensorDict(
+            {"y": data["x"] * 2, "r": torch.full((len(data),), self.rank)},
+            batch_size=[len(data)],
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def td_double_later(self, data: TensorDict) -> TensorDict:
+        return TensorDict({"y": data["x"] * 2}, batch_size=[len(data)])
 
 
 class Consumer(Worker):
@@ -163,6 +175,25 @@ def test_nd_future_holds_collect_ranks_only(
     assert len(future.shard_refs) == 2  # ranks 0 and 2 of 4
     assert future.row_counts == (4, 4)
     assert _col(future.get(), "r").tolist() == [0] * 4 + [2] * 4
+
+
+def test_futures_of_tensordict_calls_resolve_to_the_joined_tensordict(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    # verl's future resolves to whatever the workers returned, TensorDicts included.
+    wg, _ = groups
+    x = torch.arange(8 * 4, dtype=torch.float32).reshape(8, 4)
+    nd: DataProtoFuture[TensorDict] = wg.nd_td_later(TensorDict({"x": x}, batch_size=[8]))
+    assert len(nd.shard_refs) == 2
+    value = nd.get()
+    assert isinstance(value, TensorDict)
+    assert torch.equal(value["y"], x * 2)
+    assert value["r"].tolist() == [0] * 4 + [2] * 4
+    even: DataProtoFuture[TensorDict] = wg.td_double_later(TensorDict({"x": x}, batch_size=[8]))
+    assert torch.equal(even.get()["y"], x * 2)
+    halves = [part.get()["y"] for part in even.chunk(2)]
+    assert torch.equal(halves[0], x[:4] * 2)
+    assert torch.equal(halves[1], x[4:] * 2)
 
 
 def test_future_chain_never_passes_through_the_driver(

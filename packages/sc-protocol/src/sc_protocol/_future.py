@@ -14,8 +14,12 @@ and applied after every shard has been fetched and joined, which is verl's behav
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, cast
 
+from tensordict import TensorDictBase
+from typing_extensions import TypeVar
+
+from ._columns import cat_tensordicts
 from ._config import DataProtoConfig
 from ._data_proto import DataProto
 from ._deferred import Op, apply_op, op_rows
@@ -25,11 +29,43 @@ from ._resolve import Resolver, resolve_local
 
 __all__ = ["DataProtoFuture"]
 
+#: What a future resolves to: a DataProto (the default), or a TensorDict when the workers
+#: return TensorDicts (annotate ``DataProtoFuture[TensorDict]``).
+B = TypeVar("B", bound="DataProto | TensorDictBase", default=DataProto)
+
+
+def _rows(value: DataProto | TensorDictBase, start: int, stop: int) -> DataProto | TensorDictBase:
+    return value.slice(start, stop) if isinstance(value, DataProto) else value[start:stop]
+
+
+def _join(parts: Sequence[DataProto | TensorDictBase]) -> DataProto | TensorDictBase:
+    """One batch from the shards, in order: ``DataProto.concat`` of DataProtos, the rows of
+    TensorDicts joined into one TensorDict (verl's future joins either)."""
+    if all(isinstance(p, DataProto) for p in parts):
+        protos = [p for p in parts if isinstance(p, DataProto)]
+        return protos[0] if len(protos) == 1 else DataProto.concat(protos)
+    if all(isinstance(p, TensorDictBase) for p in parts):
+        tds = [p for p in parts if isinstance(p, TensorDictBase)]
+        return tds[0] if len(tds) == 1 else cat_tensordicts(tds)
+    kinds = sorted({type(p).__name__ for p in parts})
+    raise FutureError(f"DataProtoFuture: cannot join shards of different kinds {kinds}")
+
+
+def _apply(op: Op, value: DataProto | TensorDictBase) -> DataProto | TensorDictBase:
+    """A recorded row operation on the joined value (a TensorDict goes through a DataProto
+    that holds it as its batch, and comes back out)."""
+    if isinstance(value, DataProto):
+        return apply_op(op, value)
+    out = apply_op(op, DataProto(batch=value)).batch
+    return out if out is not None else value[:0]
+
+
 CollectFn = Callable[[list[Any]], Any]
 
 
-class DataProtoFuture:
-    """A DataProto that a non-blocking call will produce.
+class DataProtoFuture(Generic[B]):
+    """A DataProto (or, when the workers return TensorDicts, a TensorDict) that a
+    non-blocking call will produce.
 
     Build one with :meth:`from_shards` (``refs``, their ``row_counts`` -- ``None`` where
     unknown -- and the backend's ``resolve`` function), or, as in verl, with
@@ -73,10 +109,10 @@ class DataProtoFuture:
         self._counts = counts
         self._resolve: Resolver | None = resolve
         self._collect_fn: CollectFn | None = collect_fn
-        self._children: tuple[DataProtoFuture, ...] | None = None
+        self._children: tuple[DataProtoFuture[B], ...] | None = None
         self._ops: tuple[Op, ...] = ()
         self._plan: tuple[ShardSlice, ...] | None = None
-        self._value: DataProto | None = None
+        self._value: B | None = None
         if dispatch_fn is not None:
             self._ops = (("fn", dispatch_fn, None),)
         elif collect_fn is None and all(c is not None for c in counts):
@@ -96,21 +132,23 @@ class DataProtoFuture:
         refs: Sequence[Any],
         row_counts: Sequence[int | None] | None = None,
         resolve: Resolver | None = None,
-    ) -> DataProtoFuture:
+    ) -> DataProtoFuture[Any]:
         """A future joining ``refs`` in order; ``row_counts[i]`` is the rows of shard ``i``
-        (``None`` if unknown); ``resolve(list_of_refs)`` returns their DataProtos."""
+        (``None`` if unknown); ``resolve(list_of_refs)`` returns their DataProtos (or
+        TensorDicts). Annotate what it resolves to: ``DataProtoFuture`` (DataProtos) or
+        ``DataProtoFuture[TensorDict]``."""
         return cls(futures=refs, resolve=resolve, row_counts=row_counts)
 
     @classmethod
-    def from_value(cls, data: DataProto) -> DataProtoFuture:
+    def from_value(cls, data: DataProto) -> DataProtoFuture[DataProto]:
         """A future that is already resolved (for in-process backends and tests)."""
         if not isinstance(data, DataProto):
             raise ProtocolTypeError(
                 f"DataProtoFuture.from_value: expected a DataProto, got {type(data).__name__}"
             )
-        return cls(futures=[data], row_counts=[len(data)])
+        return cast("DataProtoFuture[DataProto]", cls(futures=[data], row_counts=[len(data)]))
 
-    def _derive(self) -> DataProtoFuture:
+    def _derive(self) -> DataProtoFuture[B]:
         new = DataProtoFuture.__new__(DataProtoFuture)
         new.__dict__.update(self.__dict__)
         new._value = None
@@ -195,7 +233,7 @@ class DataProtoFuture:
     @property
     def collect_fn(self) -> CollectFn:
         """The function that joins the resolved shards (``DataProto.concat`` by default)."""
-        return self._collect_fn or DataProto.concat
+        return self._collect_fn or _join
 
     # -- lazy row operations ----------------------------------------------------------------
 
@@ -216,7 +254,7 @@ class DataProtoFuture:
             )
         return [p for p in cut(self._plan, start, stop) if p.stop > p.start]
 
-    def _with_plan(self, plan: Sequence[ShardSlice]) -> DataProtoFuture:
+    def _with_plan(self, plan: Sequence[ShardSlice]) -> DataProtoFuture[B]:
         used = sorted({p.shard for p in plan})
         remap = {old: new for new, old in enumerate(used)}
         new = self._derive()
@@ -225,12 +263,12 @@ class DataProtoFuture:
         new._plan = tuple(ShardSlice(remap[p.shard], p.start, p.stop) for p in plan)
         return new
 
-    def _with_op(self, op: Op) -> DataProtoFuture:
+    def _with_op(self, op: Op) -> DataProtoFuture[B]:
         new = self._derive()
         new._ops = (*self._ops, op)
         return new
 
-    def slice(self, start: int, stop: int) -> DataProtoFuture:
+    def slice(self, start: int, stop: int) -> DataProtoFuture[B]:
         """Rows ``start:stop`` of the value (a new future; nothing is fetched)."""
         check_count(start, "DataProtoFuture.slice: start")
         check_count(stop, "DataProtoFuture.slice: stop")
@@ -245,7 +283,7 @@ class DataProtoFuture:
             return self._with_plan(cut(self._plan, start, stop))
         return self._with_op(("slice", start, stop))
 
-    def chunk(self, chunks: int) -> list[DataProtoFuture]:
+    def chunk(self, chunks: int) -> list[DataProtoFuture[B]]:
         """Split into exactly ``chunks`` futures (``numpy.array_split`` sizes) without
         fetching anything; with known row counts each part holds only its shards."""
         if isinstance(chunks, bool) or not isinstance(chunks, int):
@@ -261,7 +299,7 @@ class DataProtoFuture:
             return [self._with_plan(cut(self._plan, a, b)) for a, b in chunk_bounds(total, chunks)]
         return [self._with_op(("chunk", i, chunks)) for i in range(chunks)]
 
-    def pad(self, pad_size: int) -> DataProtoFuture:
+    def pad(self, pad_size: int) -> DataProtoFuture[B]:
         """Append ``pad_size`` rows repeated from the start (cycling), lazily."""
         check_count(pad_size, "DataProtoFuture.pad: pad_size")
         if pad_size == 0:
@@ -277,7 +315,7 @@ class DataProtoFuture:
             return self._with_plan([p for p in plan if p.stop > p.start])
         return self._with_op(("pad", pad_size, None))
 
-    def unpad(self, pad_size: int) -> DataProtoFuture:
+    def unpad(self, pad_size: int) -> DataProtoFuture[B]:
         """Drop the last ``pad_size`` rows, lazily (``get()`` never returns them)."""
         check_count(pad_size, "DataProtoFuture.unpad: pad_size")
         if pad_size == 0:
@@ -292,7 +330,7 @@ class DataProtoFuture:
         return self._with_op(("unpad", pad_size, None))
 
     @staticmethod
-    def concat(data: Sequence[Any]) -> DataProtoFuture:
+    def concat(data: Sequence[Any]) -> DataProtoFuture[Any]:
         """Join futures into one (rows in order). Futures with known row counts and the same
         resolver merge into one plan; raw shard handles (verl's call) become one future."""
         parts = list(data)
@@ -304,7 +342,7 @@ class DataProtoFuture:
                     "DataProtoFuture.concat: mix of DataProtoFutures and raw shard handles"
                 )
             return DataProtoFuture(futures=parts)
-        futures: list[DataProtoFuture] = parts
+        futures: list[DataProtoFuture[Any]] = parts
         if len(futures) == 1:
             return futures[0]
         first = futures[0]
@@ -333,7 +371,7 @@ class DataProtoFuture:
 
     # -- resolution -------------------------------------------------------------------------
 
-    def _fetch(self) -> list[DataProto]:
+    def _fetch(self) -> list[DataProto | TensorDictBase]:
         refs = list(self._refs)
         resolve = self._resolve or resolve_local
         values = list(resolve(refs))
@@ -343,50 +381,50 @@ class DataProtoFuture:
                 f"{len(refs)} shards"
             )
         for i, (value, count) in enumerate(zip(values, self._counts, strict=True)):
-            if self._collect_fn is None and not isinstance(value, DataProto):
+            if not isinstance(value, (DataProto, TensorDictBase)):
+                if self._collect_fn is not None:
+                    continue  # a custom collect_fn takes whatever the workers returned
                 raise FutureError(
                     f"DataProtoFuture: shard {i} resolved to a {type(value).__name__}, "
-                    "not a DataProto"
+                    "not a DataProto or a TensorDict"
                 )
-            if count is not None and isinstance(value, DataProto) and len(value) != count:
+            if count is not None and len(value) != count:
                 raise FutureError(
                     f"DataProtoFuture: shard {i} has {len(value)} rows, {count} were announced"
                 )
         return values
 
-    def get(self) -> DataProto:
-        """Fetch the needed shards and return the DataProto (cached after the first call)."""
+    def get(self) -> B:
+        """Fetch the needed shards and return their rows joined (cached after the first
+        call): a DataProto when the workers returned DataProtos, a TensorDict when they
+        returned TensorDicts (as verl's future does); shards of both kinds are a
+        :class:`~sc_protocol.FutureError`."""
         if self._value is not None:
             return self._value
-        value: DataProto
         if self._plan is not None:
             values = self._fetch()
             pieces = []
             for p in self._plan:
                 shard = values[p.shard]
                 whole = p.start == 0 and p.stop == len(shard)
-                pieces.append(shard if whole else shard.slice(p.start, p.stop))
-            if not pieces:
-                value = DataProto()
-            else:
-                value = pieces[0] if len(pieces) == 1 else DataProto.concat(pieces)
+                pieces.append(shard if whole else _rows(shard, p.start, p.stop))
+            value = _join(pieces) if pieces else DataProto()
         else:
             if self._children is not None:
-                value = DataProto.concat([c.get() for c in self._children])
+                value = _join([c.get() for c in self._children])
             elif not self._refs:
                 value = DataProto()
             else:
-                joined = self.collect_fn(self._fetch())
-                if not isinstance(joined, DataProto):
+                value = self.collect_fn(self._fetch())
+                if not isinstance(value, (DataProto, TensorDictBase)):
                     raise FutureError(
-                        f"DataProtoFuture: collect_fn returned a {type(joined).__name__}, "
-                        "not a DataProto"
+                        f"DataProtoFuture: collect_fn returned a {type(value).__name__}, "
+                        "not a DataProto or a TensorDict"
                     )
-                value = joined
             for op in self._ops:
-                value = apply_op(op, value)
-        self._value = value
-        return value
+                value = _apply(op, value)
+        self._value = cast(B, value)
+        return self._value
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sc_dispatch import get_future_resolver
+from tensordict import TensorDictBase
 
 from ._data_proto import DataProto
 from ._errors import FutureError
@@ -26,13 +27,13 @@ Resolver = Callable[[list[Any]], Sequence[Any]]
 
 
 def resolve_local(refs: list[Any]) -> list[Any]:
-    """Default resolver: DataProtos as they are, handles of a registered type through their
-    resolver (one call per type, in bulk), ``concurrent.futures`` futures by ``result()``,
-    and any other future by ``get()``."""
+    """Default resolver: DataProtos and TensorDicts as they are, handles of a registered
+    type through their resolver (one call per type, in bulk), ``concurrent.futures``
+    futures by ``result()``, and any other future by ``get()``."""
     out: list[Any] = [None] * len(refs)
     grouped: dict[Resolver, list[int]] = {}
     for i, ref in enumerate(refs):
-        if isinstance(ref, DataProto):
+        if isinstance(ref, (DataProto, TensorDictBase)):
             out[i] = ref
         elif (resolver := get_future_resolver(ref)) is not None:
             grouped.setdefault(resolver, []).append(i)

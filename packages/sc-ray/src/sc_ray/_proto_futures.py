@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from sc_dispatch import register_shardable
-from sc_protocol import DataProto, DataProtoConfig, DataProtoFuture
+from sc_protocol import DataProtoConfig, DataProtoFuture
 
 from ._futures import RayFuture, resolver
 
 __all__ = ["RayDataProtoFuture"]
 
 
-class RayDataProtoFuture(DataProtoFuture):
+class RayDataProtoFuture(DataProtoFuture[Any]):
     """A DataProtoFuture over per-rank Ray references whose row counts arrive lazily."""
 
     def __init__(self, parts: Sequence[RayFuture], unpad: int = 0) -> None:
@@ -87,9 +87,10 @@ class RayDataProtoFuture(DataProtoFuture):
             return self._sc_known.unpad(pad_size)
         return RayDataProtoFuture(self._sc_parts, self._sc_unpad + pad_size)
 
-    def get(self) -> DataProto:
-        """Fetch the shards and return the joined DataProto (worker failures raise sc-core's
-        ``WorkerError`` / ``WorkerDiedError``)."""
+    def get(self) -> Any:
+        """Fetch the shards and return them joined, a DataProto or a TensorDict as the
+        workers returned (worker failures raise sc-core's ``WorkerError`` /
+        ``WorkerDiedError``)."""
         for part in self._sc_parts:
             part.rows()  # a failed or late rank raises sc-core's error, naming the rank
         return self.known().get()
