@@ -1,9 +1,11 @@
-"""Colocation: several roles in one worker, exposed as role_method, and spawn."""
+"""Colocation: several roles in one worker, exposed as role_method, and spawn; verl's fused
+worker (raw class, subclasses of it, spawn/fuse of a fused group) in the in-process backend."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from _core_fakes import Batch
@@ -90,7 +92,7 @@ def test_roles_are_exposed_as_role_method(wg: LocalWorkerGroup) -> None:
 
 
 def test_register_attributes_and_async_are_kept() -> None:
-    cls = create_colocated_worker_raw_cls({"actor": ClassWithInitArgs(Actor, 1.0)})
+    cls = create_colocated_worker_cls({"actor": ClassWithInitArgs(Actor, 1.0)}).cls
     attrs = get_register_attrs(cls.actor_generate)  # type: ignore[attr-defined]
     assert attrs is not None
     assert attrs.blocking is False
@@ -198,27 +200,37 @@ class NotAWorker:
         return 0
 
 
+def _worker_dict(class_dict: Any) -> Any:
+    return create_colocated_worker_cls(class_dict).cls
+
+
 def test_colocation_errors() -> None:
-    with pytest.raises(ColocationError, match="class_dict is empty"):
-        create_colocated_worker_raw_cls({})
-    with pytest.raises(TypeError, match="class_dict must be a mapping"):
-        create_colocated_worker_raw_cls([("a", ClassWithInitArgs(Plain))])  # type: ignore[arg-type]
-    with pytest.raises(ColocationError, match="identifiers"):
-        create_colocated_worker_raw_cls({"a-b": ClassWithInitArgs(Plain)})
-    with pytest.raises(ConfigTypeError, match="must map to a ClassWithInitArgs"):
-        create_colocated_worker_raw_cls({"a": Plain})  # type: ignore[dict-item]
-    with pytest.raises(TypeError, match=r"role 'a' runs .*<lambda>.*not a subclass of"):
-        create_colocated_worker_raw_cls({"a": ClassWithInitArgs(lambda: Plain())})
-    for make in (create_colocated_worker_raw_cls, create_colocated_worker_cls_fused):
+    makers: tuple[Callable[[Any], Any], ...] = (
+        _worker_dict,
+        create_colocated_worker_raw_cls,
+        create_colocated_worker_cls_fused,
+    )
+    for make in makers:
+        with pytest.raises(ColocationError, match="class_dict is empty"):
+            make({})
+        with pytest.raises(TypeError, match="class_dict must be a mapping") as type_info:
+            make([("a", ClassWithInitArgs(Plain))])
+        assert isinstance(type_info.value, ConfigTypeError)
+        with pytest.raises(ColocationError, match="identifiers, got 'a-b'"):
+            make({"a-b": ClassWithInitArgs(Plain)})
+        with pytest.raises(ConfigTypeError, match="role 'a' must map to a ClassWithInitArgs"):
+            make({"a": Plain})
+        with pytest.raises(TypeError, match=r"role 'a' runs .*<lambda>.*not a subclass of"):
+            make({"a": ClassWithInitArgs(lambda: Plain())})
         with pytest.raises(TypeError, match=r"role 'x' runs NotAWorker, which is not a") as info:
             make({"x": ClassWithInitArgs(NotAWorker)})
         assert isinstance(info.value, ConfigTypeError)
     with pytest.raises(ColocationError, match=r"'a_b_c' is exposed by role 'a'.*and by role 'a_b'"):
-        create_colocated_worker_raw_cls(
-            {"a_b": ClassWithInitArgs(A_B), "a": ClassWithInitArgs(B_C)}
-        )
+        _worker_dict({"a_b": ClassWithInitArgs(A_B), "a": ClassWithInitArgs(B_C)})
     with pytest.raises(ColocationError, match="'execute_func_rank_zero', which is a Worker attr"):
-        create_colocated_worker_raw_cls({"execute_func": ClassWithInitArgs(RankZero)})
+        _worker_dict({"execute_func": ClassWithInitArgs(RankZero)})
+    with pytest.raises(ColocationError, match="create_colocated_worker_raw_cls: role 'rank'"):
+        create_colocated_worker_raw_cls({"rank": ClassWithInitArgs(Plain)})
 
 
 class RayWrapped:
@@ -231,12 +243,13 @@ class RayWrapped:
 def test_backend_wrapped_classes_are_unwrapped() -> None:
     # sc-core knows no backend's names: the backend registers how to find the user class
     with pytest.raises(ConfigTypeError, match="RayWrapped, which is not a subclass"):
-        create_colocated_worker_raw_cls({"ref": ClassWithInitArgs(RayWrapped)})
+        create_colocated_worker_cls({"ref": ClassWithInitArgs(RayWrapped)})
     register_class_unwrapper(lambda obj: getattr(obj, "__fake_backend_class__", None))
     with pytest.raises(ConfigTypeError, match="expected a callable"):
         register_class_unwrapper("nope")  # type: ignore[arg-type]
-    cls = create_colocated_worker_raw_cls({"ref": ClassWithInitArgs(RayWrapped)})
-    g = LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(cls))
+    g = LocalWorkerGroup(
+        ResourcePool([2]), create_colocated_worker_cls({"ref": ClassWithInitArgs(RayWrapped)})
+    )
     try:
         assert g.ref_ref_logp() == [0, 1]
     finally:
@@ -275,10 +288,10 @@ class Peer(Worker):
 
 @pytest.fixture
 def fused() -> Iterator[LocalWorkerGroup]:
-    cls = create_colocated_worker_cls_fused(
+    cia = create_colocated_worker_cls_fused(
         {"actor": ClassWithInitArgs(Peer, "a"), "critic": ClassWithInitArgs(Peer, name="c")}
     )
-    g = LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(cls))
+    g = LocalWorkerGroup(ResourcePool([2]), cia)
     yield g
     g.close()
 
@@ -330,8 +343,8 @@ class FusedClash(LocalWorkerGroup):
 
 
 def test_fuse_refuses_to_shadow_a_group_attribute() -> None:
-    cls = create_colocated_worker_cls_fused({"actor": ClassWithInitArgs(Peer, "a")})
-    g = FusedClash(ResourcePool([1]), ClassWithInitArgs(cls))
+    cia = create_colocated_worker_cls_fused({"actor": ClassWithInitArgs(Peer, "a")})
+    g = FusedClash(ResourcePool([1]), cia)
     try:
         with pytest.raises(MethodCollisionError, match="fuse: role 'actor'"):
             g.fuse(["actor"])
@@ -367,3 +380,135 @@ def test_spawned_groups_outlive_the_dropped_parent() -> None:
     del groups
     gc.collect()  # nothing else (not the rank threads) keeps the workers alive
     assert parent_ref() is None
+
+
+# --- verl's fused-worker pattern: the raw fused class, subclassed ---------------------------
+
+
+class FwActor(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def add(self, x: float) -> float:
+        return x + self.rank
+
+
+class FwCritic(Worker):
+    def __init__(self, val: float) -> None:
+        super().__init__()
+        self.val = val
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def sub(self, x: float) -> float:
+        return x - self.val
+
+
+FW_ROLES: dict[str, ClassWithInitArgs[Any]] = {
+    "actor": ClassWithInitArgs(FwActor),
+    "critic": ClassWithInitArgs(FwCritic, val=10),
+}
+FusedBase = create_colocated_worker_raw_cls(FW_ROLES)
+
+
+class Hybrid(FusedBase):  # type: ignore[misc,valid-type]
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def foo(self, x: float) -> float:
+        out: float = self.critic.sub(self.actor.add(x))
+        return out
+
+
+def test_the_three_builders_match_verl() -> None:
+    worker_dict = create_colocated_worker_cls(FW_ROLES)
+    assert type(worker_dict) is ClassWithInitArgs
+    assert worker_dict.fused_worker_used is False
+    assert hasattr(worker_dict.cls, "actor_add")
+    fused = create_colocated_worker_cls_fused(FW_ROLES)
+    assert type(fused) is ClassWithInitArgs
+    assert fused.fused_worker_used is True
+    assert fused.args == ()
+    assert fused.kwargs == {}
+    raw = create_colocated_worker_raw_cls(FW_ROLES)
+    assert isinstance(raw, type)
+    assert issubclass(raw, Worker)
+    assert raw.__name__ == "FusedWorker_actor_critic"
+    assert raw.is_fused_worker is True  # type: ignore[attr-defined]
+    assert raw.raw_cls_dict == {"actor": FwActor, "critic": FwCritic}  # type: ignore[attr-defined]
+    assert not hasattr(raw, "actor_add")
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_subclass_of_the_raw_fused_class_fuses_and_keeps_its_own_methods(flag: bool) -> None:
+    # verl's tests/single_controller/test_fused_workers_on_cpu.py, in process; the class is
+    # recognised as fused whether or not fused_worker_used is set.
+    cia = ClassWithInitArgs(Hybrid)
+    cia.fused_worker_used = flag
+    with LocalWorkerGroup(ResourcePool([2]), cia) as wg:
+        assert wg.fused_worker_used is flag
+        assert "foo" in wg.bound_method_names
+        assert not {"add", "sub", "actor_add"} & set(wg.bound_method_names)
+        wg.fuse(FW_ROLES.keys())
+        x = wg.actor.add(0.1)
+        assert x == [0.1, 1.1]
+        y = wg.critic.sub(x)
+        assert y == pytest.approx([-9.9, -8.9])
+        assert wg.foo(0.1) == pytest.approx(y)
+        assert "add" in wg.actor.bound_method_names
+        assert not {"sub", "foo"} & set(wg.actor.bound_method_names)
+        assert "sub" in wg.critic.bound_method_names
+        assert not {"add", "foo"} & set(wg.critic.bound_method_names)
+        assert wg.wg_dict == {"actor": wg.actor, "critic": wg.critic}
+        worker = wg.workers[1]
+        assert isinstance(worker, Hybrid)
+        assert worker.critic.val == 10
+        assert worker.actor.fused_worker_dict is worker.fused_worker_dict
+        assert worker.rank == worker.actor.rank == worker.critic.rank == 1
+
+
+def test_spawn_of_a_fused_group_returns_one_fused_group_per_role() -> None:
+    with LocalWorkerGroup(ResourcePool([2]), create_colocated_worker_cls_fused(FW_ROLES)) as wg:
+        assert wg.fused_worker_used is True
+        groups = wg.spawn(prefix_set={"actor", "critic"})
+        assert sorted(groups) == ["actor", "critic"]
+        assert groups["actor"]._fused_role == "actor"
+        assert groups["actor"].add(1.0) == [1.0, 2.0]
+        assert groups["critic"].sub([20.0, 30.0]) == [10.0, 20.0]
+        with pytest.raises(UnknownRoleError, match=r"unknown role 'ref'.*\['actor', 'critic'\]"):
+            wg.spawn(["ref"])
+        with pytest.raises(ConfigTypeError, match="collection of role names"):
+            wg.spawn("actor")
+
+
+def test_fuse_of_a_worker_dict_group_uses_spawn() -> None:
+    with LocalWorkerGroup(ResourcePool([2]), create_colocated_worker_cls(FW_ROLES)) as wg:
+        wg.fuse(["actor", "critic"])
+        assert wg.actor.add(1.0) == [1.0, 2.0]
+        assert wg.critic.sub([20.0, 30.0]) == [10.0, 20.0]
+        assert wg.actor._fused_role is None  # plain names over actor_add, no _fuw_execute
+
+
+def test_fused_worker_used_errors() -> None:
+    cia = ClassWithInitArgs(Plain)
+    cia.fused_worker_used = True  # verl's flag on a class that is not fused
+    with LocalWorkerGroup(ResourcePool([1]), cia) as wg:
+        with pytest.raises(ConfigTypeError, match=r"Plain is not a fused worker \(the group's"):
+            wg.spawn(["ref"])
+        with pytest.raises(ConfigTypeError, match="Plain is not a fused worker"):
+            wg.fuse(["ref"])
+    cia.fused_worker_used = "yes"  # type: ignore[assignment]
+    with pytest.raises(ConfigTypeError, match=r"fused_worker_used of .* must be a bool, got str"):
+        LocalWorkerGroup(ResourcePool([1]), cia)
+
+
+def test_fuw_execute_refuses_a_malformed_name() -> None:
+    with LocalWorkerGroup(ResourcePool([1]), ClassWithInitArgs(Hybrid)) as wg:
+        assert wg.execute_rank_zero_sync("_fuw_execute", "actor_fwmn_add", 2.0) == 2.0
+        for bad in ("add", "ref_fwmn_add", 3):
+            with pytest.raises(WorkerError, match=r"_fuw_execute \(rank 0\): expected") as info:
+                wg.execute_rank_zero_sync("_fuw_execute", bad)
+            assert isinstance(info.value, KeyError)
+
+
+def test_a_subclass_of_the_fused_class_may_not_take_reserved_names() -> None:
+    with pytest.raises(MethodCollisionError, match="_fuw_execute"):
+
+        class Bad(FusedBase):  # type: ignore[misc,valid-type]
+            def _fuw_execute(self, method_name: str) -> None:
+                return None

@@ -1,14 +1,17 @@
-"""Colocation on Ray: spawn, fused workers (async role methods included), groups sharing a
-GPU pool with fractional devices, split pools. Local cluster: 8 CPUs, 8 fake GPUs."""
+"""Colocation on Ray: spawn, fused workers (async role methods included, verl's raw fused
+class subclassed by the user), groups sharing a GPU pool with fractional devices, split
+pools. Local cluster: 8 CPUs, 8 fake GPUs."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any
 
 import pytest
-from sc_core import UnknownRoleError, Worker
+import ray
+from sc_core import ConfigTypeError, UnknownRoleError, Worker
 from sc_dispatch import Dispatch, register
 from sc_ray import (
     RayClassWithInitArgs,
@@ -16,6 +19,7 @@ from sc_ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
     create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
     split_resource_pool,
 )
 
@@ -110,3 +114,103 @@ def test_groups_on_split_pools() -> None:
             assert len(set(devices)) == 4
     finally:
         pool.release()
+
+
+# --- verl's tests/single_controller/test_fused_workers_on_cpu.py ------------------------------
+
+
+@ray.remote
+class FwActor(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def add(self, x: float) -> float:
+        return x + self.rank
+
+
+@ray.remote
+class FwCritic(Worker):
+    def __init__(self, val: float) -> None:
+        super().__init__()
+        self.val = val
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def sub(self, x: float) -> float:
+        return x - self.val
+
+
+FW_ROLES: dict[str, RayClassWithInitArgs] = {
+    "actor": RayClassWithInitArgs(FwActor),
+    "critic": RayClassWithInitArgs(FwCritic, val=10),
+}
+FusedBase = create_colocated_worker_raw_cls(FW_ROLES)
+
+
+@ray.remote
+class HybridWorker(FusedBase):  # type: ignore[misc,valid-type]
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def foo(self, x: float) -> float:
+        out: float = self.critic.sub(self.actor.add(x))
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_subclass_of_the_raw_fused_class_on_ray() -> None:
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
+    hybrid = RayClassWithInitArgs(cls=HybridWorker)
+    hybrid.fused_worker_used = True
+    with RayWorkerGroup(resource_pool=pool, ray_cls_with_init=hybrid) as fused_wg:
+        assert fused_wg.fused_worker_used is True
+        fused_wg.fuse(FW_ROLES.keys())
+        x = fused_wg.actor.add(0.1)
+        assert x == [0.1, 1.1]
+        y = fused_wg.critic.sub(x)
+        z = fused_wg.foo(0.1)
+        assert z == pytest.approx(y)
+        assert y == pytest.approx([-9.9, -8.9])
+        # The role groups run in the fused group's actors.
+        assert fused_wg.actor.workers == fused_wg.workers
+        assert len(set(fused_wg.pid())) == 2
+
+
+def test_spawn_of_a_fused_group_gives_one_group_per_role() -> None:
+    # verl's tests/single_controller/test_colocated_workers_fused.py, without DataProto.
+    cls = create_colocated_worker_cls_fused(FW_ROLES)
+    assert isinstance(cls, RayClassWithInitArgs)
+    assert cls.fused_worker_used is True
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, device_name="cpu")
+    with RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls, device_name="cpu") as wg:
+        spawned = wg.spawn(prefix_set=FW_ROLES.keys())
+        assert spawned["actor"].add(1.0) == [1.0, 2.0]
+        assert spawned["critic"].sub([20.0, 30.0]) == [10.0, 20.0]
+        with pytest.raises(UnknownRoleError, match=r"unknown role 'reward'.*\['actor', 'critic'\]"):
+            wg.spawn(["reward"])
+
+
+def test_fused_builders_carry_ray_options_or_warn(caplog: pytest.LogCaptureFixture) -> None:
+    actor = RayClassWithInitArgs(Actor)
+    actor.update_options({"max_concurrency": 3})
+    actor.set_additional_resource({"custom_x": 1})
+    roles: dict[str, RayClassWithInitArgs] = {
+        "actor": actor,
+        "critic": RayClassWithInitArgs(Critic),
+    }
+    fused = create_colocated_worker_cls_fused(roles)
+    assert fused.options == {"max_concurrency": 3}
+    assert fused._additional_resource == {"custom_x": 1.0}
+    with caplog.at_level(logging.WARNING, logger="sc_ray"):
+        raw = create_colocated_worker_raw_cls(roles)
+    assert raw.is_fused_worker is True  # type: ignore[attr-defined]
+    assert "role 'actor' sets Ray options ['max_concurrency']" in caplog.text
+    worker_dict = create_colocated_worker_cls(roles)
+    assert worker_dict.fused_worker_used is False
+    assert worker_dict.options == {"max_concurrency": 3}
+
+
+def test_fused_worker_used_must_be_a_bool() -> None:
+    cls = create_colocated_worker_cls_fused(FW_ROLES)
+    cls.fused_worker_used = 1  # type: ignore[assignment]
+    pool = RayResourcePool([1], use_gpu=False)
+    with pytest.raises(ConfigTypeError, match=r"fused_worker_used of .* must be a bool, got int"):
+        RayWorkerGroup(pool, cls)

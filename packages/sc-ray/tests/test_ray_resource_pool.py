@@ -1,5 +1,6 @@
-"""RayResourcePool, split/merge, ResourcePoolManager and RayClassWithInitArgs on a local
-cluster with 8 CPUs, 8 fake GPUs and 4 units of a custom resource."""
+"""RayResourcePool (device names included), split/merge (groups on a merged pool and on its
+parts together), ResourcePoolManager and RayClassWithInitArgs on a local cluster with 8
+CPUs, 8 fake GPUs and 4 units of a custom resource."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import time
 from typing import Any
 
 import pytest
+import ray
 import sc_core
-from sc_core import UnknownRoleError
-from sc_dispatch import SettingValueError
+from sc_core import UnknownRoleError, Worker
+from sc_dispatch import Dispatch, SettingValueError, register
 from sc_ray import (
     InsufficientResourcesError,
     PlacementTimeoutError,
     RayClassWithInitArgs,
     RayResourcePool,
     RayResourcePoolError,
+    RayWorkerGroup,
     ResourcePoolManager,
     ScRayError,
     WorkerEnvError,
@@ -40,6 +43,10 @@ class Probe:
             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "env": {k: v for k, v in os.environ.items() if k.startswith("SC_TEST_")},
         }
+
+
+def _placed(pool: RayResourcePool) -> bool:
+    return pool.pgs is not None
 
 
 def _states(pool: RayResourcePool) -> list[str]:
@@ -192,11 +199,12 @@ def test_add_node_before_and_after_placement() -> None:
 
 
 def test_split_and_merge() -> None:
-    merged = merge_resource_pool(
-        RayResourcePool([2], use_gpu=False), RayResourcePool([2], use_gpu=False)
-    )
+    parts = RayResourcePool([2], use_gpu=False), RayResourcePool([2], use_gpu=False)
+    merged = merge_resource_pool(*parts)
     assert merged.store == [2, 2]
     try:
+        # verl's merge: the merged pool is the parts' placement groups, in order.
+        assert merged.pgs == [*parts[0].pgs, *parts[1].pgs]  # type: ignore[misc]
         halves = split_resource_pool(merged, 2)
         assert [h.world_size for h in halves] == [2, 2]
         uneven = split_resource_pool(merged, [1, 3])
@@ -209,17 +217,148 @@ def test_split_and_merge() -> None:
         ]
         assert slots[0].bundle_index == 1
         uneven[1].release()  # a sub-pool does not own the groups
+        merged.release()  # nor does a merged pool
         assert all(state == "CREATED" for state in _states(merged))
         with pytest.raises(RayResourcePoolError, match="divide"):
             split_resource_pool(merged, 3)
         with pytest.raises(RayResourcePoolError, match="add up"):
             split_resource_pool(merged, [1, 1])
-        with pytest.raises(RayResourcePoolError, match="unplaced"):
-            merge_resource_pool(merged, RayResourcePool([1], use_gpu=False))
+        with pytest.raises(RayResourcePoolError, match="share bundles"):
+            merge_resource_pool(merged, parts[0])
     finally:
-        merged.release()
-    with pytest.raises(RayResourcePoolError, match="use_gpu"):
-        merge_resource_pool(RayResourcePool([1]), RayResourcePool([1], use_gpu=False))
+        for part in parts:
+            part.release()
+
+
+def test_merged_pool_of_sub_pools_and_overlaps() -> None:
+    root = RayResourcePool([3], use_gpu=False)
+    try:
+        left, right = split_resource_pool(root, [1, 2])
+        merged = merge_resource_pool(right, left)
+        assert merged.world_size == 3
+        assert merged.store == [2, 1]
+        slots = merged.bundle_slots()
+        assert [(s.bundle_index, s.node_index, s.local_rank) for s in slots] == [
+            (1, 0, 0),
+            (2, 0, 1),
+            (0, 1, 0),
+        ]
+        again = split_resource_pool(root, [1, 2])[0]  # the same bundle as ``left``
+        with pytest.raises(RayResourcePoolError, match=r"share bundles \(rp2's ranks \[0\]\)"):
+            merge_resource_pool(left, again)
+        with pytest.raises(RayResourcePoolError, match="merged with itself"):
+            merge_resource_pool(left, left)
+        assert "merge_resource_pool(" in repr(merged)
+    finally:
+        root.release()
+
+
+@pytest.mark.parametrize(
+    ("field", "first", "second"),
+    [
+        ("use_gpu", {"use_gpu": True}, {"use_gpu": False}),
+        ("max_colocate_count", {"max_colocate_count": 2}, {"max_colocate_count": 3}),
+        ("n_gpus_per_node", {"n_gpus_per_node": 8}, {"n_gpus_per_node": 16}),
+        ("detached", {"detached": False}, {"detached": True}),
+        ("device_name", {"device_name": "cuda"}, {"device_name": "npu"}),
+        ("num_cpus_per_process", {"num_cpus_per_process": 1}, {"num_cpus_per_process": 2}),
+    ],
+)
+def test_merge_refuses_pools_that_differ(
+    field: str, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    rp1, rp2 = RayResourcePool([1], **first), RayResourcePool([1], **second)
+    with pytest.raises(ValueError, match=f"pools differ in {field}") as info:
+        merge_resource_pool(rp1, rp2)
+    assert isinstance(info.value, RayResourcePoolError)
+    text = str(info.value)
+    assert f"rp1 has {field}={getattr(rp1, field)!r}" in text
+    assert f"rp2 has {field}={getattr(rp2, field)!r}" in text
+    assert rp1.pgs is None  # nothing was placed
+    assert rp2.pgs is None
+
+
+def test_merge_refuses_what_is_not_a_pool() -> None:
+    with pytest.raises(TypeError, match="rp2 must be a RayResourcePool, got ResourcePool") as info:
+        merge_resource_pool(RayResourcePool([1]), sc_core.ResourcePool([1]))  # type: ignore[arg-type]
+    assert isinstance(info.value, sc_core.ConfigTypeError)
+
+
+class Where(Worker):
+    """Reports the placement group and the device each rank runs on."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def where(self) -> tuple[str | None, str | None]:
+        return ray.get_runtime_context().get_placement_group_id(), os.environ.get(
+            "CUDA_VISIBLE_DEVICES"
+        )
+
+
+def test_groups_on_a_merged_pool_and_on_its_parts_share_the_bundles() -> None:
+    # The parts hold 3 of the 8 GPUs; a merged pool reserving bundles of its own would get
+    # other devices. max_colocate_count=2: two groups per bundle.
+    first = RayResourcePool([2], use_gpu=True, max_colocate_count=2)
+    second = RayResourcePool([1], use_gpu=True, max_colocate_count=2)
+    merged = merge_resource_pool(first, second)
+    cls = RayClassWithInitArgs(Where)
+    on_merged = RayWorkerGroup(merged, cls)
+    try:
+        with RayWorkerGroup(first, cls) as on_first, RayWorkerGroup(second, cls) as on_second:
+            pg_first = rapi.placement_group_id(first.get_placement_groups()[0])
+            pg_second = rapi.placement_group_id(second.get_placement_groups()[0])
+            everywhere = on_merged.where()
+            assert [pg for pg, _ in everywhere] == [pg_first, pg_first, pg_second]
+            assert everywhere[:2] == on_first.where()
+            assert everywhere[2:] == on_second.where()
+            assert len({device for _, device in everywhere}) == 3
+        # The parts' groups are closed; the merged group still holds both parts.
+        assert [_placed(p) for p in (first, second, merged)] == [True, True, True]
+        assert on_merged.where() == everywhere
+    finally:
+        on_merged.close()
+    # The last group using the parts released them.
+    assert [_placed(p) for p in (first, second, merged)] == [False, False, False]
+
+
+def test_cpu_device_name_with_use_gpu_false() -> None:
+    pool = RayResourcePool([1], use_gpu=False, device_name="cpu")
+    assert pool.device_name == "cpu"
+    assert pool.bundle() == {"CPU": 1.0}
+    assert pool.actor_resources() == {"num_cpus": pytest.approx(0.1)}
+    assert RayResourcePool([1], use_gpu=False, device_name="CUDA").device_name == "cuda"
+    try:
+        with RayWorkerGroup(pool, RayClassWithInitArgs(Where), device_name="cpu") as wg:
+            assert wg.device_name == "cpu"
+            assert wg.where()[0][1] is None or wg.where()[0][1] == ""
+    finally:
+        pool.release()
+    cpu_manager = ResourcePoolManager({"p": [1]}, {"A": "p"}, use_gpu=False, device_name="cpu")
+    assert cpu_manager.device_name == "cpu"
+    # verl asks no accelerator for an actor of device "cpu"
+    opts = RayClassWithInitArgs(Probe).actor_options(None, 0, use_gpu=True, device_name="cpu")
+    assert "num_gpus" not in opts
+    assert "resources" not in opts
+
+
+def test_impossible_device_names_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"RayResourcePool: device_name='cpu' with use_gpu=True"):
+        RayResourcePool([1], use_gpu=True, device_name="cpu")
+    with pytest.raises(
+        RayResourcePoolError, match=r"one of \['cpu', 'cuda', 'gpu', 'npu'\], got int 3"
+    ):
+        RayResourcePool([1], device_name=3)  # type: ignore[arg-type]
+    with pytest.raises(RayResourcePoolError, match=r"get_placement_groups: device_name='cpu' with"):
+        RayResourcePool([1]).get_placement_groups(device_name="cpu")
+    with pytest.raises(RayResourcePoolError, match="got str 'tpu'"):
+        RayResourcePool([1], use_gpu=False).get_placement_groups(device_name="tpu")
+    gpu_pool = RayResourcePool([1], use_gpu=True)
+    with pytest.raises(RayResourcePoolError, match=r"RayWorkerGroup: device_name='cpu' with"):
+        RayWorkerGroup(gpu_pool, RayClassWithInitArgs(Where), device_name="cpu")
+    with pytest.raises(RayResourcePoolError, match="RayWorkerGroup: device_name must be one of"):
+        RayWorkerGroup(gpu_pool, RayClassWithInitArgs(Where), device_name="xpu")
+    assert gpu_pool.pgs is None  # refused before placing anything
+    with pytest.raises(RayResourcePoolError, match=r"ResourcePoolManager: device_name='cpu' with"):
+        ResourcePoolManager({"p": [1]}, {"A": "p"}, use_gpu=True, device_name="cpu")
 
 
 def test_resource_pool_manager() -> None:

@@ -1,7 +1,7 @@
 """What a verl program relies on, through RayWorkerGroup: plain Ray references from
 non-blocking calls, DataProtoFutures over them, remote exceptions caught by their own
 class, strict splitting, mesh errors on the driver, nested pool splits, fail-fast pools,
-no deadlock for futures given to asyncio workers. Local cluster: 8 CPUs."""
+no deadlock for futures given to asyncio workers, ``parallel_put``. Local cluster: 8 CPUs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import ray
 import torch
-from sc_core import Worker, WorkerError
+from sc_core import ConfigTypeError, InvalidConfigError, Worker, WorkerError
 from sc_dispatch import (
     Dispatch,
     MeshLayoutError,
@@ -26,8 +26,10 @@ from sc_ray import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
+    parallel_put,
     split_resource_pool,
 )
+from sc_ray import _ray_api as rapi
 
 RAY_INIT: dict[str, Any] = {"num_cpus": 8}
 
@@ -276,3 +278,35 @@ def test_future_to_async_workers_from_their_own_async_method_does_not_deadlock(
         out = pair.method(AsyncPair.consume).options(timeout=60)(future)
         assert _x(out) == [0.0, 2.0, 4.0, 6.0]
         assert time.monotonic() - start < 60
+
+
+# --- parallel_put (verl's tests/single_controller/test_ray_utils_on_cpu.py) ------------------
+
+
+def test_parallel_put_returns_references_in_order(ray_cluster: None) -> None:
+    data: list[Any] = [1, "hello", {"a": 2}, [3, 4], torch.arange(3)]
+    refs = parallel_put(data)
+    assert len(refs) == len(data)
+    assert all(rapi.is_object_ref(ref) for ref in refs)
+    got = rapi.get(refs, timeout_s=30)
+    assert got[:4] == data[:4]
+    assert torch.equal(got[4], data[4])
+    many = list(range(40))
+    assert rapi.get(parallel_put(many, max_workers=4), timeout_s=30) == many
+    assert rapi.get(parallel_put(tuple(many), max_workers=1), timeout_s=30) == many
+    assert rapi.get(parallel_put(many), timeout_s=30) == many  # at most 16 threads
+
+
+def test_parallel_put_errors(ray_cluster: None) -> None:
+    with pytest.raises(ValueError, match=r"parallel_put: data_list is empty \(\[\]\)") as info:
+        parallel_put([])
+    assert isinstance(info.value, InvalidConfigError)
+    for bad in ("abc", iter([1]), {"a": 1}, None):
+        with pytest.raises(TypeError, match="parallel_put: data_list must be a list") as t_info:
+            parallel_put(bad)  # type: ignore[arg-type]
+        assert isinstance(t_info.value, ConfigTypeError)
+    with pytest.raises(InvalidConfigError, match="max_workers must be at least 1, got 0"):
+        parallel_put([1], max_workers=0)
+    for wrong in (True, 2.0, "2"):
+        with pytest.raises(ConfigTypeError, match="max_workers must be an int or None"):
+            parallel_put([1], max_workers=wrong)  # type: ignore[arg-type]

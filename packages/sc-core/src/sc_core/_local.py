@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from ._backend import CallHandle, RankArgs, ReplacedWorkers
 from ._call import Call
-from ._colocate import unwrap_worker_cls
+from ._colocate import check_fused_worker_used, unwrap_worker_cls
 from ._context import InProcessRendezvous, worker_context
 from ._errors import (
     CallTimeoutError,
@@ -326,7 +326,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
         inline = LOCAL_INLINE.get() if inline is None else inline
         self._cls_with_init = cia
         self._worker_cls = unwrap_worker_cls(cia.cls)
-        self.fused_worker_used = cia.fused_worker_used
+        self.fused_worker_used = check_fused_worker_used(where, cia)
         world_size = resource_pool.world_size
         base_env = {
             k: v

@@ -409,20 +409,28 @@ class WorkerGroup(Generic[W]):
         """One group per role of a colocated worker class, sharing this group's workers.
 
         In the group of role ``r`` the role's methods (bound here as ``r_method``) are also
-        bound under their plain names (``method``), as in verl.
+        bound under their plain names (``method``), as in verl. A group of a fused worker
+        class (``fused_worker_used``, set by ``create_colocated_worker_cls_fused``, or a
+        class made by ``create_colocated_worker_raw_cls`` and its subclasses) returns
+        :meth:`spawn_fused`'s groups instead, as verl does. An unknown role is an
+        :class:`~sc_core.UnknownRoleError`.
         """
         return _colocate.spawn(self, prefix_set)
 
     def spawn_fused(self: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
-        """One group per role of a fused worker class (``create_colocated_worker_cls_fused``).
+        """One group per role of a fused worker class (``create_colocated_worker_cls_fused``
+        or ``create_colocated_worker_raw_cls``, subclasses included).
 
         The group of role ``r`` binds the registered methods of ``r``'s own class under their
-        plain names and sends every call through the fused worker's ``_fuw_execute``.
+        plain names and sends every call through the fused worker's ``_fuw_execute``. A class
+        that is not fused is a :class:`~sc_core.ConfigTypeError`.
         """
         return _colocate.spawn_fused(self, prefix_set)
 
     def fuse(self, prefix_set: Iterable[str]) -> None:
-        """Make each role's :meth:`spawn_fused` group an attribute: ``wg.actor.update(...)``.
+        """Make each role's :meth:`spawn` group an attribute: ``wg.actor.update(...)`` (for a
+        fused group, :meth:`spawn_fused`'s groups). The fused class's own registered methods
+        stay bound on this group and run directly.
 
         A role named like an attribute of the group is a :class:`~sc_core.MethodCollisionError`.
         """

@@ -3,14 +3,19 @@
 verl's Ray layer under the same names: :class:`RayResourcePool` (one placement group per
 node, ordered by node IP), :class:`RayClassWithInitArgs`, :class:`RayWorkerGroup`,
 :class:`ResourcePoolManager` (sc-core's manager building Ray pools, also named
-:class:`RayResourcePoolManager`), colocated and fused worker classes, split and merge of pools.
+:class:`RayResourcePoolManager`), colocated and fused worker classes (the raw fused class to
+subclass too), split and merge of pools, :func:`parallel_put`.
 Ray's loosely typed API is confined to one private module; importing ``sc_ray`` does not
 import torch or sc-protocol (they are imported when a DataProto is handled).
 """
 
 from ._adapters import register_adapters
 from ._class_with_init import RayClassWithInitArgs
-from ._colocate import create_colocated_worker_cls, create_colocated_worker_cls_fused
+from ._colocate import (
+    create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
+)
 from ._errors import (
     DetachedWorkerError,
     InsufficientResourcesError,
@@ -21,6 +26,7 @@ from ._errors import (
 )
 from ._futures import RayFuture
 from ._pool_manager import RayResourcePoolManager
+from ._put import parallel_put
 from ._resource_pool import PLACEMENT_TIMEOUT_ENV, RayResourcePool, sort_placement_group_by_node_ip
 from ._settings import SETTINGS
 from ._sub_pool import SubRayResourcePool, merge_resource_pool, split_resource_pool
@@ -53,7 +59,9 @@ __all__ = [
     "__version__",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
     "merge_resource_pool",
+    "parallel_put",
     "sort_placement_group_by_node_ip",
     "split_resource_pool",
 ]

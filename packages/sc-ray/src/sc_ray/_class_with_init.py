@@ -131,7 +131,7 @@ class RayClassWithInitArgs(ClassWithInitArgs[Any], Generic[W]):
             )
         if num_cpus is not None:
             options["num_cpus"] = num_cpus
-        if use_gpu and sharing_with is None:
+        if use_gpu and sharing_with is None and device_name.lower() != "cpu":
             resource = _DEVICE_RESOURCE.get(device_name.lower(), "GPU")
             if resource == "GPU":
                 options["num_gpus"] = num_gpus
@@ -173,7 +173,9 @@ class RayClassWithInitArgs(ClassWithInitArgs[Any], Generic[W]):
     ) -> rapi.ActorHandle:
         """Create one actor of the class on bundle ``placement_group_bundle_idx`` of
         ``placement_group`` (or, with ``sharing_with``, on that actor's node and visible
-        devices) and return its handle; the constructor runs asynchronously."""
+        devices) and return its handle; the constructor runs asynchronously. With
+        ``use_gpu`` the actor asks ``num_gpus`` of the ``device_name`` accelerator (``GPU``
+        for ``"cuda"``, ``NPU`` for ``"npu"``; nothing for ``"cpu"``, as in verl)."""
         options = self.actor_options(
             placement_group,
             placement_group_bundle_idx,

@@ -18,7 +18,7 @@ from sc_core import ResourcePoolManager
 
 from . import _ray_api as rapi
 from ._errors import InsufficientResourcesError, RayResourcePoolError
-from ._resource_pool import DEVICE_RESOURCE, RayResourcePool
+from ._resource_pool import DEVICE_RESOURCE, RayResourcePool, check_device_name
 
 __all__ = ["RayResourcePoolManager"]
 
@@ -56,13 +56,8 @@ class RayResourcePoolManager(ResourcePoolManager[RayResourcePool]):
             max_colocate_count=max_colocate_count,
             n_gpus_per_node=n_gpus_per_node,
         )
-        if not isinstance(device_name, str) or device_name.lower() not in DEVICE_RESOURCE:
-            raise RayResourcePoolError(
-                f"{type(self).__name__}: device_name must be one of {sorted(DEVICE_RESOURCE)}, "
-                f"got {device_name!r}"
-            )
         self.use_gpu = bool(use_gpu)
-        self.device_name = device_name.lower()
+        self.device_name = check_device_name(type(self).__name__, device_name, self.use_gpu)
         self.placement_timeout_s = placement_timeout_s
 
     def _new_pool(self, name: str, process_on_nodes: list[int]) -> RayResourcePool:

@@ -22,10 +22,12 @@ from ._settings import PLACEMENT_TIMEOUT
 
 __all__ = [
     "DEFAULT_PLACEMENT_TIMEOUT_S",
+    "DEVICE_NAMES",
     "DEVICE_RESOURCE",
     "PLACEMENT_TIMEOUT_ENV",
     "BundleSlot",
     "RayResourcePool",
+    "check_device_name",
     "sort_placement_group_by_node_ip",
 ]
 
@@ -36,8 +38,31 @@ logger = logging.getLogger("sc_ray")
 PLACEMENT_TIMEOUT_ENV = PLACEMENT_TIMEOUT.name
 DEFAULT_PLACEMENT_TIMEOUT_S = PLACEMENT_TIMEOUT.default
 
-#: Ray's resource name for each device name a pool accepts.
+#: Ray's resource name for each accelerator name a pool accepts.
 DEVICE_RESOURCE = {"cuda": "GPU", "gpu": "GPU", "npu": "NPU"}
+
+#: Every device name a pool and a worker group accept: the accelerators, and ``"cpu"``
+#: (what verl's ``get_device_name()`` returns without CUDA), valid with ``use_gpu=False`` only.
+DEVICE_NAMES = (*DEVICE_RESOURCE, "cpu")
+
+
+def check_device_name(where: str, device_name: object, use_gpu: bool) -> str:
+    """``device_name`` lower-cased, refused (:class:`RayResourcePoolError`, a ``ValueError``)
+    unless it is one of :data:`DEVICE_NAMES`, or when it is ``"cpu"`` for a pool with
+    ``use_gpu=True`` (a GPU pool needs an accelerator to reserve)."""
+    if not isinstance(device_name, str) or device_name.lower() not in DEVICE_NAMES:
+        raise RayResourcePoolError(
+            f"{where}: device_name must be one of {sorted(DEVICE_NAMES)}, got "
+            f"{type(device_name).__qualname__} {device_name!r}"
+        )
+    name = device_name.lower()
+    if name == "cpu" and use_gpu:
+        raise RayResourcePoolError(
+            f"{where}: device_name='cpu' with use_gpu=True: a pool with use_gpu=True reserves "
+            f"one accelerator per process, named by device_name (one of "
+            f"{sorted(DEVICE_RESOURCE)}); pass use_gpu=False for a CPU pool"
+        )
+    return name
 
 
 def _ip_key(ip: str) -> tuple[int, int, str]:
@@ -87,8 +112,10 @@ class RayResourcePool(ResourcePool):
 
     ``process_on_nodes[i]`` processes run on node ``i``; each gets one bundle. A GPU pool
     (``use_gpu=True``) puts one accelerator (``device_name`` ``"cuda"`` -> ``GPU``, ``"npu"``
-    -> ``NPU``) and ``num_cpus_per_process`` CPUs in each bundle; a CPU pool puts only the
-    CPUs, so it reserves what its workers use and runs on CPU-only clusters. Up to
+    -> ``NPU``) and ``num_cpus_per_process`` CPUs in each bundle; a CPU pool
+    (``use_gpu=False``, any device name, ``"cpu"`` included) puts only the CPUs, so it
+    reserves what its workers use and runs on CPU-only clusters. ``device_name="cpu"`` with
+    ``use_gpu=True``, or an unknown device name, is a :class:`RayResourcePoolError`. Up to
     ``max_colocate_count`` actors (of different worker groups) share one bundle, each asking
     ``1 / max_colocate_count`` of its resources. ``accelerator_type`` adds a tiny demand for
     Ray's ``accelerator_type:<X>`` resource so bundles land on that hardware.
@@ -118,10 +145,7 @@ class RayResourcePool(ResourcePool):
         check_capacity: bool = True,
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count, n_gpus_per_node)
-        if device_name.lower() not in DEVICE_RESOURCE:
-            raise RayResourcePoolError(
-                f"device_name must be one of {sorted(DEVICE_RESOURCE)}, got {device_name!r}"
-            )
+        device_name = check_device_name("RayResourcePool", device_name, bool(use_gpu))
         if not num_cpus_per_process > 0:
             raise RayResourcePoolError(
                 f"num_cpus_per_process must be positive, got {num_cpus_per_process!r}"
@@ -135,7 +159,7 @@ class RayResourcePool(ResourcePool):
         self.name_prefix = name_prefix if name_prefix is not None else uuid.uuid4().hex[:8] + "_"
         self.detached = bool(detached)
         self.accelerator_type = accelerator_type
-        self.device_name = device_name.lower()
+        self.device_name = device_name
         self.num_cpus_per_process = float(num_cpus_per_process)
         self.placement_timeout_s = placement_timeout_s
         self.check_capacity = bool(check_capacity)
@@ -153,8 +177,9 @@ class RayResourcePool(ResourcePool):
 
     @property
     def device_resource(self) -> str:
-        """Ray's resource name for this pool's accelerator (``GPU`` or ``NPU``)."""
-        return DEVICE_RESOURCE[self.device_name]
+        """Ray's resource name for this pool's accelerator (``GPU`` or ``NPU``; ``CPU`` for
+        ``device_name="cpu"``, which only a pool with ``use_gpu=False`` has)."""
+        return DEVICE_RESOURCE.get(self.device_name, "CPU")
 
     def bundle(self) -> dict[str, float]:
         """The resources one process's bundle reserves."""
@@ -186,12 +211,9 @@ class RayResourcePool(ResourcePool):
             return self.pgs
         if not self._store:
             raise RayResourcePoolError("the resource pool has no nodes; give process_on_nodes")
-        if device_name is not None and device_name.lower() != self.device_name:
-            if device_name.lower() not in DEVICE_RESOURCE:
-                raise RayResourcePoolError(
-                    f"device_name must be one of {sorted(DEVICE_RESOURCE)}, got {device_name!r}"
-                )
-            self.device_name = device_name.lower()
+        if device_name is not None:
+            where = "RayResourcePool.get_placement_groups"
+            self.device_name = check_device_name(where, device_name, self.use_gpu)
         if strategy not in ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"):
             raise RayResourcePoolError(f"unknown placement strategy {strategy!r}")
         names = self._pg_names(name)

@@ -27,7 +27,7 @@ from ._actor_launch import (
 from ._class_with_init import RayClassWithInitArgs
 from ._errors import DetachedWorkerError
 from ._ray_backend import RayBackend, wait_refs
-from ._resource_pool import RayResourcePool
+from ._resource_pool import RayResourcePool, check_device_name
 from ._standby import Standby
 
 __all__ = ["RESERVED_ENV_VARS", "RayWorkerGroup"]
@@ -57,6 +57,12 @@ class RayWorkerGroup(WorkerGroup[W]):
     ``SC_WORKER_START_TIMEOUT`` or 300 s) bounds the wait for the constructors. Use the group
     as a context manager, or call :meth:`close` (verl's :meth:`shutdown`), to kill the actors;
     the pool's placement groups are released with the last group that uses the pool.
+
+    ``device_name`` (default: the pool's) names the accelerator: ``"cuda"``, ``"npu"``, or
+    ``"cpu"`` for a pool with ``use_gpu=False`` (:class:`RayResourcePoolError` for a GPU pool
+    or an unknown name). The group copies ``ray_cls_with_init.fused_worker_used`` (verl's
+    flag, set by :func:`create_colocated_worker_cls_fused`): :meth:`spawn` and :meth:`fuse` of
+    a fused group give one fused group per role.
 
     ``standby=N`` keeps N spare actors (imports done, no worker built, no resources
     reserved) on the pool's nodes: :meth:`replace_ranks` turns one into the dead rank
@@ -103,9 +109,20 @@ class RayWorkerGroup(WorkerGroup[W]):
         self._detached = bool(detached)
         self._bin_pack = bool(bin_pack)
         self._start_timeout = resolve_start_timeout(start_timeout, ray_wait_register_center_timeout)
-        self.device_name = device_name or (
-            resource_pool.device_name if isinstance(resource_pool, RayResourcePool) else "cuda"
-        )
+        pool_gpu = isinstance(resource_pool, RayResourcePool) and resource_pool.use_gpu
+        if device_name is None:
+            device_name = (
+                resource_pool.device_name if isinstance(resource_pool, RayResourcePool) else "cuda"
+            )
+        self.device_name = check_device_name("RayWorkerGroup", device_name, pool_gpu)
+        # verl's flag: a group of create_colocated_worker_cls_fused's class spawns fused groups.
+        fused = False if ray_cls_with_init is None else ray_cls_with_init.fused_worker_used
+        if not isinstance(fused, bool):
+            raise ConfigTypeError(
+                f"RayWorkerGroup: fused_worker_used of {ray_cls_with_init!r} must be a bool, "
+                f"got {type(fused).__qualname__} {fused!r}"
+            )
+        self.fused_worker_used = fused
         self._worker_env = check_worker_env(worker_env)
         if (master_addr is None) != (master_port is None):
             given, missing = (
