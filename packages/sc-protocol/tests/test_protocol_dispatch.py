@@ -100,6 +100,18 @@ def test_dataproto_split_is_exact() -> None:
         split_args_kwargs("DP_COMPUTE_PROTO", 3, [make_dp(7)], {})
 
 
+@pytest.mark.parametrize("rows", [7, 8, 2])
+def test_the_dataproto_adapter_cuts_array_split_sizes(rows: int) -> None:
+    # The ShardAdapter contract (the load-balanced mode cuts micro-shards with it), while
+    # DataProto.chunk itself stays exact, as in verl.
+    data = make_dp(rows)
+    parts = DataProtoAdapter().chunk(data, 3)
+    base, extra = divmod(rows, 3)
+    assert [len(p) for p in parts] == [base + (i < extra) for i in range(3)]
+    assert [r for p in parts for r in row_ids(p)] == list(range(rows))
+    assert [list(p.non_tensor_batch["uid"]) for p in parts][0][0] == "u0"
+
+
 def test_dp_compute_proto_roundtrip() -> None:
     wg = FakeWorkerGroup(4)
     out = run_call(wg, Dispatch.DP_COMPUTE_PROTO, double_ids, make_dp(8))

@@ -38,7 +38,10 @@ class DataProtoAdapter:
         return len(obj)
 
     def chunk(self, obj: DataProto, chunks: int) -> list[DataProto]:
-        return obj.chunk(chunks)
+        # The adapter contract: ``numpy.array_split`` sizes. ``DataProto.chunk`` is exact
+        # (verl's rule, for users); a splitting mode pads or refuses before it gets here,
+        # while the load-balanced mode cuts micro-shards that may differ by one row.
+        return obj._split_sizes(chunk_sizes(len(obj), chunks))
 
     def concat(self, parts: Sequence[DataProto]) -> DataProto:
         return DataProto.concat(list(parts))
