@@ -109,7 +109,8 @@ def test_the_dataproto_adapter_cuts_array_split_sizes(rows: int) -> None:
     base, extra = divmod(rows, 3)
     assert [len(p) for p in parts] == [base + (i < extra) for i in range(3)]
     assert [r for p in parts for r in row_ids(p)] == list(range(rows))
-    assert [list(p.non_tensor_batch["uid"]) for p in parts][0][0] == "u0"
+    uids = [u for p in parts for u in p.non_tensor_batch["uid"]]
+    assert uids == [f"u{i}" for i in range(rows)]
 
 
 def test_dp_compute_proto_roundtrip() -> None:
