@@ -427,3 +427,46 @@ def test_sticky_without_a_key_column_names_it() -> None:
 
     with group((2,), Keyed) as g, pytest.raises(DispatchArgumentError, match="'sid'"):
         g.turn(Batch([1, 2]))
+
+
+def _sessions(b: Batch) -> list[str]:
+    return [s for s, _ in b.rows]
+
+
+class TwoSticky(Worker):
+    """Two sticky modes on the same key, one that never lets a key wait (max_lag=0) and one
+    that practically never moves it; ``stay_put`` is called first."""
+
+    @register(dispatch_mode=make_sticky_dispatch_fn(_sessions, max_lag=1000))
+    def stay_put(self, batch: Batch) -> Batch:
+        return Batch([(s, t, self.rank) for s, t in batch.rows])
+
+    @register(dispatch_mode=make_sticky_dispatch_fn(_sessions, max_lag=0))
+    def eager(self, batch: Batch) -> Batch:
+        return Batch([(s, t, self.rank) for s, t in batch.rows])
+
+
+def test_two_sticky_modes_on_one_key_keep_their_own_router_and_max_lag() -> None:
+    with group((2,), TwoSticky) as g:
+        assert _owners(g.stay_put(Batch([("a", 0), ("b", 0)]))) == {"a": 0, "b": 1}
+        assert _owners(g.eager(Batch([("a", 0), ("b", 0)]))) == {"a": 0, "b": 1}
+        assert len(g._sc_key_routers) == 2
+        # 2 rows of "a" in flight on rank 0 under each mode: rank 0 is 2 rows behind.
+        backlogs = [
+            g.stay_put.stream(Batch([("a", 1), ("a", 2)])),
+            g.eager.stream(Batch([("a", 1), ("a", 2)])),
+        ]
+        assert _owners(g.stay_put(Batch([("a", 3)]))) == {"a": 0}  # max_lag 1000: stays
+        assert _owners(g.eager(Batch([("a", 3)]))) == {"a": 1}  # max_lag 0: moves
+        for backlog in backlogs:
+            assert len(backlog.result().rows) == 2
+
+
+def test_a_sticky_stream_of_an_empty_batch_is_refused_up_front() -> None:
+    with group((2,), SessionWorker) as g:
+        with pytest.raises(DispatchArgumentError, match=r"cannot route an empty batch \(0 rows\)"):
+            g.turn.stream(Batch([]))
+        with pytest.raises(DispatchArgumentError, match=r"cannot route an empty batch"):
+            g.turn(Batch([]))
+        assert g.turn(Batch([("a", 0)])).rows == [("a", 0, 0)]  # nothing was left routed
+        assert next(iter(g._sc_key_routers.values())).outstanding == [0, 0]

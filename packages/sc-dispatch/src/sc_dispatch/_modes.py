@@ -195,14 +195,28 @@ def _keys_of(mode: str, batch: Any, key: str | KeyFn) -> list[Hashable]:
     return keys
 
 
-def _router(worker_group: Any, mode: str, slots: int, max_lag: int) -> KeyRouter:
-    routers = getattr(worker_group, ROUTERS_ATTR, None)
+class _RouterSlot:
+    """The identity of one sticky mode (one :func:`make_sticky_dispatch_fn` call): a worker
+    group keeps one :class:`KeyRouter` per mode, so two modes routing by the same column
+    keep their own routes and ``max_lag``; the methods registered with one mode share it."""
+
+    __slots__ = ("mode",)
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"<router of {self.mode}>"
+
+
+def _router(worker_group: Any, owner: _RouterSlot, slots: int, max_lag: int) -> KeyRouter:
+    routers: dict[_RouterSlot, KeyRouter] | None = getattr(worker_group, ROUTERS_ATTR, None)
     if routers is None:
         routers = {}
         setattr(worker_group, ROUTERS_ATTR, routers)
-    router = routers.get(mode)
+    router = routers.get(owner)
     if router is None or len(router.outstanding) != slots:
-        router = routers[mode] = KeyRouter(slots, max_lag)
+        router = routers[owner] = KeyRouter(slots, max_lag)
     return router
 
 
@@ -214,7 +228,9 @@ def make_sticky_dispatch_fn(
 
     ``key`` is a non-tensor column of the DataProto (or a key of each row of
     ``sc_dispatch.Rows`` of mappings), or a function of the batch that returns one key per
-    row. The worker group keeps a :class:`KeyRouter` per mode: a key moves only when its
+    row. The worker group keeps a :class:`KeyRouter` per mode (per call of this function:
+    two modes on one column route on their own, with their own ``max_lag``; methods
+    registered with the same mode share its routes): a key moves only when its
     rank died (known to the group) or has more than ``max_lag`` rows left to do beyond the
     least loaded rank. With ``mesh_name`` the routing is per dp group of that mesh. The
     joined result is in input order; a rank that got no rows is not called.
@@ -231,10 +247,13 @@ def make_sticky_dispatch_fn(
     mesh = _check_mesh(where, mesh_name)
     key_label = key if isinstance(key, str) else getattr(key, "__name__", "key_fn")
     mode = f"sticky_dispatch_fn[{key_label}{'' if mesh is None else f', {mesh}'}]"
+    owner = _RouterSlot(mode)
 
     def plan_fn(worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any) -> WorkPlan:
         slots = _slots(worker_group, mesh)
         length = batch_length(mode, args, kwargs)
+        if length == 0:
+            raise DispatchArgumentError(f"{mode}: cannot route an empty batch (0 rows)")
         first = next(v for v in (*args, *kwargs.values()) if get_shard_adapter(v) is not None)
         keys = _keys_of(mode, first, key)
         if len(keys) != length:
@@ -243,7 +262,7 @@ def make_sticky_dispatch_fn(
             )
         dead = set(getattr(worker_group, "dead_ranks", ()) or ())
         alive = [not dead.intersection(s.ranks) for s in slots]
-        router = _router(worker_group, mode, len(slots), max_lag)
+        router = _router(worker_group, owner, len(slots), max_lag)
         assigned = router.assign(mode, keys, alive)
         by_slot = [[i for i, s in enumerate(assigned) if s == slot] for slot in range(len(slots))]
         units: list[WorkUnit] = []
