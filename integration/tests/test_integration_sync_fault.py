@@ -71,7 +71,9 @@ def test_a_rollout_rank_killed_mid_sync(ray_cluster: None, tmp_path: Path) -> No
             took = time.monotonic() - start
             assert took < 20, took
             assert failed.value.version == 2
-            assert "rank 1" in str(failed.value) or failed.value.rank == 1, failed.value
+            assert failed.value.rank == 1, failed.value
+            assert failed.value.group == "rollout", failed.value
+            assert "on rollout rank 1" in str(failed.value)
             assert sync.version == 1
             # the survivor (a replica of its own) still serves version 1, unchanged
             survivor = rollout.execute_rank_zero_sync("generate_sequences", val)

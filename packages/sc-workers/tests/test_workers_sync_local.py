@@ -5,6 +5,7 @@ its batches with the version, and keeps its weights when a sync fails."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -186,3 +187,23 @@ def test_delta_sync_is_bit_exact_and_small(
             assert all(torch.equal(trainer[n], t) for n, t in served.items())
         assert max(ratios) <= 0.06, max(ratios)
         assert sync.version == 101
+
+
+@pytest.mark.parametrize("action", ["kill", "raise"])
+def test_a_rollout_rank_failing_mid_sync_is_named_by_rank_group_and_version(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]], action: str
+) -> None:
+    # In-process groups have one rank; the Ray test (test_integration_sync_fault) kills
+    # rank 1 of two.
+    actor, rollout = groups
+    sync = WeightSync(actor, rollout, timeout_s=10)
+    assert sync.sync() == 1
+    rollout.inject_fault(0, "sync_receive", action=action)  # type: ignore[arg-type]
+    with pytest.raises(WeightSyncError, match=r"version 2 failed on rollout rank 0") as info:
+        sync.sync()
+    assert info.value.rank == 0
+    assert info.value.group == "rollout"
+    assert info.value.version == 2
+    assert sync.version == 1
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert (copy.rank, copy.group, copy.version) == (0, "rollout", 2)

@@ -106,12 +106,24 @@ class SyncLayoutError(ScWorkersError, ValueError):
 
 
 class WeightSyncError(ScWorkersError, RuntimeError):
-    """A weight sync failed; the rollout still serves the previous version."""
+    """A weight sync failed; the rollout still serves the previous version. ``group``
+    (``"trainer"`` or ``"rollout"``) and ``rank`` say where, ``version`` which version;
+    each is ``None`` where the failure has no such place (a bad setting, a timeout of the
+    whole sync)."""
 
-    def __init__(self, message: str, *, rank: int | None = None, version: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        version: int | None = None,
+        group: str | None = None,
+    ):
         super().__init__(message)
         self.rank = rank
         self.version = version
+        self.group = group
 
-    def __reduce__(self) -> tuple[object, ...]:  # keep rank and version through pickling
-        return (type(self), (str(self),), {"rank": self.rank, "version": self.version})
+    def __reduce__(self) -> tuple[object, ...]:  # keep rank, version and group through pickling
+        state = {"rank": self.rank, "version": self.version, "group": self.group}
+        return (type(self), (str(self),), state)

@@ -23,7 +23,7 @@ import logging
 import uuid
 from typing import Any
 
-from sc_core import driver_span
+from sc_core import CallTimeoutError, WorkerDiedError, WorkerError, driver_span
 
 from .._errors import WeightSyncError
 from ._channel import ChannelSpec
@@ -33,6 +33,33 @@ from ._plan import TransferPlan, plan_for
 __all__ = ["WeightSync"]
 
 logger = logging.getLogger(__name__)
+
+#: The two groups of a sync, in the order :meth:`WeightSync._both` runs their calls.
+_SIDES = ("trainer", "rollout")
+#: Once one side of a sync failed, how long the other may take to report its own failure.
+_REPORT_GRACE_S = 2.0
+
+
+class _SideFailure(Exception):
+    """One side's failure inside :meth:`WeightSync._both` (never leaves this module)."""
+
+    def __init__(self, side: str, error: BaseException) -> None:
+        super().__init__(side, error)
+        self.side = side
+        self.error = error
+
+
+def _failed_rank(error: BaseException) -> int | None:
+    """The rank a group call's error names: the dead one, the late one, or the one that
+    raised (the lowest, where several did)."""
+    if isinstance(error, WorkerDiedError) and error.ranks:
+        return error.ranks[0]
+    if isinstance(error, CallTimeoutError) and error.pending_ranks:
+        return error.pending_ranks[0]
+    if isinstance(error, WorkerError):
+        return error.rank
+    rank = getattr(error, "rank", None)
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
 
 def _is_in_process(group: Any) -> bool:
@@ -121,15 +148,27 @@ class WeightSync:
         return plan
 
     def _both(self, what: str, first: Any, second: Any) -> tuple[Any, Any]:
-        """Run two blocking group calls side by side; raise the first failure (trainer's
-        first), after both have ended or the time limit passed."""
+        """Run two blocking group calls side by side (the trainer's, then the rollout's);
+        on a failure raise :class:`_SideFailure` naming the group that failed, after both
+        have ended, the time limit passed, or -- once one side failed -- the other side had
+        :data:`_REPORT_GRACE_S` to report. A dead rank makes its peers' collectives fail
+        too, and the death is what names the rank."""
         futures = [self._pool.submit(first), self._pool.submit(second)]
         done, pending = concurrent.futures.wait(
             futures, timeout=self.timeout_s, return_when=concurrent.futures.FIRST_EXCEPTION
         )
-        for future in futures:
-            if future in done and future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]  # an exception, checked above
+        if pending and any(f.exception() is not None for f in done):
+            more, pending = concurrent.futures.wait(pending, timeout=_REPORT_GRACE_S)
+            done |= more
+        failed = [
+            (side, error)
+            for side, future in zip(_SIDES, futures, strict=True)
+            if future in done and (error := future.exception()) is not None
+        ]
+        if failed:
+            # a death first (the root cause), then the trainer's side before the rollout's
+            side, error = min(failed, key=lambda f: not isinstance(f[1], WorkerDiedError))
+            raise _SideFailure(side, error)
         if pending:
             raise WeightSyncError(
                 f"WeightSync: could not {what} within {self.timeout_s} s", version=self._tried
@@ -163,14 +202,19 @@ class WeightSync:
             self.reset()  # set up afresh next time (a rank may have been replaced)
             if isinstance(exc, WeightSyncError):
                 raise
-            rank = getattr(exc, "rank", None)
+            group, cause = (exc.side, exc.error) if isinstance(exc, _SideFailure) else (None, exc)
+            rank = _failed_rank(cause)
+            where = " ".join(
+                str(x) for x in (group, "rank" if rank is not None else None, rank) if x is not None
+            )
             raise WeightSyncError(
                 f"WeightSync: version {version} failed"
-                + (f" on rank {rank}" if rank is not None else "")
-                + f" ({type(exc).__name__}: {exc}); the rollout keeps version {self.version}",
-                rank=rank if isinstance(rank, int) else None,
+                + (f" on {where}" if where else "")
+                + f" ({type(cause).__name__}: {cause}); the rollout keeps version {self.version}",
+                rank=rank,
                 version=version,
-            ) from exc
+                group=group,
+            ) from cause
         expected = [plan.received_by(r) for r in range(plan.destination.world_size)]
         staged = [int(r[0]) for r in received]
         if staged != expected:

@@ -83,6 +83,7 @@ class StagedWeights:
             f"weight sync v{self.version}: rank {self.rank} {message}",
             rank=self.rank,
             version=self.version,
+            group="rollout",
         )
 
     def expect(self, pieces: Sequence[Piece]) -> None:
