@@ -42,7 +42,7 @@ from typing import Any
 import ray
 from _machine import machine  # this folder: the script's own
 from sc_core import CallSpan, SpanRecorder
-from sc_integration import TaskRunner, TrainerConfig, make_backend
+from sc_integration import TaskRunner, TrainerConfig, make_launcher
 
 #: the actor's and the critic's calls of a step (the work generation may overlap)
 TRAIN_METHODS = (
@@ -111,10 +111,10 @@ def one_run(staleness: int, steps: int, out_dir: Path) -> dict[str, Any]:
         output_dir=str(out_dir),
     )
     runner = TaskRunner(config)
-    backend = make_backend(config)
+    launcher = make_launcher(config)
     started: list[float] = []
-    with backend.running(), SpanRecorder() as recorder:
-        trainer = runner.build_trainer(backend)
+    with launcher.running(), SpanRecorder() as recorder:
+        trainer = runner.build_trainer(launcher)
         trainer.init_workers()
         try:
             t0 = time.perf_counter()
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     loadavg = list(os.getloadavg())
     runs: list[dict[str, Any]] = []
-    # one cluster for every run (the trainer's backend uses a running one and leaves it up)
+    # one cluster for every run (the trainer's launcher uses a running one and leaves it up)
     num_cpus = TrainerConfig(placement="separate").ray_num_cpus
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:

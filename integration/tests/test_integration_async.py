@@ -16,10 +16,10 @@ from sc_integration import (
     TaskRunner,
     TrainerConfig,
     TrainerConfigError,
+    make_launcher,
     read_metrics,
 )
 from sc_integration._async_rollout import AsyncRollout
-from sc_integration._backends import make_backend
 from sc_integration.demo import build_parser, config_from_args, main
 from sc_protocol import DataProto
 
@@ -34,8 +34,8 @@ def _ages_of_a_run(config: TrainerConfig) -> tuple[list[int], list[dict[str, Any
     updates = 0
     actor_version_of: dict[int, int] = {}
     ages: list[int] = []
-    with make_backend(config).running():
-        trainer = runner.build_trainer(make_backend(config))
+    with make_launcher(config).running():
+        trainer = runner.build_trainer(make_launcher(config))
         trainer.init_workers()
         try:
             sync = trainer._weight_sync
@@ -164,8 +164,8 @@ def test_async_run_on_ray_overlaps_generation_and_update(ray_cluster: None, tmp_
     config = tiny_config(
         tmp_path, placement="separate", async_staleness=1, steps=3, val_every=3, save_every=3
     )
-    with make_backend(config).running(), SpanRecorder() as recorder:
-        trainer = TaskRunner(config).build_trainer(make_backend(config))
+    with make_launcher(config).running(), SpanRecorder() as recorder:
+        trainer = TaskRunner(config).build_trainer(make_launcher(config))
         trainer.init_workers()
         try:
             result = trainer.fit()

@@ -22,7 +22,7 @@ from sc_integration import (
     TextDigitsTask,
     TrainerConfig,
     TrainerConfigError,
-    make_backend,
+    make_launcher,
     make_task,
     read_metrics,
 )
@@ -120,7 +120,7 @@ def test_model_path_config(model_dir: str, tmp_path: Path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
 def test_cuda_without_a_gpu_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TrainerConfigError, match="no CUDA device is visible"):
-        make_backend(tiny_config(tmp_path, device="cuda"))
+        make_launcher(tiny_config(tmp_path, device="cuda"))
 
 
 def test_cli_model_flag(model_dir: str, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 import ray
 from _integration_runs import assert_finite_training_metrics, tiny_config
 from ray.cluster_utils import Cluster
-from sc_integration import TaskRunner, make_backend, read_metrics
+from sc_integration import TaskRunner, make_launcher, read_metrics
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,7 +44,7 @@ def test_ppo_spans_two_nodes(two_nodes: Cluster, tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, workers_per_role=2, nnodes=2, steps=2)
     runner = TaskRunner(cfg)
     assert runner.resource_pool_spec()[0] == {"global_pool": [1, 1]}
-    trainer = runner.build_trainer(make_backend(cfg))
+    trainer = runner.build_trainer(make_launcher(cfg))
     try:
         trainer.init_workers()
         nodes = [_node_of(w) for w in trainer.actor_rollout_wg.workers]

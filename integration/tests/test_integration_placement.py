@@ -11,8 +11,7 @@ import pytest
 import torch
 from _integration_runs import assert_finite_training_metrics, assert_same_metrics, run, tiny_config
 from sc_core import SpanRecorder
-from sc_integration import TaskRunner, TrainerConfigError, read_metrics
-from sc_integration._backends import make_backend
+from sc_integration import TaskRunner, TrainerConfigError, make_launcher, read_metrics
 from sc_integration.demo import build_parser, config_from_args
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,8 +44,8 @@ def test_separate_tp2_rollout_on_ray(ray_cluster: None, tmp_path: Path) -> None:
     weights of the update before it, and greedy generation equals the actor's own."""
     config = tiny_config(tmp_path, workers_per_role=2, placement="separate", rollout_tp=2)
     runner = TaskRunner(config)
-    with make_backend(config).running(), SpanRecorder() as recorder:
-        trainer = runner.build_trainer(make_backend(config))
+    with make_launcher(config).running(), SpanRecorder() as recorder:
+        trainer = runner.build_trainer(make_launcher(config))
         trainer.init_workers()
         try:
             result = trainer.fit()

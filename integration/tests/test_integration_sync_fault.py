@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 from sc_dispatch import Dispatch, register
-from sc_integration import TaskRunner
-from sc_integration._backends import make_backend
+from sc_integration import TaskRunner, make_launcher
 from sc_integration._roles import Role
 from sc_workers import RolloutWorker, WeightSync, WeightSyncError
 
@@ -51,8 +50,8 @@ def test_a_rollout_rank_killed_mid_sync(ray_cluster: None, tmp_path: Path) -> No
 
     config = tiny_config(tmp_path, workers_per_role=2, placement="separate", rollout_tp=1)
     runner = Runner(config)
-    with make_backend(config).running():
-        trainer = runner.build_trainer(make_backend(config))
+    with make_launcher(config).running():
+        trainer = runner.build_trainer(make_launcher(config))
         trainer.init_workers()
         try:
             actor = trainer.actor_rollout_wg

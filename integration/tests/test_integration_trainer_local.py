@@ -20,8 +20,8 @@ from sc_core import (
 from sc_integration import (
     BackendMismatchError,
     DigitsTask,
-    LocalBackend,
-    RayBackend,
+    InProcessLauncher,
+    RayLauncher,
     RayPPOTrainer,
     Role,
     RunOutput,
@@ -68,7 +68,7 @@ def test_local_grpo_run_has_no_critic(tmp_path: Path) -> None:
 
 def _trainer(tmp_path: Path, **overrides: Any) -> RayPPOTrainer:
     runner = TaskRunner(tiny_config(tmp_path, backend="local", **overrides))
-    return runner.build_trainer(LocalBackend())
+    return runner.build_trainer(InProcessLauncher())
 
 
 def test_the_local_backend_uses_sc_cores_pool_manager(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_groups_before_init_workers_and_after_close_are_state_errors(tmp_path: P
     trainer = _trainer(tmp_path, algorithm="grpo")
     with pytest.raises(TrainerStateError, match=r"actor_rollout_wg: no worker groups"):
         _ = trainer.actor_rollout_wg
-    with LocalBackend().running():
+    with InProcessLauncher().running():
         trainer.init_workers()
         try:
             wg = trainer.actor_rollout_wg
@@ -125,7 +125,7 @@ def test_a_bad_role_worker_mapping_is_a_config_error(
             DigitsTask(cfg.task),
             mapping,
             ResourcePoolManager({"p": [1]}, {}),
-            LocalBackend(),
+            InProcessLauncher(),
             RunOutput(cfg.output_dir),
         )
 
@@ -160,10 +160,10 @@ def test_role_group_checks_the_spawned_group_binds_the_roles_methods(tmp_path: P
 
 
 def test_pieces_of_one_backend_given_to_the_other_are_refused() -> None:
-    ray_backend = RayBackend(num_cpus=1)
+    ray_launcher = RayLauncher(num_cpus=1)
     local_cls = ClassWithInitArgs(_Tiny)
-    with pytest.raises(BackendMismatchError, match=r"RayBackend.worker_group: pool must be a Ray"):
-        ray_backend.worker_group(ResourcePool([1]), local_cls)
-    with LocalBackend().worker_group(ResourcePool([1]), local_cls) as local_wg:
+    with pytest.raises(BackendMismatchError, match=r"RayLauncher.worker_group: pool must be a Ray"):
+        ray_launcher.worker_group(ResourcePool([1]), local_cls)
+    with InProcessLauncher().worker_group(ResourcePool([1]), local_cls) as local_wg:
         assert not local_wg.closed
     assert local_wg.closed

@@ -7,7 +7,6 @@ per stage. The toy task (:class:`DigitsTask`) has a verifiable reward that the t
 built-in model of sc-workers learns from scratch on a couple of CPU cores.
 """
 
-from ._backends import LocalBackend, RayBackend, WorkerBackend, make_backend
 from ._balance import balanced_order, shard_token_sums
 from ._config import ALGORITHMS, BACKENDS, DEVICES, Algorithm, Backend, Device, TrainerConfig
 from ._errors import (
@@ -24,8 +23,9 @@ from ._errors import (
     TrainingDivergedError,
     WorkerOutputError,
 )
+from ._faults import FaultSpec
+from ._launchers import InProcessLauncher, Launcher, RayLauncher, make_launcher
 from ._output import PLOT_PANELS, RunOutput, check_resumable, read_metrics, resolve_checkpoint
-from ._recovery import FaultSpec
 from ._roles import Role
 from ._runner import TaskRunner, make_task
 from ._settings import SETTINGS
@@ -49,8 +49,9 @@ __all__ = [
     "CheckpointNotFoundError",
     "Device",
     "IntegrationError",
-    "LocalBackend",
-    "RayBackend",
+    "InProcessLauncher",
+    "Launcher",
+    "RayLauncher",
     "RayPPOTrainer",
     "DigitsTask",
     "Role",
@@ -68,11 +69,10 @@ __all__ = [
     "TrainerRecoveryError",
     "TrainerStateError",
     "TrainingDivergedError",
-    "WorkerBackend",
     "WorkerOutputError",
     "balanced_order",
     "check_resumable",
-    "make_backend",
+    "make_launcher",
     "make_task",
     "read_metrics",
     "resolve_checkpoint",

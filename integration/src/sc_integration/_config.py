@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ._errors import TrainerConfigError
+from ._options import option
 from ._task import TaskConfig
 
 if TYPE_CHECKING:
-    from ._recovery import FaultSpec
+    from ._faults import FaultSpec
 
 __all__ = [
     "ALGORITHMS",
@@ -28,10 +29,10 @@ Algorithm = Literal["ppo", "grpo"]
 Backend = Literal["ray", "local"]
 Device = Literal["cpu", "cuda"]
 Placement = Literal["colocated", "separate"]
-ALGORITHMS: tuple[Algorithm, ...] = ("ppo", "grpo")
-PLACEMENTS: tuple[Placement, ...] = ("colocated", "separate")
-BACKENDS: tuple[Backend, ...] = ("ray", "local")
-DEVICES: tuple[Device, ...] = ("cpu", "cuda")
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+DEVICES: tuple[Device, ...] = get_args(Device)
 
 
 def _positive(owner: str, **values: int | float) -> None:
@@ -78,26 +79,105 @@ class TrainerConfig:
     the sampling-time log-probs (see docs/guides/async-training.md). 0: the synchronous loop.
     """
 
-    algorithm: Algorithm = "ppo"
-    backend: Backend = "ray"
-    steps: int = 200
-    prompts_per_step: int = 32
-    responses_per_prompt: int = 4
-    workers_per_role: int = 2
+    algorithm: Algorithm = field(
+        default="ppo",
+        metadata=option(
+            group="run", help="ppo (actor + critic, GAE) or grpo (group-normalised rewards)"
+        ),
+    )
+    backend: Backend = field(
+        default="ray",
+        metadata=option(
+            group="run",
+            help="ray: a local Ray cluster started for the run; local: everything in this process "
+            "(world size 1 per role)",
+        ),
+    )
+    steps: int = field(
+        default=200,
+        metadata=option(
+            group="run", help="total training steps, counting those a resumed run starts from"
+        ),
+    )
+    prompts_per_step: int = field(
+        default=32, metadata=option(group="training", help="prompts per step")
+    )
+    responses_per_prompt: int = field(
+        default=4,
+        metadata=option(group="training", help="samples per prompt (the GRPO group size)"),
+    )
+    workers_per_role: int = field(
+        default=2,
+        metadata=option(
+            group="run",
+            flags=("--workers-per-role", "--n-workers"),
+            help="data-parallel workers per role",
+            default_text="2 on ray, 1 on local",
+            derive=lambda given: 1 if given["backend"] == "local" else None,
+        ),
+    )
     nnodes: int = 1
-    colocate: bool = True
-    placement: Placement = "colocated"
-    rollout_tp: int = 1
-    async_staleness: int = 0
-    seed: int = 0
+    colocate: bool = field(
+        default=True,
+        metadata=option(
+            group="run",
+            help="run the critic in the actor/rollout/ref processes, or in a resource pool of its "
+            "own",
+            default_text="colocated",
+        ),
+    )
+    placement: Placement = field(
+        default="colocated",
+        metadata=option(
+            group="run",
+            help="colocated: sample with the actor's model in its processes; separate: sample on a "
+            "rollout group of its own, whose weights follow the actor's by a weight sync after "
+            "every update",
+            default_text="colocated; separate with --async-staleness above 0",
+            derive=lambda given: "separate" if given["async_staleness"] > 0 else None,
+        ),
+    )
+    rollout_tp: int = field(
+        default=1,
+        metadata=option(group="run", help="tensor-parallel size of a separately placed rollout"),
+    )
+    async_staleness: int = field(
+        default=0,
+        metadata=option(
+            group="run",
+            metavar="K",
+            help="generate the next batch on a separately placed rollout (implies --placement "
+            "separate) while the actor trains on this one, from weights at most K updates old, "
+            "the PPO ratio against the sampling policy; 0: synchronous",
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=option(
+            group="run", help="seed of the prompts, the model initialisation and sampling"
+        ),
+    )
     # policy and critic optimisation
-    actor_lr: float = 2e-3
-    critic_lr: float = 2e-3
-    ppo_epochs: int = 1
-    ppo_mini_batches: int = 1
+    actor_lr: float = field(
+        default=2e-3, metadata=option(group="training", help="actor learning rate")
+    )
+    critic_lr: float = field(
+        default=2e-3, metadata=option(group="training", help="critic learning rate")
+    )
+    ppo_epochs: int = field(
+        default=1, metadata=option(group="training", help="passes over each batch per update")
+    )
+    ppo_mini_batches: int = field(
+        default=1, metadata=option(group="training", help="optimizer steps per pass")
+    )
     clip_ratio: float = 0.2
-    entropy_coeff: float = 0.01
-    kl_coef: float = 0.001
+    entropy_coeff: float = field(
+        default=0.01, metadata=option(group="training", help="weight of the actor's entropy bonus")
+    )
+    kl_coef: float = field(
+        default=0.001,
+        metadata=option(group="training", help="weight of the actor's KL-to-reference loss"),
+    )
     gamma: float = 1.0
     lam: float = 1.0
     temperature: float = 1.0
@@ -106,25 +186,96 @@ class TrainerConfig:
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
-    absolute_positions: bool | None = None
-    model_path: str | None = None
-    device: Device = "cpu"
+    absolute_positions: bool | None = field(
+        default=None,
+        metadata=option(
+            group="training",
+            help="give the built-in model learned absolute position embeddings besides its rotary "
+            "ones; without them it does not learn to reverse the digits",
+            default_text="on, except with --model",
+        ),
+    )
+    model_path: str | None = field(
+        default=None,
+        metadata=option(
+            group="training",
+            flags=("--model",),
+            metavar="PATH",
+            help="train the local Hugging Face causal-LM directory PATH (config, weights, "
+            "tokenizer) on the task as text, instead of the built-in model (needs sc-workers[hf])",
+            default_text="",
+        ),
+    )
+    device: Device = field(
+        default="cpu",
+        metadata=option(
+            group="training",
+            help="where the workers compute; cuda gives each worker process one GPU",
+        ),
+    )
     # bookkeeping
-    val_every: int = 25
-    save_every: int = 50
+    val_every: int = field(
+        default=25,
+        metadata=option(
+            group="training", help="validate every N steps, before the first and after the last"
+        ),
+    )
+    save_every: int = field(
+        default=50,
+        metadata=option(group="training", help="checkpoint every N steps, and after the last"),
+    )
     # checkpoints: written by the workers in the background of the next steps (the step
     # pays for a copy in memory, not for the disk), and only the newest keep_checkpoints kept
     background_checkpoints: bool = True
     keep_checkpoints: int = 3
-    output_dir: str = "sc-demo-output"
-    resume_from: str | None = None
+    output_dir: str = field(
+        default="sc-demo-output",
+        metadata=option(group="run", metavar="DIR", help="where the run writes"),
+    )
+    resume_from: str | None = field(
+        default=None,
+        metadata=option(
+            group="run",
+            metavar="PATH",
+            help="continue from a checkpoint folder, or from an output folder's newest checkpoint",
+            default_text="",
+        ),
+    )
     # fault tolerance: faults to inject ("actor:1@step=30", "critic:0@step=3:update_critic+0.2",
-    # comma-separated), and how many deaths one run recovers from in place (see _recovery.py)
-    inject_fault: str | None = None
-    max_recoveries: int = 3
+    # comma-separated; see _faults.py), and how many deaths one run recovers from in place
+    inject_fault: str | None = field(
+        default=None,
+        metadata=option(
+            group="fault tolerance",
+            metavar="ROLE:RANK@step=N[:METHOD[+S]][:raise]",
+            help="kill rank RANK of ROLE's group (actor, critic or rollout) when step N begins, "
+            "to watch the run recover in place, e.g. actor:1@step=30; with METHOD, kill it S "
+            "seconds into that method from step N on (or make the method raise, which ends the "
+            "run); several faults are separated by commas",
+            default_text="no fault",
+        ),
+    )
+    max_recoveries: int = field(
+        default=3,
+        metadata=option(group="fault tolerance", help="worker deaths one run recovers from"),
+    )
     # spare worker processes per worker group (Ray), that take over a dead rank at once
-    standby: int = 0
-    num_cpus: int | None = None
+    standby: int = field(
+        default=0,
+        metadata=option(
+            group="fault tolerance",
+            help="spare worker processes per worker group (ray), started up front, that take "
+            "over a dead rank without a process start-up",
+        ),
+    )
+    num_cpus: int | None = field(
+        default=None,
+        metadata=option(
+            group="run",
+            help="CPUs the local Ray cluster declares",
+            default_text="enough for the workers",
+        ),
+    )
     task: TaskConfig = field(default_factory=TaskConfig)
 
     def __post_init__(self) -> None:
@@ -283,7 +434,7 @@ class TrainerConfig:
         """:attr:`inject_fault` parsed (empty: no fault)."""
         if self.inject_fault is None:
             return ()
-        from ._recovery import FaultSpec
+        from ._faults import FaultSpec
 
         return FaultSpec.parse_all(self.inject_fault)
 

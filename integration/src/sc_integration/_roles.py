@@ -33,9 +33,9 @@ from sc_workers import (
     hf_model_config,
 )
 
-from ._backends import WorkerBackend
 from ._config import TrainerConfig
 from ._errors import TrainerConfigError, TrainerStateError
+from ._launchers import Launcher
 from ._task import DigitsTask
 
 __all__ = [
@@ -201,7 +201,9 @@ def role_group(
             f"RayPPOTrainer.init_workers: spawn made no group for role {role!r} "
             f"(made: {sorted(groups)})"
         )
-    worker_cls = getattr(cls_with_init.cls, "__ray_actor_class__", cls_with_init.cls)
+    # sc-ray's class with init args names the class behind a ray.remote wrapper (its
+    # public ``worker_cls``); sc-core's holds the plain class the launcher gave it
+    worker_cls = getattr(cls_with_init, "worker_cls", cls_with_init.cls)
     if not isinstance(worker_cls, type):
         raise TrainerStateError(
             f"RayPPOTrainer.init_workers: role {role!r} was built from {worker_cls!r}, "
@@ -228,13 +230,13 @@ class TrainerGroups:
 
 
 def build_worker_groups(
-    backend: WorkerBackend,
+    launcher: Launcher,
     manager: ResourcePoolManager,
     classes: RoleClasses,
     actor_config: ActorRolloutRefConfig,
     critic_config: CriticConfig,
 ) -> TrainerGroups:
-    """Create the pools of ``manager``, then one worker group per role on ``backend``.
+    """Create the pools of ``manager``, then one worker group per role with ``launcher``.
 
     The actor, its rollout and the reference model are one worker (role
     ``actor_rollout_ref``), so they share a process per rank. A critic mapped to the same
@@ -243,12 +245,12 @@ def build_worker_groups(
     (``Role.Rollout``) gets a group of its own in its pool.
     """
     manager.create_resource_pool()
-    groups = _training_groups(backend, manager, classes, actor_config, critic_config)
+    groups = _training_groups(launcher, manager, classes, actor_config, critic_config)
     if classes.rollout is None:
         return groups
     try:
-        rollout_cls = backend.class_with_init(classes.rollout, config=actor_config)
-        rollout = backend.worker_group(manager.get_resource_pool(Role.Rollout), rollout_cls)
+        rollout_cls = launcher.class_with_init(classes.rollout, config=actor_config)
+        rollout = launcher.worker_group(manager.get_resource_pool(Role.Rollout), rollout_cls)
     except BaseException:
         for group in groups.owned:
             group.close()
@@ -259,33 +261,33 @@ def build_worker_groups(
 
 
 def _training_groups(
-    backend: WorkerBackend,
+    launcher: Launcher,
     manager: ResourcePoolManager,
     classes: RoleClasses,
     actor_config: ActorRolloutRefConfig,
     critic_config: CriticConfig,
 ) -> TrainerGroups:
     actor_pool = manager.get_resource_pool(Role.ActorRolloutRef)
-    actor_cls = backend.class_with_init(
+    actor_cls = launcher.class_with_init(
         classes.actor_rollout_ref, config=actor_config, role=Role.ActorRolloutRef.value
     )
     if classes.critic is None:
-        actor = backend.worker_group(actor_pool, actor_cls)
+        actor = launcher.worker_group(actor_pool, actor_cls)
         return TrainerGroups(actor, None, (actor,))
     critic_pool = manager.get_resource_pool(Role.Critic)
-    critic_cls = backend.class_with_init(classes.critic, config=critic_config)
+    critic_cls = launcher.class_with_init(classes.critic, config=critic_config)
     if critic_pool is not actor_pool:
-        actor = backend.worker_group(actor_pool, actor_cls)
+        actor = launcher.worker_group(actor_pool, actor_cls)
         owned: list[WorkerGroup[Any]] = [actor]
         try:
-            critic = backend.worker_group(critic_pool, critic_cls)
+            critic = launcher.worker_group(critic_pool, critic_cls)
         except BaseException:
             actor.close()
             raise
         owned.append(critic)
         return TrainerGroups(actor, critic, tuple(owned))
     class_dict: dict[str, ClassWithInitArgs[Any]] = {ACTOR_ROLLOUT: actor_cls, CRITIC: critic_cls}
-    colocated = backend.worker_group(actor_pool, backend.create_colocated_worker_cls(class_dict))
+    colocated = launcher.worker_group(actor_pool, launcher.create_colocated_worker_cls(class_dict))
     try:
         spawned = colocated.spawn(prefix_set=class_dict.keys())
         return TrainerGroups(

@@ -1,8 +1,8 @@
-"""Assembling a run: roles to worker classes and pools, the backend, the trainer, the output.
+"""Assembling a run: roles to worker classes and pools, the launcher, the trainer, the output.
 
 :class:`TaskRunner` is the driver's entry point (verl's name): it maps roles to worker classes
-and resource pools, starts the backend, builds the :class:`~sc_integration.RayPPOTrainer`,
-trains, and writes the plot and the call trace.
+and resource pools, starts the backend through its launcher, builds the
+:class:`~sc_integration.RayPPOTrainer`, trains, and writes the plot and the call trace.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from sc_core import SpanRecorder
 from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, load_hf_tokenizer
 
-from ._backends import WorkerBackend, make_backend
 from ._config import TrainerConfig
+from ._launchers import Launcher, make_launcher
 from ._output import RunOutput, check_resumable, resolve_checkpoint
 from ._roles import Role
 from ._task import DigitsTask
@@ -34,9 +34,9 @@ def make_task(config: TrainerConfig) -> DigitsTask:
 class TaskRunner:
     """Assembles a run: roles → worker classes, roles → resource pools, then train.
 
-    ``run`` starts the backend (a local Ray cluster for ``backend="ray"``), builds the
-    trainer, calls ``init_workers`` and ``fit``, writes the plot and the trace, and stops the
-    backend again.
+    ``run`` starts the backend through its launcher (a local Ray cluster for
+    ``backend="ray"``), builds the trainer, calls ``init_workers`` and ``fit``, writes the
+    plot and the trace, and stops the backend again.
     """
 
     def __init__(self, config: TrainerConfig) -> None:
@@ -67,16 +67,16 @@ class TaskRunner:
             mapping[Role.Rollout] = "rollout_pool"
         return spec, mapping
 
-    def build_trainer(self, backend: WorkerBackend) -> RayPPOTrainer:
-        """The trainer of this run on ``backend``; its workers start in ``init_workers``."""
+    def build_trainer(self, launcher: Launcher) -> RayPPOTrainer:
+        """The trainer of this run, its workers built by ``launcher`` (in ``init_workers``)."""
         cfg = self.config
         spec, mapping = self.resource_pool_spec()
         return RayPPOTrainer(
             cfg,
             make_task(cfg),
             self.role_worker_mapping(),
-            backend.resource_pool_manager(spec, mapping),
-            backend,
+            launcher.resource_pool_manager(spec, mapping),
+            launcher,
             RunOutput(cfg.output_dir),
         )
 
@@ -88,10 +88,10 @@ class TaskRunner:
         resume = None if cfg.resume_from is None else resolve_checkpoint(cfg.resume_from)
         if resume is not None:
             check_resumable(resume, cfg)  # before any worker starts
-        backend = make_backend(cfg)
+        launcher = make_launcher(cfg)
         recorder = SpanRecorder()
-        with backend.running(), recorder:
-            trainer = self.build_trainer(backend)
+        with launcher.running(), recorder:
+            trainer = self.build_trainer(launcher)
             try:
                 trainer.init_workers()
                 result = trainer.fit(progress=progress, on_start=on_start, resume_from=resume)

@@ -11,18 +11,19 @@ validation split, never both, so the validation reward measures a rule, not a me
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 
 from ._errors import TaskError
+from ._options import option
 
 __all__ = ["TASK_MODES", "CharTokenizer", "DigitsTask", "TaskConfig", "TaskMode"]
 
 TaskMode = Literal["reverse", "copy"]
-TASK_MODES: tuple[TaskMode, ...] = ("reverse", "copy")
+TASK_MODES: tuple[TaskMode, ...] = get_args(TaskMode)
 
 _MAX_LENGTH = 5
 
@@ -100,10 +101,15 @@ class TaskConfig:
             they are; easier: every answer token sits at the same distance from its source).
     """
 
-    length: int = 4
+    length: int = field(default=4, metadata=option(group="training", help="digits per prompt"))
     num_val: int = 256
     split_seed: int = 1234
-    mode: TaskMode = "reverse"
+    mode: TaskMode = field(
+        default="reverse",
+        metadata=option(
+            group="training", flags=("--task",), help="answer the digits reversed, or copied"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in TASK_MODES:

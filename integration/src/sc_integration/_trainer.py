@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sc_core import ResourcePoolManager, WorkerDiedError, WorkerError, WorkerGroup
+from sc_core import ResourcePoolManager, WorkerDiedError, WorkerError, WorkerGroup, driver_span
 from sc_protocol import DataProto
 from sc_workers import (
     ActorRolloutRefWorker,
@@ -30,11 +30,12 @@ from sc_workers import (
 )
 
 from ._async_rollout import AsyncRollout
-from ._backends import WorkerBackend
 from ._config import TrainerConfig
-from ._errors import TrainerStateError
+from ._errors import TrainerRecoveryError, TrainerStateError
+from ._faults import FaultSpec, inject_due
+from ._launchers import Launcher
 from ._output import PendingSave, RunOutput, check_resumable, read_metrics
-from ._recovery import FaultSpec, inject_due, recover
+from ._recovery import latest_checkpoint, replace_dead, wait_for_dead
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
 from ._stages import (
     TIMING_PREFIXES,
@@ -71,8 +72,8 @@ class RunResult:
 class RayPPOTrainer:
     """The PPO/GRPO loop on the driver; every stage is one call on a worker group.
 
-    The name is verl's; ``backend`` decides whether the worker groups are Ray actors or
-    objects in this process, the loop is the same.
+    The name is verl's; ``launcher`` builds the worker groups on one backend (Ray actors or
+    objects in this process), the loop is the same.
     """
 
     def __init__(
@@ -81,7 +82,7 @@ class RayPPOTrainer:
         task: DigitsTask,
         role_worker_mapping: Mapping[Role, type],
         resource_pool_manager: ResourcePoolManager,
-        backend: WorkerBackend,
+        launcher: Launcher,
         output: RunOutput,
     ) -> None:
         self.config = config
@@ -89,7 +90,7 @@ class RayPPOTrainer:
         self.role_worker_mapping = dict(role_worker_mapping)
         self._classes = role_classes(self.role_worker_mapping)
         self.resource_pool_manager = resource_pool_manager
-        self.backend = backend
+        self.launcher = launcher
         self.output = output
         self.use_critic = self._classes.critic is not None
         self.dp_size = config.workers_per_role
@@ -121,7 +122,7 @@ class RayPPOTrainer:
         if self._groups is not None:
             raise TrainerStateError("RayPPOTrainer.init_workers: the workers are already up")
         self._groups = build_worker_groups(
-            self.backend,
+            self.launcher,
             self.resource_pool_manager,
             self._classes,
             self.actor_rollout_ref_config,
@@ -346,7 +347,7 @@ class RayPPOTrainer:
             except (WorkerDiedError, WorkerError, WeightSyncError) as exc:
                 if self._async is not None:  # prefetched batches are regenerated after it
                     self._async.drop()
-                recovered = recover(self, step, exc)  # back at the newest checkpoint
+                recovered = self._recover(step, exc)  # back at the newest checkpoint
                 if progress is not None:
                     progress(self.global_step, recovered)
         if self._async is not None:
@@ -366,6 +367,54 @@ class RayPPOTrainer:
         """Inject the faults of ``config.inject_fault`` whose step begins (each once)."""
         if any(f.step == step for f in self._faults):
             self._faults = inject_due(self._workers("inject_fault"), self._faults, step)
+
+    def _recover(self, step: int, error: BaseException) -> dict[str, Any]:
+        """Bring the workers back after ``error`` (a death during ``step``) and restore the
+        newest complete checkpoint (``fit`` saved one before its first step; see
+        ``_recovery.py``); returns the ``recovery/*`` metrics. Raises
+        :class:`TrainerRecoveryError` (from ``error``) when the run may not recover
+        (``max_recoveries`` reached, or no checkpoint left), and ``error`` itself when no
+        worker died."""
+        done, limit = self.recoveries, self.config.max_recoveries
+        if done >= limit:
+            raise TrainerRecoveryError(
+                f"step {step}: a worker died ({error}); the run already recovered {done} times "
+                f"(max_recoveries={limit})"
+            ) from error
+        started = time.perf_counter()
+        with driver_span("trainer", "recovery"):
+            groups = self._workers("recover")
+            if not wait_for_dead(groups.owned):
+                raise error  # every worker is alive: not a death, nothing to recover from
+            self._settle_pending_save()  # complete on disk, or abandoned
+            latest = latest_checkpoint(self.output.checkpoint_root)
+            if latest is None:  # fit saves one before the first step; someone removed it
+                raise TrainerRecoveryError(
+                    f"step {step}: a worker died ({error}), and {self.output.checkpoint_root} "
+                    "holds no complete checkpoint to recover from"
+                ) from error
+            replaced = replace_dead(groups.owned)
+            self._init_models()  # builds what the re-formed groups dropped; the rest keep theirs
+            self._load_checkpoint(latest)
+            self._resync_rollout()
+        seconds = time.perf_counter() - started
+        self.recoveries = done + 1
+        logger.warning(
+            "step %d: %s; replaced %s and restored %s in %.1f s (recovery %d of at most %d)",
+            step,
+            error,
+            replaced,
+            latest.name,
+            seconds,
+            done + 1,
+            limit,
+        )
+        return {
+            "recovery/count": done + 1,
+            "recovery/seconds": seconds,
+            "recovery/from_step": self.global_step,
+            "recovery/failed_step": step,
+        }
 
     def _resync_rollout(self) -> None:
         """After a recovery: a separately placed rollout gets the restored weights over a

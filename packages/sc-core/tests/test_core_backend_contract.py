@@ -15,15 +15,19 @@ import pytest
 from _core_fakes import Batch, EchoWorker
 from sc_core import (
     Backend,
+    BackendNotImplementedError,
     Call,
     CallHandle,
     CallTimeoutError,
     ClassWithInitArgs,
     InvalidCallOptionsError,
+    InvalidConfigError,
     LazyFuture,
     LocalWorkerGroup,
+    MethodCollisionError,
     ResourcePool,
     SpanRecorder,
+    Worker,
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
@@ -32,6 +36,7 @@ from sc_core import (
     current_call,
     worker_context,
 )
+from sc_dispatch import Dispatch, register
 
 
 def _run_rank(
@@ -332,6 +337,29 @@ def test_local_kill_worker_simulates_a_death() -> None:
             wg.kill_worker(3)
     finally:
         wg.close()
+
+
+def test_kill_worker_of_a_backend_that_cannot_kill_is_not_implemented() -> None:
+    wg = ListBackend(2)
+    with pytest.raises(BackendNotImplementedError, match=r"ListBackend 'listbackend'.kill_worker"):
+        wg.kill_worker(1)
+    with pytest.raises(InvalidConfigError, match=r"kill_worker: rank must be an int in \[0, 2\)"):
+        wg.kill_worker(2)
+    with pytest.raises(InvalidConfigError, match="got True"):
+        wg.kill_worker(True)
+    assert wg.one_to_all(0) == [(0, 0, None), (1, 0, None)]  # nobody was killed
+
+
+class NamesAMethodKillWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def kill_worker(self, rank: int) -> int:
+        return rank
+
+
+def test_kill_worker_is_a_reserved_group_name() -> None:
+    wg: WorkerGroup = WorkerGroup(ResourcePool([1]))
+    with pytest.raises(MethodCollisionError, match=r"'kill_worker'.*already an attribute"):
+        wg._bind_worker_method(NamesAMethodKillWorker)
 
 
 def test_local_kill_worker_is_found_by_the_next_call() -> None:

@@ -17,6 +17,7 @@ from sc_core import (
     Worker,
     WorkerDiedError,
     WorkerError,
+    WorkerGroupClosedError,
     WorkerGroupError,
 )
 from sc_dispatch import Dispatch, Rows, make_sticky_dispatch_fn, register
@@ -162,6 +163,25 @@ def test_injected_faults_kill_inside_a_method_or_raise(ray_cluster: None) -> Non
         after = wg.nap(0.0)
         assert after[0] != pids[0]
         assert after[1:] == pids[1:]  # ranks 1 and 2 finished their naps and kept going
+
+
+def test_kill_worker_kills_the_actor_and_the_next_call_finds_it_dead(ray_cluster: None) -> None:
+    with _group("kill") as wg:
+        pids = wg.nap(0.0)
+        actor = wg.workers[1]
+        wg.kill_worker(1)  # returns once the cluster reports the actor dead
+        assert rapi.actor_states()[rapi.actor_id(actor)].state == "DEAD"
+        assert wg.dead_ranks == [1]
+        with pytest.raises(WorkerDiedError, match=r"nap: worker rank 1 died \(killed with kill"):
+            wg.nap(0.0)
+        with pytest.raises(InvalidConfigError, match=r"kill_worker: rank must be an int in \[0, 3"):
+            wg.kill_worker(3)
+        assert wg.replace_ranks() == [1]
+        after = wg.nap(0.0)
+        assert after[1] != pids[1]
+        assert after[::2] == pids[::2]
+    with pytest.raises(WorkerGroupClosedError, match="kill_worker"):
+        wg.kill_worker(0)
 
 
 def test_a_hot_standby_takes_over_and_is_replaced(ray_cluster: None) -> None:

@@ -386,12 +386,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
     def kill_worker(self, rank: int) -> None:
         """Simulate the death of ``rank``'s process: its calls now fail with
         :class:`~sc_core.WorkerDiedError` (the object itself is left alone)."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise InvalidConfigError(
-                f"{type(self).__name__}.kill_worker: rank must be an int in "
-                f"[0, {self.world_size}), got {rank!r}"
-            )
-        self._local.killed.add(rank)
+        self._local.killed.add(self._checked_rank("kill_worker", rank))
 
 
 def _close_runners(runners: list[RankRunner]) -> None:

@@ -370,6 +370,28 @@ class WorkerGroup(Generic[W]):
         testing recovery; see ``_faults.py``. Every rank must be alive."""
         _faults.inject_fault(self, rank, method, action, delay_s)
 
+    def kill_worker(self, rank: int) -> None:
+        """Kill ``rank``'s worker now, for testing recovery (it is not restarted): the next
+        call touching the rank raises :class:`~sc_core.WorkerDiedError`, until
+        :meth:`replace_ranks` puts a new worker in its place. A rank outside the group is an
+        :class:`~sc_core.InvalidConfigError`; a backend's group that cannot kill a worker
+        raises :class:`~sc_core.BackendNotImplementedError` (``LocalWorkerGroup`` and
+        ``RayWorkerGroup`` can)."""
+        self._checked_rank("kill_worker", rank)
+        raise BackendNotImplementedError(
+            f"{type(self).__qualname__} {self.name_prefix!r}.kill_worker: this group cannot "
+            f"kill a worker (rank {rank}); LocalWorkerGroup and RayWorkerGroup can"
+        )
+
+    def _checked_rank(self, method_name: str, rank: object) -> int:
+        """``rank`` if it is an int rank of this group, else :class:`InvalidConfigError`."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise InvalidConfigError(
+                f"{type(self).__name__}.{method_name}: rank must be an int in "
+                f"[0, {self.world_size}), got {rank!r}"
+            )
+        return rank
+
     def _block_until_all_workers_alive(self, timeout: float | None = None) -> None:
         """Wait until every worker is alive; :class:`~sc_core.WorkerDiedError` after
         ``timeout`` seconds (default ``SC_CORE_WORKER_START_TIMEOUT_S``, else 300)."""

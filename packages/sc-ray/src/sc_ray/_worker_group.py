@@ -10,6 +10,8 @@ references, without fetching anything.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,6 +33,11 @@ from ._resource_pool import RayResourcePool, check_device_name
 from ._standby import Standby
 
 __all__ = ["RESERVED_ENV_VARS", "RayWorkerGroup"]
+
+logger = logging.getLogger(__name__)
+
+#: How long :meth:`RayWorkerGroup.kill_worker` waits for the cluster to report the actor dead.
+KILL_WAIT_S = 30.0
 
 if TYPE_CHECKING:
     # The worker class, for the type checker only (sc-core's typed calls and mypy plugin);
@@ -302,6 +309,28 @@ class RayWorkerGroup(WorkerGroup[W]):
         self.check_worker_aliveness()
         dead = set(self.dead_ranks)
         return [r for r in range(self.world_size) if r not in dead]
+
+    def kill_worker(self, rank: int) -> None:
+        """Kill ``rank``'s actor (no restart), for testing recovery, and wait until the
+        cluster reports it dead (``ray.kill`` returns before the actor is gone), at most
+        ``KILL_WAIT_S`` seconds. The rank is recorded dead: the next call touching it raises
+        :class:`~sc_core.WorkerDiedError` until :meth:`replace_ranks` replaces it."""
+        self._sc_backend("kill_worker")  # a closed group refuses
+        actor = self._workers[self._checked_rank("kill_worker", rank)]
+        rapi.kill(actor)
+        self._mark_workers_dead([rank], "killed with kill_worker")
+        deadline = rapi.monotonic() + KILL_WAIT_S
+        while rapi.actor_state(actor) != "DEAD":
+            if rapi.monotonic() >= deadline:
+                logger.warning(
+                    "RayWorkerGroup %r.kill_worker: rank %d's actor is not reported dead %.0f s "
+                    "after ray.kill; the group treats it as dead",
+                    self.name_prefix,
+                    rank,
+                    KILL_WAIT_S,
+                )
+                return
+            time.sleep(0.05)
 
     # --- lifecycle --------------------------------------------------------------------------
 

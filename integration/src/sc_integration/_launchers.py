@@ -1,13 +1,13 @@
-"""Where the worker groups live: Ray actors, or objects in this process.
+"""Launchers: what builds a run's pools and worker groups on one backend, Ray or in-process.
 
 The trainer is written once against the verl-named API (resource pool manager, class with
-init args, colocated worker class, worker group with ``spawn``); a :class:`WorkerBackend`
-supplies the backend's versions of those pieces and starts and stops what it needs. The
-pieces are typed by the worker class (``worker_group(pool, ClassWithInitArgs[W]) ->
-WorkerGroup[W]``), so the trainer's calls are checked (``sc_core.mypy_plugin``). The local
-backend uses sc-core's ``ResourcePoolManager`` as it is, the Ray backend sc-ray's
-specialisation of it; a piece of one backend given to the other is a
-:class:`BackendMismatchError`.
+init args, colocated worker class, worker group with ``spawn``); a :class:`Launcher`
+supplies one backend's versions of those pieces and starts and stops what that backend
+needs (a local Ray cluster). The pieces are typed by the worker class
+(``worker_group(pool, ClassWithInitArgs[W]) -> WorkerGroup[W]``), so the trainer's calls are
+checked (``sc_core.mypy_plugin``). :class:`InProcessLauncher` uses sc-core's
+``ResourcePoolManager`` as it is, :class:`RayLauncher` sc-ray's specialisation of it; a
+piece of one backend given to the other's launcher is a :class:`BackendMismatchError`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ._config import TrainerConfig
 from ._errors import BackendMismatchError, TrainerConfigError
 from ._settings import WORKER_LOGS
 
-__all__ = ["LocalBackend", "RayBackend", "WorkerBackend", "make_backend"]
+__all__ = ["InProcessLauncher", "Launcher", "RayLauncher", "make_launcher"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,14 @@ W = TypeVar("W")
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-class WorkerBackend(Protocol):
-    """What the trainer needs from a backend: verl's pieces, typed by the worker class."""
+class Launcher(Protocol):
+    """What the trainer needs to build its workers on one backend: verl's pieces, typed by
+    the worker class. ``name`` is the backend's (``TrainerConfig.backend``)."""
 
     name: str
 
     def running(self) -> contextlib.AbstractContextManager[None]:
-        """Start what the backend needs for the duration of the ``with`` block."""
+        """Start what the backend needs (a Ray cluster) for the ``with`` block."""
 
     def resource_pool_manager(
         self, spec: Mapping[str, Sequence[int]], mapping: Mapping[Any, str]
@@ -65,11 +66,12 @@ class WorkerBackend(Protocol):
         """One class holding every role of ``class_dict`` (one process per rank)."""
 
     def worker_group(self, pool: ResourcePool, cls: ClassWithInitArgs[W]) -> WorkerGroup[W]:
-        """A worker group of ``cls`` on ``pool`` (both made by this backend)."""
+        """A worker group of ``cls`` on ``pool`` (both made by this launcher)."""
 
 
-class RayBackend:
-    """Ray actors in placement groups; starts a local cluster unless one is running."""
+class RayLauncher:
+    """Builds Ray actors in placement groups (sc-ray); starts a local cluster unless one is
+    running."""
 
     name = "ray"
 
@@ -128,13 +130,13 @@ class RayBackend:
 
         if not isinstance(pool, RayResourcePool):
             raise BackendMismatchError(
-                f"RayBackend.worker_group: pool must be a RayResourcePool (from this backend's "
+                f"RayLauncher.worker_group: pool must be a RayResourcePool (from this launcher's "
                 f"resource_pool_manager), got {pool!r}"
             )
         if not isinstance(cls, RayClassWithInitArgs):
             raise BackendMismatchError(
-                f"RayBackend.worker_group: cls must be a RayClassWithInitArgs (from this "
-                f"backend's class_with_init), got {cls!r}"
+                f"RayLauncher.worker_group: cls must be a RayClassWithInitArgs (from this "
+                f"launcher's class_with_init), got {cls!r}"
             )
         group: WorkerGroup[W] = RayWorkerGroup(
             resource_pool=pool,
@@ -145,8 +147,9 @@ class RayBackend:
         return group
 
 
-class LocalBackend:
-    """Every worker in this process (sc-core's in-process backend), world size 1 per role."""
+class InProcessLauncher:
+    """Builds every worker in this process (sc-core's in-process backend), world size 1 per
+    role."""
 
     name = "local"
 
@@ -178,20 +181,21 @@ class LocalBackend:
         return LocalWorkerGroup(resource_pool=pool, cls_with_init=cls)
 
 
-def make_backend(config: TrainerConfig) -> WorkerBackend:
-    """The backend ``config.backend`` names; ``device="cuda"`` needs a visible CUDA device."""
+def make_launcher(config: TrainerConfig) -> Launcher:
+    """The launcher of the backend ``config.backend`` names (``"ray"``: :class:`RayLauncher`,
+    ``"local"``: :class:`InProcessLauncher`); ``device="cuda"`` needs a visible CUDA device."""
     if config.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise TrainerConfigError(
-                "make_backend: device='cuda' but no CUDA device is visible "
+                "make_launcher: device='cuda' but no CUDA device is visible "
                 "(torch.cuda.is_available() is False); use device='cpu'"
             )
     if config.backend == "ray":
-        return RayBackend(
+        return RayLauncher(
             config.ray_num_cpus, use_gpu=config.device == "cuda", standby=config.standby
         )
     if config.backend == "local":
-        return LocalBackend()
-    raise TrainerConfigError(f"make_backend: unknown backend {config.backend!r}")
+        return InProcessLauncher()
+    raise TrainerConfigError(f"make_launcher: unknown backend {config.backend!r}")
