@@ -3,8 +3,9 @@
 Importing this package registers DataProto, TensorDict and DataProtoFuture with
 sc-dispatch, so that every splitting dispatch mode and the N-d mesh dispatch take them.
 The exception tree is drawn in :mod:`sc_protocol._errors`; serialization is described in
-:mod:`sc_protocol._serialize`. tensordict is imported first, without ``torch._dynamo``
-(:mod:`sc_protocol._tensordict`), which keeps the start-up of a worker process short.
+:mod:`sc_protocol._serialize` (pickling) and :mod:`sc_protocol._disk` (files). tensordict is
+imported first, without ``torch._dynamo`` (:mod:`sc_protocol._tensordict`), which keeps the
+start-up of a worker process short.
 """
 
 from sc_dispatch import register_future_resolver
@@ -16,6 +17,7 @@ from ._adapters import (
     TensorDictAdapter,
     register_adapters,
 )
+from ._collate import collate_fn
 from ._columns import IndexLike
 from ._config import DataProtoConfig
 from ._data_proto import DataProto
@@ -36,7 +38,7 @@ from ._errors import (
 )
 from ._fold import fold_batch_dim, unfold_batch_dim
 from ._future import DataProtoFuture
-from ._item import DataProtoItem, collate_fn
+from ._item import DataProtoItem
 from ._padding import pad_dataproto_to_divisor, unpad_dataproto
 from ._plan import ShardSlice, plan_shard_slices
 from ._resolve import Resolver

@@ -16,12 +16,11 @@ from tensordict import TensorDictBase
 from ._columns import _tensor_nbytes, cat_tensordicts
 from ._config import DataProtoConfig
 from ._data_proto import DataProto
-from ._describe import data_proto_nbytes, tensordict_nbytes
+from ._describe import columns_nbytes, tensordict_nbytes
 from ._errors import BatchSizeMismatchError, InvalidSizeError
 from ._future import DataProtoFuture
 from ._item import DataProtoItem
 from ._padding import unpad_dataproto
-from ._row_ops import _pad_rows
 
 __all__ = [
     "DataProtoAdapter",
@@ -52,8 +51,7 @@ class DataProtoAdapter:
         n = len(obj)
         if n == 0:
             raise InvalidSizeError(f"cannot pad an empty DataProto with {pad_size} rows")
-
-        return _pad_rows(obj, np.arange(pad_size, dtype=np.int64) % n)
+        return obj._append_rows(np.arange(pad_size, dtype=np.int64) % n)
 
     def unpad(self, obj: DataProto, pad_size: int) -> DataProto:
         return unpad_dataproto(obj, pad_size)
@@ -67,7 +65,7 @@ class DataProtoAdapter:
 
     def nbytes(self, obj: DataProto) -> int:
         """Tensor elements of every leaf plus the ``nbytes`` of every numpy column."""
-        return data_proto_nbytes(obj)
+        return columns_nbytes(obj.batch, obj.non_tensor_batch)
 
 
 def _td_rows(td: TensorDictBase) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -130,6 +130,55 @@ def _as_column(key: str, value: Any) -> NDArray:
     )
 
 
+def check_arguments(batch: Any, non_tensor_batch: Any, meta_info: Any) -> None:
+    """The DataProto constructor's argument types: a TensorDict (or ``None``) and mappings."""
+    if batch is not None and not isinstance(batch, TensorDictBase):
+        raise ProtocolTypeError(
+            f"DataProto: batch must be a TensorDict or None, got {type(batch).__name__}"
+        )
+    if non_tensor_batch is not None and not isinstance(non_tensor_batch, Mapping):
+        raise ProtocolTypeError(
+            f"DataProto: non_tensor_batch must be a dict of numpy arrays, "
+            f"got {type(non_tensor_batch).__name__}"
+        )
+    if meta_info is not None and not isinstance(meta_info, Mapping):
+        raise ProtocolTypeError(
+            f"DataProto: meta_info must be a dict, got {type(meta_info).__name__}"
+        )
+
+
+def check_columns(batch: TensorDictBase | None, non_tensor: Mapping[str, Any]) -> None:
+    """``DataProto.check_consistency``: the batch has one batch dimension and every column
+    (numpy arrays only) the same number of rows; a typed error names the first that does
+    not."""
+    if batch is not None and batch.batch_dims != 1:
+        raise BatchSizeMismatchError(
+            f"DataProto: batch has {batch.batch_dims} batch dimensions "
+            f"{list(batch.batch_size)}; a DataProto has exactly one, its rows "
+            "(as in verl): give the TensorDict batch_size=[rows], or fold the extra "
+            "dimensions with fold_batch_dim / unfold_batch_dim"
+        )
+    for key, value in non_tensor.items():
+        if not isinstance(value, np.ndarray):
+            raise ProtocolTypeError(
+                f"DataProto: non-tensor column {key!r} must be a numpy array, "
+                f"got {type(value).__name__}"
+            )
+    expected: int | None = None
+    origin = ""
+    if batch is not None:
+        expected = int(batch.batch_size[0])
+        origin = f"the tensor batch has {expected} rows"
+    for key, value in non_tensor.items():
+        rows = int(value.shape[0]) if value.ndim else 0
+        if expected is None:
+            expected, origin = rows, f"non-tensor column {key!r} has {rows} rows"
+        elif rows != expected:
+            raise BatchSizeMismatchError(
+                f"DataProto: non-tensor column {key!r} has {rows} rows, but {origin}"
+            )
+
+
 def _tensor_nbytes(t: torch.Tensor) -> int:
     if t.is_nested:
         try:
@@ -147,7 +196,7 @@ def _has_key(td: TensorDictBase, key: Key) -> bool:
     return key in td.keys(include_nested=True)
 
 
-def _index_arrays(index: Any, length: int, what: str) -> tuple[NDArray, torch.Tensor]:
+def _index_arrays(index: Any, length: int, what: str) -> NDArray:
     """Normalize an index list / array / tensor / mask to int64 positions, validated."""
     if isinstance(index, torch.Tensor):
         arr = index.detach().cpu().numpy()
@@ -191,7 +240,7 @@ def _index_arrays(index: Any, length: int, what: str) -> tuple[NDArray, torch.Te
         raise ProtocolTypeError(
             f"{what}: indices must be integers or booleans, got dtype {arr.dtype}"
         )
-    return positions, torch.from_numpy(positions)
+    return positions
 
 
 def _describe(value: Any) -> str:

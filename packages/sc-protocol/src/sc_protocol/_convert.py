@@ -1,11 +1,12 @@
-"""Conversions of :class:`~sc_protocol.DataProto` from and to plain containers: dicts of
-tensors and numpy columns, and TensorDicts in verl's layout (functions; the DataProto
-methods of the same names call them)."""
+"""Conversions between plain columns (a batch TensorDict or ``None``, a dict of numpy
+columns, ``meta_info``) and the containers a DataProto is built from or turned into: dicts
+of tensors and numpy columns, and TensorDicts in verl's layout. The DataProto constructors
+and ``to_tensordict`` call these."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,12 +16,10 @@ from ._columns import NDArray, _stack_values
 from ._config import DataProtoConfig
 from ._errors import BatchSizeMismatchError, InvalidSizeError, KeyConflictError, ProtocolTypeError
 
-if TYPE_CHECKING:
-    from ._data_proto import DataProto
+__all__ = ["columns_from_dict", "columns_from_tensordict", "columns_to_tensordict", "split_dict"]
 
-__all__ = ["from_dict", "from_single_dict", "from_tensordict", "to_tensordict"]
-
-D = TypeVar("D", bound="DataProto")
+#: What a constructor gets: tensor columns (or ``None``), non-tensor columns, ``meta_info``.
+Parts = tuple[TensorDictBase | None, dict[str, Any], dict[str, Any]]
 
 
 def _check_one_batch_dim(where: str, num_batch_dims: object) -> None:
@@ -32,21 +31,16 @@ def _check_one_batch_dim(where: str, num_batch_dims: object) -> None:
         )
 
 
-def from_dict(
-    cls: type[D],
-    tensors: Mapping[str, torch.Tensor] | None = None,
-    non_tensors: Mapping[str, Any] | None = None,
-    meta_info: Mapping[str, Any] | None = None,
-    num_batch_dims: int = 1,
-    auto_padding: bool = False,
-) -> D:
-    """Build from a dict of tensors, a dict of numpy columns (or lists) and ``meta_info``.
-
-    The batch size is the first dimension of the tensors, which must all agree
-    (``num_batch_dims`` is verl's parameter: any value but 1 is an
-    :class:`~sc_protocol.InvalidSizeError`). ``auto_padding=True`` sets the per-object
-    padding flag in ``meta_info``.
-    """
+def columns_from_dict(
+    tensors: Mapping[str, torch.Tensor] | None,
+    non_tensors: Mapping[str, Any] | None,
+    meta_info: Mapping[str, Any] | None,
+    num_batch_dims: int,
+    auto_padding: bool,
+) -> Parts:
+    """``DataProto.from_dict``: the tensors in one TensorDict (their first dimensions must
+    agree), the non-tensor columns and ``meta_info`` copied, the padding flag set with
+    ``auto_padding``."""
     _check_one_batch_dim("from_dict", num_batch_dims)
     tensors = dict(tensors or {})
     batch: TensorDict | None = None
@@ -75,16 +69,13 @@ def from_dict(
     meta = dict(meta_info or {})
     if auto_padding:
         meta[DataProtoConfig.auto_padding_key] = True
-    return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=meta)
+    return batch, dict(non_tensors or {}), meta
 
 
-def from_single_dict(
-    cls: type[D],
+def split_dict(
     data: Mapping[str, torch.Tensor | NDArray],
-    meta_info: Mapping[str, Any] | None = None,
-    auto_padding: bool = False,
-) -> D:
-    """Build from one dict: tensors become tensor columns, numpy arrays non-tensor columns."""
+) -> tuple[dict[str, torch.Tensor], dict[str, NDArray]]:
+    """``DataProto.from_single_dict``: the tensors and the numpy arrays of ``data``."""
     tensors: dict[str, torch.Tensor] = {}
     non_tensors: dict[str, NDArray] = {}
     for key, value in data.items():
@@ -97,19 +88,15 @@ def from_single_dict(
                 f"from_single_dict: value of {key!r} must be a torch.Tensor or a numpy "
                 f"array, got {type(value).__name__}"
             )
-    return from_dict(cls, tensors, non_tensors, meta_info, auto_padding=auto_padding)
+    return tensors, non_tensors
 
 
-def from_tensordict(
-    cls: type[D],
-    tensor_dict: TensorDictBase,
-    meta_info: Mapping[str, Any] | None = None,
-    num_batch_dims: int = 1,
-) -> D:
-    """Build from a TensorDict (verl's layout, and what :meth:`to_tensordict` writes):
-    tensors (and nested TensorDicts) stay in ``batch``; non-tensor stacks become numpy
-    columns (numeric and string values get their numpy dtype back, anything else an
-    object column); non-tensor data entries go to ``meta_info``."""
+def columns_from_tensordict(
+    tensor_dict: TensorDictBase, meta_info: Mapping[str, Any] | None, num_batch_dims: int
+) -> Parts:
+    """``DataProto.from_tensordict``: tensors (and nested TensorDicts) stay in the batch;
+    non-tensor stacks become numpy columns (numeric and string values get their numpy dtype
+    back, anything else an object column); non-tensor data entries go to ``meta_info``."""
     if not isinstance(tensor_dict, TensorDictBase):
         raise ProtocolTypeError(
             f"from_tensordict: expected a TensorDict, got {type(tensor_dict).__name__}"
@@ -133,31 +120,32 @@ def from_tensordict(
         else:
             keep.append(key)
     batch = tensor_dict.select(*keep) if keep else None
-    return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+    return batch, non_tensors, meta
 
 
-def to_tensordict(self: DataProto) -> TensorDict:
-    """One TensorDict holding the whole batch, in verl's layout: the tensor columns as
-    they are (shared, not copied), each non-tensor column as a ``NonTensorStack`` and
-    each ``meta_info`` entry as ``NonTensorData``. :meth:`from_tensordict` gives the
-    DataProto back. A name used by two kinds of entry is a
-    :class:`~sc_protocol.KeyConflictError`."""
-    n = len(self)
-    if self.batch is not None:
+def columns_to_tensordict(
+    rows: int,
+    batch: TensorDictBase | None,
+    non_tensor: Mapping[str, NDArray],
+    meta: Mapping[str, Any],
+) -> TensorDict:
+    """``DataProto.to_tensordict``: one TensorDict of ``rows`` rows in verl's layout (tensor
+    columns shared, numpy columns as ``NonTensorStack``, ``meta`` as ``NonTensorData``)."""
+    if batch is not None:
         td: TensorDict = TensorDict(
-            dict(self.batch.items()), batch_size=self.batch.batch_size, device=self.batch.device
+            dict(batch.items()), batch_size=batch.batch_size, device=batch.device
         )
     else:
-        td = TensorDict({}, batch_size=[n])
+        td = TensorDict({}, batch_size=[rows])
     taken = {str(k) for k in td.keys()}  # noqa: SIM118 - a TensorDict, not a dict
-    for key, column in self.non_tensor_batch.items():
+    for key, column in non_tensor.items():
         if key in taken:
             raise KeyConflictError(
                 f"DataProto.to_tensordict: {key!r} is both a tensor and a non-tensor column"
             )
         td.set(key, NonTensorStack(*[NonTensorData(v) for v in list(column)]))
         taken.add(key)
-    for key, value in self.meta_info.items():
+    for key, value in meta.items():
         if key in taken:
             raise KeyConflictError(
                 f"DataProto.to_tensordict: meta_info key {key!r} is also a column name"

@@ -1,10 +1,12 @@
 """DataProto: a batch of rows made of tensor columns, numpy columns and batch-level metadata.
 
-The class is assembled from several modules: this one (the constructor, validation and
-copying), :mod:`._convert` (from and to dicts and TensorDicts), :mod:`._indexing`,
-:mod:`._key_ops` (select, pop, rename, union, concat), :mod:`._row_ops` (chunk, split,
-reorder, repeat, padding, iteration), :mod:`._describe` (column listing, sizes) and
-:mod:`._serialize` (pickling and files).
+Every operation is defined here, once: a method holds verl's checks and either does the work
+itself or calls a function over plain columns (a batch TensorDict or ``None``, a dict of
+numpy arrays, ``meta_info``) that knows nothing of DataProto: :mod:`._convert` (from and to
+dicts and TensorDicts), :mod:`._rows` (chunk sizes, gathers, repeat, unfold, padding rows,
+mini-batches), :mod:`._keys` (select, pop, rename), :mod:`._union` (union and concat),
+:mod:`._describe` (column listing, sizes), :mod:`._serialize` (pickling) and :mod:`._disk`
+(files).
 """
 
 from __future__ import annotations
@@ -18,11 +20,39 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from . import _convert, _describe, _indexing, _key_ops, _row_ops
-from ._columns import IndexLike, Key, NDArray, _as_column, _key_str, _leaves
-from ._errors import BatchSizeMismatchError, ProtocolTypeError
+from ._columns import (
+    IndexLike,
+    Key,
+    NDArray,
+    _as_column,
+    _index_arrays,
+    _key_str,
+    _leaves,
+    check_arguments,
+    check_columns,
+)
+from ._config import DataProtoConfig
+from ._convert import columns_from_dict, columns_from_tensordict, columns_to_tensordict, split_dict
+from ._describe import describe_columns, size_message
+from ._disk import load_columns, save_columns
+from ._errors import InvalidSizeError, ProtocolTypeError
 from ._item import DataProtoItem
-from ._serialize import data_proto_reduce, load_data_proto, rebuild_data_proto, save_data_proto
+from ._keys import pop_columns, rename_columns, select_columns
+from ._rows import (
+    exact_chunk_sizes,
+    mini_batches,
+    padding_positions,
+    permute_rows,
+    repeat_rows,
+    row_item,
+    row_slice,
+    sample_repeat_positions,
+    split_sizes,
+    take_rows,
+    unfold_columns,
+)
+from ._serialize import data_proto_state, rebuild_data_proto
+from ._union import _concat_meta, concat_columns, union_columns
 
 __all__ = ["DataProto"]
 
@@ -53,19 +83,7 @@ class DataProto:
         non_tensor_batch: Mapping[str, Any] | None = None,
         meta_info: Mapping[str, Any] | None = None,
     ) -> None:
-        if batch is not None and not isinstance(batch, TensorDictBase):
-            raise ProtocolTypeError(
-                f"DataProto: batch must be a TensorDict or None, got {type(batch).__name__}"
-            )
-        if non_tensor_batch is not None and not isinstance(non_tensor_batch, Mapping):
-            raise ProtocolTypeError(
-                f"DataProto: non_tensor_batch must be a dict of numpy arrays, "
-                f"got {type(non_tensor_batch).__name__}"
-            )
-        if meta_info is not None and not isinstance(meta_info, Mapping):
-            raise ProtocolTypeError(
-                f"DataProto: meta_info must be a dict, got {type(meta_info).__name__}"
-            )
+        check_arguments(batch, non_tensor_batch, meta_info)
         self.batch = batch
         self.non_tensor_batch = {k: _as_column(k, v) for k, v in (non_tensor_batch or {}).items()}
         self.meta_info = dict(meta_info or {})
@@ -91,9 +109,10 @@ class DataProto:
         dtype=object)``). ``auto_padding=True`` sets the per-object padding flag in
         ``meta_info``.
         """
-        return _convert.from_dict(
-            cls, tensors, non_tensors, meta_info, num_batch_dims, auto_padding
+        batch, columns, meta = columns_from_dict(
+            tensors, non_tensors, meta_info, num_batch_dims, auto_padding
         )
+        return cls(batch=batch, non_tensor_batch=columns, meta_info=meta)
 
     @classmethod
     def from_single_dict(
@@ -103,7 +122,8 @@ class DataProto:
         auto_padding: bool = False,
     ) -> D:
         """Build from one dict: tensors become tensor columns, numpy arrays non-tensor columns."""
-        return _convert.from_single_dict(cls, data, meta_info, auto_padding)
+        tensors, non_tensors = split_dict(data)
+        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     @classmethod
     def from_tensordict(
@@ -116,7 +136,8 @@ class DataProto:
         tensors (and nested TensorDicts) stay in ``batch``; non-tensor stacks become numpy
         columns (numeric and string values get their numpy dtype back, anything else an
         object column); non-tensor data entries go to ``meta_info``."""
-        return _convert.from_tensordict(cls, tensor_dict, meta_info, num_batch_dims)
+        batch, columns, meta = columns_from_tensordict(tensor_dict, meta_info, num_batch_dims)
+        return cls(batch=batch, non_tensor_batch=columns, meta_info=meta)
 
     def to_tensordict(self) -> TensorDict:
         """One TensorDict holding the whole batch, in verl's layout: the tensor columns as
@@ -124,39 +145,14 @@ class DataProto:
         each ``meta_info`` entry as ``NonTensorData``. :meth:`from_tensordict` gives the
         DataProto back. A name used by two kinds of entry is a
         :class:`~sc_protocol.KeyConflictError`."""
-        return _convert.to_tensordict(self)
+        return columns_to_tensordict(len(self), self.batch, self.non_tensor_batch, self.meta_info)
 
     # -- validation and basic protocol -------------------------------------------------
 
     def check_consistency(self) -> None:
         """Check that the batch has one batch dimension and every column the same number of
         rows; raise a typed error if not."""
-        if self.batch is not None and self.batch.batch_dims != 1:
-            raise BatchSizeMismatchError(
-                f"DataProto: batch has {self.batch.batch_dims} batch dimensions "
-                f"{list(self.batch.batch_size)}; a DataProto has exactly one, its rows "
-                "(as in verl): give the TensorDict batch_size=[rows], or fold the extra "
-                "dimensions with fold_batch_dim / unfold_batch_dim"
-            )
-        for key, value in self.non_tensor_batch.items():
-            if not isinstance(value, np.ndarray):
-                raise ProtocolTypeError(
-                    f"DataProto: non-tensor column {key!r} must be a numpy array, "
-                    f"got {type(value).__name__}"
-                )
-        expected: int | None = None
-        origin = ""
-        if self.batch is not None:
-            expected = int(self.batch.batch_size[0])
-            origin = f"the tensor batch has {expected} rows"
-        for key, value in self.non_tensor_batch.items():
-            rows = int(value.shape[0]) if value.ndim else 0
-            if expected is None:
-                expected, origin = rows, f"non-tensor column {key!r} has {rows} rows"
-            elif rows != expected:
-                raise BatchSizeMismatchError(
-                    f"DataProto: non-tensor column {key!r} has {rows} rows, but {origin}"
-                )
+        check_columns(self.batch, self.non_tensor_batch)
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -191,20 +187,40 @@ class DataProto:
     def __getitem__(self: D, item: Any) -> D | DataProtoItem:
         """``dp[i]`` is a :class:`DataProtoItem`; ``dp[a:b]``, ``dp[[i, j]]``, ``dp[array]``,
         ``dp[tensor]`` and ``dp[mask]`` are DataProtos."""
-        return _indexing.get_item(self, item)
+        if isinstance(item, slice):
+            return self.slice(item.start, item.stop, item.step)
+        if isinstance(item, (bool, np.bool_)):
+            raise ProtocolTypeError(f"DataProto index must not be a bool, got {item!r}")
+        if isinstance(item, (int, np.integer)):
+            return row_item(self.batch, self.non_tensor_batch, self.meta_info, len(self), item)
+        if isinstance(item, (list, tuple, range, np.ndarray, torch.Tensor)):
+            return self.select_idxs(item)
+        raise ProtocolTypeError(
+            f"DataProto index must be an int, a slice, a list/array/tensor of indices or a "
+            f"boolean mask, got {type(item).__name__}"
+        )
 
     def slice(
         self: D, start: int | None = None, end: int | None = None, step: int | None = None
     ) -> D:
         """Rows ``start:end:step``: views (no copy) for a positive step; a negative step
         (``dp[::-1]``) selects the rows in that order (a copy, as ``select_idxs``)."""
-        return _indexing.slice_rows(self, start, end, step)
+        sl = row_slice(start, end, step)
+        if step is not None and step < 0:
+            return self.select_idxs(np.arange(len(self), dtype=np.int64)[sl])
+        batch = None if self.batch is None else self.batch[sl]
+        return self._new(batch, {k: v[sl] for k, v in self.non_tensor_batch.items()})
 
     def select_idxs(self: D, idxs: IndexLike) -> D:
         """Rows at ``idxs`` (list, numpy array or tensor of ints, or a boolean mask)."""
-        return _indexing.select_idxs(self, idxs)
+        positions = _index_arrays(idxs, len(self), "DataProto.select_idxs")
+        return self._new(*take_rows(self.batch, self.non_tensor_batch, positions))
 
-    # -- keys (bodies in _key_ops) -------------------------------------------------------
+    def _take(self: D, positions: NDArray) -> D:
+        """The rows at ``positions`` (validated int64 positions), in that order."""
+        return self._new(*take_rows(self.batch, self.non_tensor_batch, positions))
+
+    # -- keys ----------------------------------------------------------------------------
 
     def select(
         self: D,
@@ -218,16 +234,13 @@ class DataProto:
         Tensors are shared; ``deepcopy=True`` deep-copies the non-tensor columns and
         ``meta_info``.
         """
-        return _key_ops.select(self, batch_keys, non_tensor_batch_keys, meta_info_keys, deepcopy)
-
-    def _require_keys(
-        self,
-        what: str,
-        batch_keys: Sequence[Key] | None,
-        non_tensor_batch_keys: Sequence[str] | None,
-        meta_info_keys: Sequence[str] | None,
-    ) -> None:
-        return _key_ops._require_keys(self, what, batch_keys, non_tensor_batch_keys, meta_info_keys)
+        keys = (batch_keys, non_tensor_batch_keys, meta_info_keys)
+        batch, columns, meta = select_columns(
+            self.batch, self.non_tensor_batch, self.meta_info, keys, deepcopy
+        )
+        obj = self._new(batch, columns)
+        obj.meta_info = meta
+        return obj
 
     def pop(
         self: D,
@@ -239,7 +252,9 @@ class DataProto:
 
         Every key is checked before anything is removed.
         """
-        return _key_ops.pop(self, batch_keys, non_tensor_batch_keys, meta_info_keys)
+        keys = (batch_keys, non_tensor_batch_keys, meta_info_keys)
+        batch, columns, meta = pop_columns(self.batch, self.non_tensor_batch, self.meta_info, keys)
+        return type(self)(batch=batch, non_tensor_batch=columns, meta_info=meta)
 
     def rename(
         self: D,
@@ -251,7 +266,8 @@ class DataProto:
         Keys may be swapped (``rename(["a", "b"], ["b", "a"])``); a new name that is taken by
         a column not being renamed is an error.
         """
-        return _key_ops.rename(self, old_keys, new_keys)
+        rename_columns(self.batch, self.non_tensor_batch, old_keys, new_keys)
+        return self
 
     def union(self: D, other: DataProto) -> D:
         """Add ``other``'s columns and ``meta_info`` to this DataProto (in place); returns ``self``.
@@ -259,7 +275,15 @@ class DataProto:
         Keys present on both sides must hold equal values. Either side may have no tensor
         columns. Nothing is changed when an error is raised.
         """
-        return _key_ops.union(self, other)
+        if not isinstance(other, DataProto):
+            raise ProtocolTypeError(
+                f"DataProto.union: expected a DataProto, got {type(other).__name__}"
+            )
+        self.batch = union_columns(
+            (self.batch, self.non_tensor_batch, self.meta_info, len(self)),
+            (other.batch, other.non_tensor_batch, other.meta_info, len(other)),
+        )
+        return self
 
     @staticmethod
     def concat(data: Sequence[D]) -> D:
@@ -270,13 +294,28 @@ class DataProto:
         values), and ``meta_info["metrics"]`` -- a dict, or a list of dicts, per part -- is
         gathered into one dict of lists across the parts (``{"loss": [part0, part1]}``).
         """
-        return _key_ops.concat(data)
+        parts = list(data)
+        if not parts:
+            raise InvalidSizeError("DataProto.concat: nothing to concatenate (empty list)")
+        for i, part in enumerate(parts):
+            if not isinstance(part, DataProto):
+                raise ProtocolTypeError(
+                    f"DataProto.concat: part {i} is a {type(part).__name__}, not a DataProto"
+                )
+        batch, columns = concat_columns(
+            [p.batch for p in parts], [p.non_tensor_batch for p in parts]
+        )
+        obj = parts[0]._new(batch, columns)
+        obj.meta_info = _concat_meta([p.meta_info for p in parts])
+        return obj
 
-    # -- rows (bodies in _row_ops) -------------------------------------------------------
+    # -- rows ----------------------------------------------------------------------------
 
     def is_padding_enabled(self: D) -> bool:
         """Whether this batch may be padded: its own flag or the global switch."""
-        return _row_ops.is_padding_enabled(self)
+        return bool(self.meta_info.get(DataProtoConfig.auto_padding_key, False)) or bool(
+            DataProtoConfig.auto_padding
+        )
 
     def chunk(self: D, chunks: int) -> list[D]:
         """Split into exactly ``chunks`` parts of views.
@@ -286,31 +325,47 @@ class DataProto:
         this batch (:meth:`is_padding_enabled`); then earlier parts are one row longer, and
         parts beyond the rows are empty (at most ``8 x`` as many parts as rows).
         """
-        return _row_ops.chunk(self, chunks)
+        return self._split_sizes(exact_chunk_sizes(len(self), chunks, self.is_padding_enabled))
 
     def _split_sizes(self: D, sizes: list[int]) -> list[D]:
-        return _row_ops._split_sizes(self, sizes)
+        """Consecutive parts of ``sizes`` rows (views); the sizes must add up to the rows."""
+        batches: list[TensorDictBase | None] = (
+            [None] * len(sizes) if self.batch is None else list(self.batch.split(sizes, dim=0))
+        )
+        out: list[D] = []
+        start = 0
+        for size, batch in zip(sizes, batches, strict=True):
+            stop = start + size
+            out.append(
+                self._new(batch, {k: v[start:stop] for k, v in self.non_tensor_batch.items()})
+            )
+            start = stop
+        return out
 
     def split(self: D, split_size: int) -> list[D]:
         """Consecutive parts of ``split_size`` rows (the last may be shorter)."""
-        return _row_ops.split(self, split_size)
+        sizes = split_sizes(len(self), split_size)
+        return self._split_sizes(sizes) if sizes else []
 
     def reorder(self: D, indices: IndexLike) -> None:
         """Reorder rows in place by ``indices`` (list, numpy array or tensor)."""
-        return _row_ops.reorder(self, indices)
-
-    def _take(self: D, positions: NDArray) -> D:
-        return _row_ops._take(self, positions)
+        self.batch, self.non_tensor_batch = permute_rows(
+            self.batch, self.non_tensor_batch, len(self), indices
+        )
 
     def repeat(self: D, repeat_times: int = 2, interleave: bool = True) -> D:
         """Repeat every row ``repeat_times`` times: ``aabb`` (interleave) or ``abab``."""
-        return _row_ops.repeat(self, repeat_times, interleave)
+        return self._new(
+            *repeat_rows(self.batch, self.non_tensor_batch, len(self), repeat_times, interleave)
+        )
 
     def sample_level_repeat(
         self: D, repeat_times: int | Sequence[int] | NDArray | torch.Tensor
     ) -> D:
         """Repeat row ``i`` ``repeat_times[i]`` times (interleaved)."""
-        return _row_ops.sample_level_repeat(self, repeat_times)
+        if isinstance(repeat_times, int) and not isinstance(repeat_times, bool):
+            return self.repeat(repeat_times, interleave=True)
+        return self._take(sample_repeat_positions(len(self), repeat_times))
 
     def unfold_column_chunks(self: D, n_split: int, split_keys: Sequence[Key] | None = None) -> D:
         """Turn every row into ``n_split`` rows.
@@ -318,7 +373,9 @@ class DataProto:
         Columns in ``split_keys`` (tensor or non-tensor) are cut along their second dimension
         into ``n_split`` pieces, one per new row; every other column is repeated.
         """
-        return _row_ops.unfold_column_chunks(self, n_split, split_keys)
+        return self._new(
+            *unfold_columns(self.batch, self.non_tensor_batch, len(self), n_split, split_keys)
+        )
 
     def padding(self: D, padding_size: int, padding_candidate: str = "") -> None:
         """Append ``padding_size`` rows in place.
@@ -327,11 +384,21 @@ class DataProto:
         repeat the last row, ``"first"`` repeats the first row. (The padding that dispatch
         adds, like :func:`pad_dataproto_to_divisor`, repeats rows from the start instead.)
         """
-        return _row_ops.padding(self, padding_size, padding_candidate)
+        extra = padding_positions(len(self), padding_size, padding_candidate)
+        if extra.size:
+            padded = self._append_rows(extra)
+            self.batch = padded.batch
+            self.non_tensor_batch = padded.non_tensor_batch
+
+    def _append_rows(self: D, positions: NDArray) -> D:
+        """A new batch: this one followed by its rows at ``positions`` (int64)."""
+        return self.concat([self, self._take(positions)])
 
     def to(self: D, device: str | torch.device) -> D:
         """Move the tensor columns to ``device`` (in place); returns ``self``."""
-        return _row_ops.to(self, device)
+        if self.batch is not None:
+            self.batch = self.batch.to(device)
+        return self
 
     def make_iterator(
         self,
@@ -346,24 +413,32 @@ class DataProto:
         :class:`torch.utils.data.DataLoader` (for example ``{"shuffle": True}``); ``seed``
         seeds its generator. Every mini-batch carries this batch's ``meta_info``.
         """
-        return _row_ops.make_iterator(self, mini_batch_size, epochs, seed, dataloader_kwargs)
+        return mini_batches(
+            len(self),
+            mini_batch_size,
+            epochs,
+            seed,
+            dataloader_kwargs,
+            self.select_idxs,
+            self.meta_info,
+        )
 
-    # -- inspection, copying, files ----------------------------------------------------
+    # -- inspection ----------------------------------------------------------------------
 
     def get_data_info(self) -> str:
         """A multi-line description of every column: key, shape, dtype, device."""
-        return _describe.get_data_info(self)
+        lines = describe_columns(self.batch, self.non_tensor_batch, self.meta_info)
+        return "\n".join([f"{type(self).__name__} with {len(self)} rows", *lines])
 
     def print_size(self, prefix: str = "") -> str:
         """Log (at INFO, logger ``sc_protocol``) and return the size of the batch in GiB."""
-        return _describe.print_size(self, prefix)
+        return size_message(self.batch, self.non_tensor_batch, prefix)
 
     # -- copying and serialization -----------------------------------------------------
 
     def __copy__(self: D) -> D:
         """A shallow copy shares the batch object, the columns and ``meta_info`` values."""
-        obj = self._new(self.batch, dict(self.non_tensor_batch))
-        return obj
+        return self._new(self.batch, dict(self.non_tensor_batch))
 
     def __deepcopy__(self: D, memo: dict[int, Any]) -> D:
         """A deep copy clones every tensor and deep-copies the columns and ``meta_info``."""
@@ -375,7 +450,8 @@ class DataProto:
         return obj
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return data_proto_reduce(self, protocol)
+        state = data_proto_state(self.batch, self.non_tensor_batch, self.meta_info, protocol)
+        return (rebuild_data_proto, (type(self), state))
 
     def save_to_disk(self, filepath: str | os.PathLike[str]) -> None:
         """Write this batch to ``filepath`` atomically (a temporary file in the same
@@ -387,7 +463,7 @@ class DataProto:
         ``meta_info`` value that cannot be pickled is a
         :class:`~sc_protocol.SerializationError` naming its key.
         """
-        save_data_proto(self, filepath)
+        save_columns(self.batch, self.non_tensor_batch, self.meta_info, filepath)
 
     @classmethod
     def load_from_disk(
@@ -401,4 +477,5 @@ class DataProto:
         unpickling (``weights_only=False``) runs whatever code a crafted file names: pass it
         only for a file you trust. (verl always unpickles.)
         """
-        return load_data_proto(cls, filepath, weights_only)
+        batch, columns, meta = load_columns(filepath, weights_only)
+        return cls(batch=batch, non_tensor_batch=columns, meta_info=meta)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ._data_proto import DataProto
 from ._errors import FutureError, UnknownRowCountError
 from ._padding import unpad_dataproto
 from ._plan import chunk_bounds
-from ._row_ops import _pad_rows
 
 __all__ = ["Op", "apply_op", "op_rows"]
 
@@ -58,11 +59,9 @@ def apply_op(op: Op, value: DataProto) -> DataProto:
         lo, hi = chunk_bounds(n, b)[a]
         return value.slice(lo, hi)
     if kind == "pad":
-        import numpy as np
-
         if n == 0:
             raise FutureError(f"DataProtoFuture: cannot pad an empty result with {a} rows")
-        return _pad_rows(value, np.arange(a, dtype=np.int64) % n)
+        return value._append_rows(np.arange(a, dtype=np.int64) % n)
     if kind == "unpad":
         if a > n:
             raise FutureError(f"DataProtoFuture: cannot drop {a} padding rows from {n} rows")

@@ -1,22 +1,20 @@
-"""What a :class:`~sc_protocol.DataProto` holds, for people and for schedulers: a column
-listing, its size in bytes (tensor elements and numpy buffers, counted without copying), and
-verl's ``print_size`` log line."""
+"""What plain columns (a batch TensorDict or ``None`` and a dict of numpy columns) hold, for
+people and for schedulers: a column listing, their size in bytes (tensor elements and numpy
+buffers, counted without copying), and verl's ``print_size`` log line. DataProto's
+``get_data_info`` and ``print_size`` and the shard adapters' sizes call these."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
-from ._columns import _key_str, _leaves, _tensor_nbytes
+from ._columns import NDArray, _key_str, _leaves, _tensor_nbytes
 
-if TYPE_CHECKING:
-    from tensordict import TensorDictBase
-
-    from ._data_proto import DataProto
-
-__all__ = ["data_proto_nbytes", "get_data_info", "print_size", "tensordict_nbytes"]
+__all__ = ["columns_nbytes", "describe_columns", "size_message", "tensordict_nbytes"]
 
 logger = logging.getLogger("sc_protocol")
 
@@ -27,26 +25,28 @@ def tensordict_nbytes(td: TensorDictBase) -> int:
     return sum(_tensor_nbytes(v) for _, v in _leaves(td) if isinstance(v, torch.Tensor))
 
 
-def _numpy_nbytes(data: DataProto) -> int:
-    return sum(int(v.nbytes) for v in data.non_tensor_batch.values())
+def _numpy_nbytes(non_tensor: Mapping[str, NDArray]) -> int:
+    return sum(int(v.nbytes) for v in non_tensor.values())
 
 
-def data_proto_nbytes(data: DataProto) -> int:
-    """The payload bytes of ``data``: its tensor leaves (:func:`tensordict_nbytes`) plus the
-    ``nbytes`` of its numpy columns (an object column counts its pointers, not the objects);
-    ``meta_info`` is not counted."""
-    tensor_bytes = 0 if data.batch is None else tensordict_nbytes(data.batch)
-    return tensor_bytes + _numpy_nbytes(data)
+def columns_nbytes(batch: TensorDictBase | None, non_tensor: Mapping[str, NDArray]) -> int:
+    """The payload bytes of a batch: its tensor leaves (:func:`tensordict_nbytes`) plus the
+    ``nbytes`` of its numpy columns (an object column counts its pointers, not the
+    objects); ``meta_info`` is not counted."""
+    tensor_bytes = 0 if batch is None else tensordict_nbytes(batch)
+    return tensor_bytes + _numpy_nbytes(non_tensor)
 
 
-def get_data_info(data: DataProto) -> str:
-    """A multi-line description of every column: key, shape, dtype, device."""
-    lines = [f"{type(data).__name__} with {len(data)} rows"]
-    lines.append("batch:")
-    if data.batch is None:
+def describe_columns(
+    batch: TensorDictBase | None, non_tensor: Mapping[str, NDArray], meta: Mapping[str, Any]
+) -> list[str]:
+    """One line per column (key, shape, dtype, device), under ``batch:`` and
+    ``non_tensor_batch:``, and the ``meta`` keys."""
+    lines = ["batch:"]
+    if batch is None:
         lines.append("  (none)")
     else:
-        for key, value in _leaves(data.batch):
+        for key, value in _leaves(batch):
             if isinstance(value, torch.Tensor):
                 lines.append(
                     f"  {_key_str(key)}: shape={tuple(value.shape)}, dtype={value.dtype}, "
@@ -55,18 +55,21 @@ def get_data_info(data: DataProto) -> str:
             else:
                 lines.append(f"  {_key_str(key)}: {type(value).__name__}")
     lines.append("non_tensor_batch:")
-    if not data.non_tensor_batch:
+    if not non_tensor:
         lines.append("  (none)")
-    for key, arr in data.non_tensor_batch.items():
+    for key, arr in non_tensor.items():
         lines.append(f"  {key!r}: shape={arr.shape}, dtype={arr.dtype}")
-    lines.append(f"meta_info: {sorted(data.meta_info)}")
-    return "\n".join(lines)
+    lines.append(f"meta_info: {sorted(meta)}")
+    return lines
 
 
-def print_size(data: DataProto, prefix: str = "") -> str:
-    """Log (at INFO, logger ``sc_protocol``) and return the size of the batch in GiB."""
-    tensor_bytes = 0 if data.batch is None else tensordict_nbytes(data.batch)
-    numpy_bytes = _numpy_nbytes(data)
+def size_message(
+    batch: TensorDictBase | None, non_tensor: Mapping[str, NDArray], prefix: str
+) -> str:
+    """Log (at INFO, logger ``sc_protocol``) and return the sizes in GiB of the tensor
+    columns and of the numpy columns."""
+    tensor_bytes = 0 if batch is None else tensordict_nbytes(batch)
+    numpy_bytes = _numpy_nbytes(non_tensor)
     message = (
         f"{prefix}size of tensordict: {tensor_bytes / 2**30:.6f} GB, "
         f"size of non_tensor_batch: {numpy_bytes / 2**30:.6f} GB"

@@ -8,7 +8,6 @@ import numpy as np
 
 from ._data_proto import DataProto
 from ._errors import InvalidSizeError, ProtocolTypeError
-from ._row_ops import _pad_rows
 
 __all__ = ["pad_dataproto_to_divisor", "unpad_dataproto"]
 
@@ -37,7 +36,7 @@ def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
         raise InvalidSizeError(
             f"pad_dataproto_to_divisor: cannot pad an empty batch to a multiple of {size_divisor}"
         )
-    return _pad_rows(data, np.arange(pad_size, dtype=np.int64) % n), pad_size
+    return data._append_rows(np.arange(pad_size, dtype=np.int64) % n), pad_size
 
 
 def unpad_dataproto(data: D, pad_size: int) -> D:

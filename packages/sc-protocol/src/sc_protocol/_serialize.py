@@ -18,63 +18,54 @@ tensors, so writing in place into such a tensor writes into memory that other re
 Buffers that pickle itself created for the in-band data belong to the new tensor alone and
 are always aliased.
 
-**Files.** :func:`save_data_proto` writes a ``torch.save`` archive of tensors and plain values
-atomically (:mod:`._atomic_file`: a temporary file in the target directory, renamed over
-the target; a save that dies half-way leaves a temporary that the next save removes). Views
-are written compactly: only their own rows travel, never the rest of a shared storage.
-:func:`load_data_proto` reads with ``torch.load(weights_only=True)`` unless the caller
-explicitly trusts the file (``weights_only=False``): full unpickling runs whatever code a
-crafted file names.
+The batch of a DataProto (or of a :class:`DataProtoItem`) travels as its
+:func:`tensordict_state` (:func:`batch_pickle_state`); :func:`rebuild_data_proto` builds a
+DataProto back from it. The on-disk format is :mod:`._disk`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
 import pickle
-import re
-import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._atomic_file import write_atomically
-from ._columns import NDArray, _object_column
+from ._columns import NDArray
 from ._config import DataProtoConfig
 from ._errors import SerializationError
 
-if TYPE_CHECKING:
-    from ._data_proto import DataProto
-
 __all__ = [
+    "batch_pickle_state",
     "check_picklable",
-    "compact",
-    "data_proto_reduce",
-    "load_data_proto",
+    "data_proto_state",
     "rebuild_data_proto",
     "rebuild_tensor",
     "rebuild_tensordict",
-    "save_data_proto",
     "tensor_state",
     "tensordict_state",
 ]
 
-logger = logging.getLogger("sc_protocol")
-
-D = TypeVar("D", bound="DataProto")
-
-_SAVE_FORMAT = "sc_protocol.DataProto"
-_SAVE_VERSION = 1
 #: Plain values that always pickle; anything else in ``meta_info`` is checked before a
 #: batch is pickled or saved, so a failure names its key.
 _PLAIN = (str, bytes, int, float, complex, bool, type(None), np.ndarray, np.generic, torch.Tensor)
 
 # Version tag of the state tuples, so that a future format change can still read old data.
 _FORMAT = 1
+
+
+class _Batch(Protocol):
+    """What :func:`rebuild_data_proto` fills in: a DataProto's three attributes."""
+
+    batch: TensorDictBase | None
+    non_tensor_batch: dict[str, NDArray]
+    meta_info: dict[str, Any]
+
+
+B = TypeVar("B", bound=_Batch)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -214,42 +205,40 @@ def rebuild_tensordict(state: tuple[Any, ...]) -> TensorDict:
     return td
 
 
-def data_proto_reduce(data: DataProto, protocol: Any) -> tuple[Any, ...]:
-    """``DataProto.__reduce_ex__``: the tensor batch as :func:`tensordict_state`, the numpy
-    columns and ``meta_info`` as they are (``meta_info`` checked first)."""
+def batch_pickle_state(
+    batch: TensorDictBase | None, meta_info: Mapping[str, Any], protocol: Any, what: str
+) -> tuple[Any, ...] | None:
+    """The picklable state of a batch's tensor columns (``None`` for none), after checking
+    that ``meta_info`` pickles (:func:`check_picklable`, naming ``what``)."""
     proto = int(protocol) if isinstance(protocol, int) else pickle.DEFAULT_PROTOCOL
-    check_picklable(data.meta_info, "DataProto pickling")
-    batch = None if data.batch is None else tensordict_state(data.batch, proto)
-    state = {"batch": batch, "non_tensor_batch": data.non_tensor_batch, "meta_info": data.meta_info}
-    return (rebuild_data_proto, (type(data), state))
+    check_picklable(meta_info, what)
+    return None if batch is None else tensordict_state(batch, proto)
 
 
-def rebuild_data_proto(cls: type[D], state: dict[str, Any]) -> D:
-    """The DataProto that :func:`data_proto_reduce` pickled."""
+def data_proto_state(
+    batch: TensorDictBase | None,
+    non_tensor: dict[str, NDArray],
+    meta_info: dict[str, Any],
+    protocol: Any,
+) -> dict[str, Any]:
+    """What ``DataProto.__reduce_ex__`` pickles: the batch as :func:`tensordict_state`, the
+    numpy columns and ``meta_info`` as they are (``meta_info`` checked first, as in
+    :func:`batch_pickle_state`)."""
+    proto = int(protocol) if isinstance(protocol, int) else pickle.DEFAULT_PROTOCOL
+    check_picklable(meta_info, "DataProto pickling")
+    batch_state = None if batch is None else tensordict_state(batch, proto)
+    return {"batch": batch_state, "non_tensor_batch": non_tensor, "meta_info": meta_info}
+
+
+def rebuild_data_proto(cls: type[B], state: dict[str, Any]) -> B:
+    """The DataProto (of class ``cls``) that ``DataProto.__reduce_ex__`` pickled as
+    ``state``: its batch's :func:`tensordict_state`, numpy columns and ``meta_info``."""
     batch_state = state.get("batch")
     obj = cls.__new__(cls)
     obj.batch = None if batch_state is None else rebuild_tensordict(batch_state)
     obj.non_tensor_batch = dict(state["non_tensor_batch"])
     obj.meta_info = dict(state["meta_info"])
     return obj
-
-
-# --- checks shared by pickling and saving ---------------------------------------------------
-
-
-def compact(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself when it owns its storage, else a copy of just its elements: a view
-    (a slice, a chunk, one row) would otherwise carry the whole storage it looks into."""
-    if tensor.layout != torch.strided or tensor.is_nested:
-        return tensor
-    own = tensor.numel() * tensor.element_size()
-    if (
-        tensor.untyped_storage().nbytes() > own
-        or tensor.storage_offset()
-        or not tensor.is_contiguous()
-    ):
-        return tensor.clone(memory_format=torch.contiguous_format)
-    return tensor
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
@@ -275,132 +264,3 @@ def check_picklable(values: Mapping[str, Any], what: str) -> None:
                 f"{what}: meta_info[{key!r}] (a {type(value).__qualname__}) cannot be "
                 f"pickled: {type(exc).__name__}: {exc}"
             ) from exc
-
-
-# --- the on-disk format ---------------------------------------------------------------------
-
-
-def _column_payload(arr: NDArray) -> dict[str, Any]:
-    if arr.dtype == object:
-        return {"kind": "object", "shape": list(arr.shape), "items": list(arr.ravel())}
-    if arr.dtype.kind in "US":
-        return {
-            "kind": "str",
-            "dtype": arr.dtype.str,
-            "shape": list(arr.shape),
-            "items": arr.ravel().tolist(),
-        }
-    if arr.dtype.kind in "biufc" and arr.dtype.isnative:
-        try:
-            tensor = compact(torch.from_numpy(np.ascontiguousarray(arr)))
-        except TypeError:
-            pass
-        else:
-            return {"kind": "numeric", "dtype": arr.dtype.str, "tensor": tensor}
-    return {"kind": "ndarray", "array": arr}
-
-
-def _column_from_payload(key: str, payload: Mapping[str, Any], path: str) -> NDArray:
-    kind = payload.get("kind")
-    if kind == "object":
-        flat = _object_column(payload["items"])
-        return flat.reshape(tuple(payload["shape"]))
-    if kind == "str":
-        return np.array(payload["items"], dtype=np.dtype(payload["dtype"])).reshape(
-            tuple(payload["shape"])
-        )
-    if kind == "numeric":
-        arr: NDArray = payload["tensor"].numpy()
-        return arr.astype(np.dtype(payload["dtype"]), copy=False)
-    if kind == "ndarray":
-        out: NDArray = payload["array"]
-        return out
-    raise SerializationError(f"load_from_disk: {path!r}: column {key!r} has unknown kind {kind!r}")
-
-
-def _batch_payload(td: TensorDictBase) -> dict[str, Any]:
-    entries: dict[str, Any] = {}
-    for key, value in td.items():
-        if isinstance(value, torch.Tensor):
-            entries[key] = {"kind": "tensor", "tensor": compact(value)}
-        elif isinstance(value, TensorDict):
-            entries[key] = {"kind": "td", "td": _batch_payload(value)}
-        else:
-            entries[key] = {"kind": "obj", "value": value}
-    return {
-        "batch_size": list(td.batch_size),
-        "device": None if td.device is None else str(td.device),
-        "entries": entries,
-    }
-
-
-def _batch_from_payload(payload: Mapping[str, Any]) -> TensorDict:
-    source: dict[str, Any] = {}
-    for key, entry in payload["entries"].items():
-        if entry["kind"] == "tensor":
-            source[key] = entry["tensor"]
-        elif entry["kind"] == "td":
-            source[key] = _batch_from_payload(entry["td"])
-        else:
-            source[key] = entry["value"]
-    return TensorDict(source, batch_size=payload["batch_size"], device=payload["device"])
-
-
-def _to_payload(data: DataProto) -> dict[str, Any]:
-    return {
-        "format": _SAVE_FORMAT,
-        "version": _SAVE_VERSION,
-        "batch": None if data.batch is None else _batch_payload(data.batch),
-        "non_tensor_batch": {k: _column_payload(v) for k, v in data.non_tensor_batch.items()},
-        "meta_info": data.meta_info,
-    }
-
-
-def _from_payload(cls: type[D], payload: Any, path: str) -> D:
-    if not isinstance(payload, dict) or payload.get("format") != _SAVE_FORMAT:
-        raise SerializationError(f"load_from_disk: {path!r} is not a file written by save_to_disk")
-    if payload.get("version") != _SAVE_VERSION:
-        raise SerializationError(
-            f"load_from_disk: {path!r} has format version {payload.get('version')!r}; this "
-            f"sc-protocol reads version {_SAVE_VERSION}"
-        )
-    batch = None if payload["batch"] is None else _batch_from_payload(payload["batch"])
-    non_tensor = {
-        k: _column_from_payload(k, v, path) for k, v in payload["non_tensor_batch"].items()
-    }
-    return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=payload["meta_info"])
-
-
-# --- writing and reading files ---------------------------------------------------------------
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def save_data_proto(data: DataProto, filepath: str | os.PathLike[str]) -> None:
-    """Write ``data`` to ``filepath`` atomically (see the module docstring)."""
-    check_picklable(data.meta_info, "DataProto.save_to_disk")
-    payload = _to_payload(data)
-    write_atomically(os.fspath(filepath), lambda fh: torch.save(payload, fh))
-
-
-def load_data_proto(cls: type[D], filepath: str | os.PathLike[str], weights_only: bool) -> D:
-    """Read a batch written by :func:`save_data_proto` (see the module docstring)."""
-    path = os.fspath(filepath)
-    if weights_only is False:
-        payload = torch.load(path, weights_only=False)
-    else:
-        try:
-            with warnings.catch_warnings():
-                # torch announces a sparse-invariant scan on every weights_only load.
-                warnings.filterwarnings(
-                    "ignore", message=".*sparse tensor invariants.*", category=UserWarning
-                )
-                payload = torch.load(path, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            reason = _ANSI.sub("", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            raise SerializationError(
-                f"load_from_disk: {path!r} holds Python objects that safe loading refuses "
-                f"({reason}); full unpickling can run any code the file names, so pass "
-                "weights_only=False only for a file you trust"
-            ) from exc
-    return _from_payload(cls, payload, path)

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+import torch.compiler
+
 from ._settings import EAGER_DYNAMO
 
 __all__ = ["import_tensordict", "pending_allow_in_graph"]
@@ -142,8 +144,6 @@ def import_tensordict() -> ModuleType:
     """Import tensordict (once per process), deferring its ``torch.compile`` marks."""
     if "tensordict" in sys.modules or _DYNAMO in sys.modules or EAGER_DYNAMO.get():
         return importlib.import_module("tensordict")
-    import torch.compiler
-
     compiler: Any = torch.compiler
     with _import_lock:
         if "tensordict" in sys.modules:  # another thread imported it meanwhile

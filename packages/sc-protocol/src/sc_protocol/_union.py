@@ -1,20 +1,30 @@
-"""How two batches become one: union of columns, and the ``meta_info`` rules of union and
-concat (equal values, ``metrics`` gathered into lists)."""
+"""How batches become one, over plain columns (a batch TensorDict or ``None``, a dict of
+numpy columns, ``meta_info``): the union of two batches' columns, the row-wise join of
+several, and the ``meta_info`` rules of both (equal values, ``metrics`` gathered into lists)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from ._columns import Key, NDArray, _describe, _has_key, _key_str, _leaves
+from ._columns import Key, NDArray, _describe, _has_key, _key_str, _leaves, cat_tensordicts
 from ._equality import _arrays_equal, _tensors_equal, _values_equal
 from ._errors import BatchSizeMismatchError, KeyConflictError, KeyMismatchError, ProtocolTypeError
 
-__all__ = ["METRICS_KEY", "check_concat_columns", "union_numpy_dict", "union_tensor_dict"]
+__all__ = [
+    "METRICS_KEY",
+    "check_concat_columns",
+    "concat_columns",
+    "union_columns",
+    "union_numpy_dict",
+    "union_tensor_dict",
+]
+
+_Batches = Sequence[TensorDictBase]
 
 #: The ``meta_info`` key whose values concat gathers from every part (verl's rule).
 METRICS_KEY = "metrics"
@@ -144,16 +154,21 @@ def _same_kind(a: np.dtype[Any], b: np.dtype[Any]) -> bool:
     return a == b or (a.kind == b.kind and a.kind in "US")
 
 
-def check_concat_columns(parts: Sequence[Any]) -> None:
-    """Before ``DataProto.concat`` joins ``parts`` (same keys, checked already): every key
-    must have one dtype and the same shape after the row dimension in every part, so that
-    joining neither promotes values (``float32`` with ``int64`` would round) nor fails
-    half-way. Raises :class:`~sc_protocol.KeyMismatchError` naming the key and both."""
-    first = parts[0]
-    if first.batch is not None:
-        ref = {k: v for k, v in _leaves(first.batch) if isinstance(v, torch.Tensor)}
-        for i, part in enumerate(parts[1:], start=1):
-            for key, value in _leaves(part.batch):
+def check_concat_columns(
+    batches: Sequence[TensorDictBase | None], non_tensors: Sequence[Mapping[str, NDArray]]
+) -> None:
+    """Before ``DataProto.concat`` joins the parts' ``batches`` and ``non_tensors`` (same
+    keys, checked already): every key must have one dtype and the same shape after the row
+    dimension in every part, so that joining neither promotes values (``float32`` with
+    ``int64`` would round) nor fails half-way. Raises :class:`~sc_protocol.KeyMismatchError`
+    naming the key and both."""
+    first = batches[0]
+    if first is not None:
+        ref = {k: v for k, v in _leaves(first) if isinstance(v, torch.Tensor)}
+        for i, part in enumerate(batches[1:], start=1):
+            if part is None:
+                continue
+            for key, value in _leaves(part):
                 mine = ref.get(key)
                 if mine is None or not isinstance(value, torch.Tensor):
                     continue
@@ -169,9 +184,9 @@ def check_concat_columns(parts: Sequence[Any]) -> None:
                         f"{tuple(mine.shape[1:])} in part 0 and {tuple(value.shape[1:])} in "
                         f"part {i}; pad or trim them to one shape first"
                     )
-    for key, column in first.non_tensor_batch.items():
-        for i, part in enumerate(parts[1:], start=1):
-            other = part.non_tensor_batch[key]
+    for key, column in non_tensors[0].items():
+        for i, part_columns in enumerate(non_tensors[1:], start=1):
+            other = part_columns[key]
             if not _same_kind(column.dtype, other.dtype):
                 raise KeyMismatchError(
                     f"DataProto.concat: non-tensor column {key!r} is {column.dtype} in part 0 "
@@ -182,3 +197,68 @@ def check_concat_columns(parts: Sequence[Any]) -> None:
                     f"DataProto.concat: non-tensor column {key!r} has rows of shape "
                     f"{column.shape[1:]} in part 0 and {other.shape[1:]} in part {i}"
                 )
+
+
+def concat_columns(
+    batches: Sequence[TensorDictBase | None], non_tensors: Sequence[Mapping[str, NDArray]]
+) -> tuple[TensorDictBase | None, dict[str, NDArray]]:
+    """``DataProto.concat``'s columns: the parts' ``batches`` and ``non_tensors`` joined row
+    by row, after checking that every part has the same keys (a
+    :class:`~sc_protocol.KeyMismatchError` naming the part) and :func:`check_concat_columns`.
+    One part is returned as it is."""
+    first = batches[0]
+    first_keys = None if first is None else set(first.keys(include_nested=True))
+    first_nt = set(non_tensors[0])
+    for i, (part, columns) in enumerate(zip(batches[1:], non_tensors[1:], strict=True), start=1):
+        keys = None if part is None else set(part.keys(include_nested=True))
+        if keys != first_keys:
+            raise KeyMismatchError(
+                f"DataProto.concat: part {i} has tensor keys "
+                f"{None if keys is None else sorted(map(str, keys))}, part 0 has "
+                f"{None if first_keys is None else sorted(map(str, first_keys))}"
+            )
+        if set(columns) != first_nt:
+            raise KeyMismatchError(
+                f"DataProto.concat: part {i} has non-tensor keys "
+                f"{sorted(columns)}, part 0 has {sorted(first_nt)}"
+            )
+    check_concat_columns(batches, non_tensors)
+    batch: TensorDictBase | None = None
+    if first is not None:  # then every part has tensor columns (the keys agree)
+        batch = first if len(batches) == 1 else cat_tensordicts(cast(_Batches, batches))
+    joined: dict[str, NDArray] = {}
+    for key in non_tensors[0]:
+        parts = [columns[key] for columns in non_tensors]
+        joined[key] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return batch, joined
+
+
+def union_columns(
+    mine: tuple[TensorDictBase | None, dict[str, NDArray], dict[str, Any], int],
+    other: tuple[TensorDictBase | None, dict[str, NDArray], Mapping[str, Any], int],
+) -> TensorDictBase | None:
+    """``DataProto.union``'s columns: each side is its tensor batch (or ``None``), numpy
+    columns, ``meta_info`` and row count. The other side's numpy columns and ``meta_info``
+    are added to this side's (in place), and the joined tensor batch is returned (this
+    side's batch object is not changed). Everything is checked before anything changes."""
+    batch, non_tensor, meta, rows = mine
+    other_batch, other_non_tensor, other_meta, other_rows = other
+    mine_cols = batch is not None or bool(non_tensor)
+    other_cols = other_batch is not None or bool(other_non_tensor)
+    if mine_cols and other_cols and rows != other_rows:
+        raise BatchSizeMismatchError(
+            f"DataProto.union: this batch has {rows} rows, the other has {other_rows}"
+        )
+    probe: TensorDictBase | None = None
+    if batch is not None and other_batch is not None:
+        probe = batch.clone(False)
+        union_tensor_dict(probe, other_batch)
+    union_numpy_dict(dict(non_tensor), other_non_tensor)
+    _union_meta(dict(meta), other_meta, "DataProto.union")
+    if batch is None:
+        batch = None if other_batch is None else other_batch.clone(False)
+    elif other_batch is not None:
+        batch = probe
+    union_numpy_dict(non_tensor, other_non_tensor)
+    _union_meta(meta, other_meta, "DataProto.union")
+    return batch
