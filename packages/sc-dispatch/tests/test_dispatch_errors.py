@@ -147,6 +147,18 @@ def test_the_verl_registry_view_is_live_and_read_only() -> None:
         Dispatch.remove(name)
     with pytest.raises(TypeError):
         registry[Dispatch.ONE_TO_ALL] = {}  # type: ignore[index]
+    snapshot = scd.DISPATCH_MODE_FN_REGISTRY.copy()  # verl's fixtures copy it
+    assert type(snapshot) is dict
+    assert snapshot == dict(registry.items())
+    snapshot.clear()
+    assert len(registry) == before
+    gone = unique_name("GONE")
+    scd.register_dispatch_mode(gone, _noop_dispatch, _noop_collect)
+    removed = Dispatch[gone]
+    assert removed in registry
+    Dispatch.remove(removed.name)
+    assert removed not in registry
+    assert removed not in list(registry)
 
 
 def test_member_without_functions_is_unknown_and_named() -> None:

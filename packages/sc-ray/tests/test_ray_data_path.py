@@ -5,6 +5,7 @@ streamed calls and the load-balanced mode on Ray. Local cluster: 8 CPUs."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,6 +91,23 @@ class Producer(Worker):
     def td_double_later(self, data: TensorDict) -> TensorDict:
         return TensorDict({"y": data["x"] * 2}, batch_size=[len(data)])
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def add_in_place(self, data: DataProto | TensorDict) -> list[float]:
+        # verl's workers may write into the batch they receive; no peer may see it.
+        x = data.batch["x"] if isinstance(data, DataProto) else data["x"]
+        time.sleep(0.2)  # every rank has its batch before any writes
+        x += 10**self.rank
+        time.sleep(0.2)
+        return [float(v) for v in x[:, 0].tolist()]
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"))
+    def nd_add_in_place(self, data: DataProto) -> DataProto:
+        x = _col(data, "x")
+        time.sleep(0.2)
+        x += 10**self.rank
+        time.sleep(0.2)
+        return DataProto.from_dict({"seen": x[:, 0].clone()})
+
 
 class Consumer(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, materialize_futures=False)
@@ -98,6 +116,11 @@ class Consumer(Worker):
         shards = len(data.shard_refs) if isinstance(data, DataProtoFuture) else -1
         value = data.get()
         return [[shards, len(value), int(_col(value, "y")[0, 0].item())]]
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def bump_in_place(self, data: DataProto) -> list[int]:
+        _col(data, "y").add_(1)
+        return [len(data)]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def total(self, data: DataProto) -> DataProto:
@@ -287,6 +310,49 @@ def test_balanced_modes_return_the_even_result_on_ray(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.parametrize("kind", ["DataProto", "TensorDict"])
+def test_a_batch_several_ranks_receive_is_private_to_each(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup], kind: str
+) -> None:
+    # Large enough to live in the shared-memory store, where the ranks of a node would read
+    # the same bytes: each rank's in-place write must stay its own (verl's semantics).
+    wg, _ = groups
+    x = torch.zeros(64 * 1024, 8)
+    data: DataProto | TensorDict = (
+        DataProto.from_dict({"x": x}) if kind == "DataProto" else TensorDict({"x": x}, [len(x)])
+    )
+    seen = wg.add_in_place(data)
+    assert [s[0] for s in seen] == [1.0, 10.0, 100.0, 1000.0]
+    assert float(x.sum()) == 0.0  # the driver's batch is untouched
+
+
+def test_the_ranks_of_a_dp_group_get_private_copies_of_their_shard(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    out = wg.nd_add_in_place(DataProto.from_dict({"x": torch.zeros(2 * 32 * 1024, 8)}))
+    seen = _col(out, "seen")  # the collect ranks 0 and 2: their own addition only
+    assert set(seen[: 32 * 1024].tolist()) == {1.0}
+    assert set(seen[32 * 1024 :].tolist()) == {100.0}
+
+
+def test_readers_of_one_future_get_private_copies(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    # Whoever resolves a future (a consumer rank, the driver) may write into what it got;
+    # the stored output, which other readers fetch, must not change.
+    producer, consumer = groups
+    data = _batch(4 * 8 * 1024, width=8)  # 4 shards of 256 KiB: in the shared-memory store
+    future = producer.double(data)
+    consumer.bump_in_place(future)
+    assert torch.equal(_col(future.get(), "y"), _col(data, "x") * 2)
+    rows = 8 * 1024
+    first = DataProtoFuture.from_shards(future.shard_refs[:1], [rows])  # one shard: no concat
+    _col(first.get(), "y").add_(1)
+    again = DataProtoFuture.from_shards(future.shard_refs[:1], [rows]).get()
+    assert torch.equal(_col(again, "y"), _col(data, "x")[:rows] * 2)
+
+
 def test_worker_reads_tensors_in_place_from_the_object_store(
     groups: tuple[RayWorkerGroup, RayWorkerGroup],
 ) -> None:

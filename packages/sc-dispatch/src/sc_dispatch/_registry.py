@@ -131,22 +131,39 @@ def get_predefined_dispatch_fn(dispatch_mode: Dispatch) -> DispatchFnDict:
     return {"dispatch_fn": spec.dispatch_fn, "collect_fn": spec.collect_fn}
 
 
+def _live_modes() -> list[Dispatch]:
+    """The registered modes whose member is still in ``Dispatch`` (``Dispatch.remove`` takes
+    a member out of the enum, not its functions out of the registry)."""
+    return [mode for mode in list(_registry) if Dispatch.from_name(mode.name) is mode]
+
+
 class _ModeFunctions(Mapping[Dispatch, DispatchFnDict]):
     """A live, read-only view of the registry in verl's shape: each registered mode's
     ``{"dispatch_fn": ..., "collect_fn": ...}``. Register or change modes with
     :func:`register_dispatch_mode` and :func:`update_dispatch_mode`."""
 
     def __getitem__(self, dispatch_mode: Dispatch) -> DispatchFnDict:
-        return get_predefined_dispatch_fn(dispatch_mode)
+        functions = get_predefined_dispatch_fn(dispatch_mode)
+        if Dispatch.from_name(dispatch_mode.name) is not dispatch_mode:
+            raise UnknownDispatchModeError(
+                f"DISPATCH_MODE_FN_REGISTRY: {dispatch_mode!r} was removed from Dispatch"
+            )
+        return functions
 
     def __iter__(self) -> Iterator[Dispatch]:
-        return iter(list(_registry))
+        return iter(_live_modes())
 
     def __len__(self) -> int:
-        return len(_registry)
+        return len(_live_modes())
 
     def __repr__(self) -> str:
-        return f"DISPATCH_MODE_FN_REGISTRY({sorted(mode.name for mode in _registry)})"
+        return f"DISPATCH_MODE_FN_REGISTRY({sorted(mode.name for mode in _live_modes())})"
+
+    def copy(self) -> dict[Dispatch, DispatchFnDict]:
+        """A snapshot as a plain dict (verl code copies the registry to restore it later;
+        restore with :func:`update_dispatch_mode`, or remove added modes with
+        ``Dispatch.remove``)."""
+        return {mode: self[mode] for mode in _live_modes()}
 
 
 #: verl's ``DISPATCH_MODE_FN_REGISTRY``, as a read-only view (item assignment is a

@@ -17,6 +17,12 @@ from ._adapters import (
     TensorDictAdapter,
     register_adapters,
 )
+from ._codec import (
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    serialize_single_tensor,
+    serialize_tensordict,
+)
 from ._collate import collate_fn
 from ._columns import IndexLike
 from ._config import DataProtoConfig
@@ -77,6 +83,8 @@ __all__ = [
     "UnknownRowCountError",
     "__version__",
     "collate_fn",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
     "fold_batch_dim",
     "pad_dataproto_to_divisor",
     "plan_shard_slices",
@@ -86,6 +94,8 @@ __all__ = [
     "register_future_resolver",
     "tensordict_state",
     "union_numpy_dict",
+    "serialize_single_tensor",
+    "serialize_tensordict",
     "union_tensor_dict",
     "unpad_dataproto",
 ]

@@ -20,6 +20,7 @@ from typing import Any
 from sc_core import CallTimeoutError, WorkerDiedError, WorkerError
 
 from . import _ray_api as rapi
+from ._shared import private_copy
 from ._wire import is_data_proto
 
 __all__ = ["Deadline", "RayFuture", "await_with_deadline", "resolve_refs", "row_meta"]
@@ -84,9 +85,10 @@ def raise_remote_failure(exc: BaseException, method: str, rank: int) -> None:
 
 def resolve_refs(refs: list[Any], deadline: Deadline | None = None) -> list[Any]:
     """A DataProtoFuture resolver: the values of Ray references, fetched where it runs (in
-    a consumer worker, each reference is read from the local object store when it can);
-    with ``deadline``, a ``CallTimeoutError`` once it has passed."""
-    return _get(refs, deadline)
+    a consumer worker, each reference is read from the local object store when it can), as
+    private copies (other readers share the stored object: ``_shared.py``); with
+    ``deadline``, a ``CallTimeoutError`` once it has passed."""
+    return [private_copy(v) for v in _get(refs, deadline)]
 
 
 def resolver(deadline: Deadline | None) -> Any:
@@ -133,7 +135,7 @@ class RayFuture:
         """The value (waits for it, within the call's deadline if it had one); a worker
         failure raises sc-core's error, a passed deadline ``CallTimeoutError``."""
         try:
-            return _get([self.value_ref], self.deadline, [self.rank])[0]
+            return private_copy(_get([self.value_ref], self.deadline, [self.rank])[0])
         except CallTimeoutError:
             raise
         except Exception as exc:

@@ -35,6 +35,7 @@ from ._actor_class import CALL_METHOD, META_METHOD, TAKE_OVER_METHOD, TWIN_PREFI
 from ._actor_launch import LaunchSpec, rank_env, relaunch_actors, rendezvous_address
 from ._futures import Deadline, RayFuture, await_with_deadline
 from ._nbytes import INLINE_LIMIT, estimate_nbytes, is_bulk
+from ._shared import private_on_load
 from ._standby import Spare, Standby, take_over_args
 from ._wire import ensure_tensordict_wire, is_tensordict
 
@@ -101,15 +102,19 @@ class RayBackend:
         from the driver (a micro-shard of a few rows, most often)."""
         distinct: list[Any] = []
         seen_once: list[Any] = []
+        shared: list[Any] = []  # received by several ranks
         for args, kwargs in rank_args:
             for value in (*args, *kwargs.values()):
-                if any(value is seen for seen in distinct) or is_future(value):
+                if any(value is seen for seen in distinct):
+                    if not any(value is seen for seen in shared):
+                        shared.append(value)
                     continue
-                if not is_bulk(value):
+                if is_future(value) or not is_bulk(value):
                     continue
-                if any(value is seen for seen in seen_once) or (
-                    estimate_nbytes(value) >= INLINE_LIMIT
-                ):
+                if any(value is seen for seen in seen_once):
+                    distinct.append(value)
+                    shared.append(value)
+                elif estimate_nbytes(value) >= INLINE_LIMIT:
                     distinct.append(value)
                 else:
                     seen_once.append(value)
@@ -117,7 +122,11 @@ class RayBackend:
             ensure_tensordict_wire()
         if not distinct:
             return rank_args
-        refs = _put_all(distinct)
+        # A batch several ranks read from one store entry unpickles as a copy on each rank
+        # (_shared.py): an in-place write on one rank must not reach its peers.
+        refs = _put_all(
+            [private_on_load(v) if any(v is s for s in shared) else v for v in distinct]
+        )
         if call.span.recording:
             call.span.add_bytes(put=sum(estimate_nbytes(v) for v in distinct))
 
