@@ -118,7 +118,7 @@ def test_an_unknown_name_looked_up_is_a_key_error_naming_the_known_modes() -> No
         assert unknown not in scd.DISPATCH_MODE_FN_REGISTRY
         with pytest.raises(UnknownDispatchModeError):
             scd.DISPATCH_MODE_FN_REGISTRY[unknown]  # type: ignore[index]
-        assert scd.DISPATCH_MODE_FN_REGISTRY.get(unknown) is None  # type: ignore[call-overload]
+        assert scd.DISPATCH_MODE_FN_REGISTRY.get(unknown) is None  # type: ignore[arg-type]
     Dispatch.remove(bare.name)
 
 
@@ -154,7 +154,8 @@ def test_the_verl_registry_view_is_live_and_read_only() -> None:
     assert len(registry) == before
     gone = unique_name("GONE")
     scd.register_dispatch_mode(gone, _noop_dispatch, _noop_collect)
-    removed = Dispatch[gone]
+    removed = Dispatch.from_name(gone)
+    assert removed is not None
     assert removed in registry
     Dispatch.remove(removed.name)
     assert removed not in registry

@@ -94,7 +94,7 @@ class Producer(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def add_in_place(self, data: DataProto | TensorDict) -> list[float]:
         # verl's workers may write into the batch they receive; no peer may see it.
-        x = data.batch["x"] if isinstance(data, DataProto) else data["x"]
+        x = _col(data, "x") if isinstance(data, DataProto) else data["x"]
         time.sleep(0.2)  # every rank has its batch before any writes
         x += 10**self.rank
         time.sleep(0.2)

@@ -168,7 +168,7 @@ class _ModeFunctions(Mapping[Dispatch, DispatchFnDict]):
 
 #: verl's ``DISPATCH_MODE_FN_REGISTRY``, as a read-only view (item assignment is a
 #: ``TypeError``): iterate it, look modes up, test membership.
-DISPATCH_MODE_FN_REGISTRY: Mapping[Dispatch, DispatchFnDict] = _ModeFunctions()
+DISPATCH_MODE_FN_REGISTRY = _ModeFunctions()
 
 
 def _lookup(dispatch_mode: Dispatch) -> DispatchModeSpec:
