@@ -49,14 +49,12 @@ def _default(value: object) -> str:
 def render() -> str:
     """The Markdown table of every variable."""
     rows = [
-        "| Variable | Package | Type | Default | What it does | Former names (deprecated) |",
-        "|---|---|---|---|---|---|",
+        "| Variable | Package | Type | Default | What it does |",
+        "|---|---|---|---|---|",
     ]
     for dist, s in iter_settings():
-        former = ", ".join(f"`{a}`" for a in s.deprecated) or "—"
         rows.append(
-            f"| `{s.name}` | {dist} | {s.type_name} | {_default(s.default)} | "
-            f"{_cell(s.doc)} | {former} |"
+            f"| `{s.name}` | {dist} | {s.type_name} | {_default(s.default)} | {_cell(s.doc)} |"
         )
     return "\n".join(rows) + "\n"
 

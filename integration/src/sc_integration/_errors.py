@@ -29,8 +29,6 @@ means, so callers may catch either::
     └── BackendMismatchError (TypeError)            a pool, class or group of one backend
                                                     given to another
 
-``IntegrationError`` is the former name of :class:`ScIntegrationError`, kept as an alias (the
-same class). Messages name the method or option and the offending value.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ __all__ = [
     "BackendMismatchError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
-    "IntegrationError",
     "ScIntegrationError",
     "StalenessBoundError",
     "TaskError",
@@ -53,9 +50,6 @@ __all__ = [
 
 class ScIntegrationError(Exception):
     """Base class of every error raised by sc-integration."""
-
-
-IntegrationError = ScIntegrationError
 
 
 class TrainerConfigError(ScIntegrationError, ValueError):
@@ -92,11 +86,11 @@ class StalenessBoundError(ScIntegrationError, RuntimeError):
     update with a batch, whose weights are more than k versions behind the actor's."""
 
 
-class TrainerStateError(IntegrationError, RuntimeError):
+class TrainerStateError(ScIntegrationError, RuntimeError):
     """The trainer used in a state that cannot serve the request: its worker groups asked
     for before ``init_workers`` or after ``close``, or a spawned role group that does not
     bind the methods of its role's class."""
 
 
-class BackendMismatchError(IntegrationError, TypeError):
+class BackendMismatchError(ScIntegrationError, TypeError):
     """A resource pool, worker class or worker group of one backend given to another."""

@@ -11,7 +11,6 @@ WORKER_LOGS: Setting[bool] = Setting(
     parse_bool,
     False,
     "sc-demo and the trainer on Ray forward the workers' output to the terminal",
-    deprecated=("SC_DEMO_WORKER_LOGS",),
 )
 
 SETTINGS: tuple[Setting[object], ...] = (WORKER_LOGS,)

@@ -1,7 +1,8 @@
 """Minimal backends written from the contract alone, and dead-worker reporting through them.
 
-Every test that takes ``make`` runs twice: on a group holding a :class:`sc_core.Backend`
-(the contract) and on a group written against sc-core 0.1's hook methods (still supported).
+The tests that take ``make`` run on a group holding a :class:`sc_core.Backend` (the
+contract); a group written against sc-core 0.1's hook methods, which sc no longer adapts, is
+refused with ``BackendNotImplementedError``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from sc_core import (
     WorkerGroup,
     WorkerGroupClosedError,
     WorkerGroupError,
-    current_call,
     worker_context,
 )
 from sc_dispatch import Dispatch, register
@@ -75,13 +75,11 @@ def _values(handles: Sequence[Any], call: Call) -> list[Any]:
     return [value for _, _, value in handles]
 
 
-class ListBackend(WorkerGroup):
-    """Runs each call at once, storing ("ok", value) / ("error", exc) / ("dead", None)."""
+class HooksOnly(WorkerGroup):
+    """A group written against sc-core 0.1's hook methods, attaching no backend."""
 
     def __init__(self, n: int) -> None:
-        super().__init__(ResourcePool([n]), name_prefix="listbackend")
-        self.alive = [True] * n
-        self.pending_ranks: set[int] = set()
+        super().__init__(ResourcePool([n]), name_prefix="hooksonly")
         for rank in range(n):
             with worker_context({"WORLD_SIZE": str(n), "RANK": str(rank)}):
                 self._workers.append(EchoWorker())
@@ -89,25 +87,13 @@ class ListBackend(WorkerGroup):
 
     def _execute_rank_async(
         self, rank: int, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        call = current_call()
-        if call is not None:
-            call.span.add_bytes(put=10)
+    ) -> Any:  # pragma: no cover - never called: sc no longer adapts the 0.1 hooks
         return _run_rank(self, rank, method_name, args, kwargs)
-
-    def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
-        try:
-            return _values(handles, call)
-        except WorkerDiedError as exc:
-            self._mark_workers_dead(exc.ranks, "actor died")
-            raise
-
-    def _is_worker_alive(self, worker: Any) -> bool:
-        return self.alive[self._workers.index(worker)]
 
 
 class ListProtocolBackend:
-    """The same semantics as ListBackend, as a Backend the group holds."""
+    """Runs each call at once, storing ("ok", value) / ("error", exc) / ("dead", None) /
+    ("pending", None)."""
 
     def __init__(self, workers: list[Any]) -> None:
         self.workers = workers
@@ -166,9 +152,17 @@ class ProtocolGroup(WorkerGroup):
         self.backend.pending_ranks = ranks
 
 
-@pytest.fixture(params=["backend", "hooks"])
-def make(request: pytest.FixtureRequest) -> Any:
-    return ProtocolGroup if request.param == "backend" else ListBackend
+@pytest.fixture
+def make() -> Any:
+    return ProtocolGroup
+
+
+def test_a_group_with_0_1_hook_methods_and_no_backend_is_refused() -> None:
+    wg = HooksOnly(2)
+    with pytest.raises(
+        BackendNotImplementedError, match=r"HooksOnly.one_to_all: the group has no backend"
+    ):
+        wg.one_to_all(0)
 
 
 def test_the_protocol_backend_meets_the_contract() -> None:
@@ -273,7 +267,7 @@ def test_abort_on_worker_death_is_opt_in(monkeypatch: pytest.MonkeyPatch, make: 
         done.set()
 
     monkeypatch.setattr(signal, "raise_signal", fake_raise_signal)
-    monkeypatch.setenv("SC_ABORT_ON_WORKER_DEATH", "1")
+    monkeypatch.setenv("SC_CORE_ABORT_ON_WORKER_DEATH", "1")
     wg = make(2)
     wg.start_worker_aliveness_check(0.01)
     wg.alive[1] = False
@@ -304,16 +298,18 @@ def test_backend_timeout_is_reported(make: Any) -> None:
 
 
 def test_a_backend_returning_too_few_outputs_is_caught() -> None:
-    class Short(ListBackend):
-        def _wait(self, handles: Sequence[Any], call: Call) -> list[Any]:
-            return super()._wait(handles, call)[:-1]
+    class Short(ListProtocolBackend):
+        def wait(self, handle: CallHandle) -> list[Any]:
+            return super().wait(handle)[:-1]
 
+    wg = ProtocolGroup(2)
+    wg._attach_backend(Short(wg._workers))
     with pytest.raises(WorkerGroupError, match=r"backend returned 1 values for ranks \[0, 1\]"):
-        Short(2).one_to_all(0)
+        wg.one_to_all(0)
 
 
 def test_a_group_without_workers_refuses_calls() -> None:
-    class Empty(ListBackend):
+    class Empty(ProtocolGroup):
         def __init__(self) -> None:
             super().__init__(1)
             self._workers = []
@@ -340,8 +336,10 @@ def test_local_kill_worker_simulates_a_death() -> None:
 
 
 def test_kill_worker_of_a_backend_that_cannot_kill_is_not_implemented() -> None:
-    wg = ListBackend(2)
-    with pytest.raises(BackendNotImplementedError, match=r"ListBackend 'listbackend'.kill_worker"):
+    wg = ProtocolGroup(2)
+    with pytest.raises(
+        BackendNotImplementedError, match=r"ProtocolGroup 'protocolbackend'.kill_worker"
+    ):
         wg.kill_worker(1)
     with pytest.raises(InvalidConfigError, match=r"kill_worker: rank must be an int in \[0, 2\)"):
         wg.kill_worker(2)

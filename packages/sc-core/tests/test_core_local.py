@@ -127,7 +127,7 @@ def test_inline_mode_runs_calls_on_the_calling_thread(monkeypatch: pytest.Monkey
     with group((2,), EnvWorker, inline=True) as wg:
         me = threading.current_thread().name
         assert wg.thread_name() == [me, me]
-    monkeypatch.setenv("SC_LOCAL_INLINE", "1")
+    monkeypatch.setenv("SC_CORE_LOCAL_INLINE", "1")
     with group((1,), EnvWorker) as wg:
         assert wg._local._inline is True
         assert wg.thread_name() == [threading.current_thread().name]

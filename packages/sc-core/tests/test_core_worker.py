@@ -193,9 +193,9 @@ def test_rendezvous_timeout_and_incomplete_publication() -> None:
         match=r"rank 1\): environment variable SC_CORE_RENDEZVOUS_TIMEOUT_S='soon'",
     ):
         make({**env, "SC_CORE_RENDEZVOUS_TIMEOUT_S": "soon"}, InProcessRendezvous())
-    old = {"WORLD_SIZE": "2", "RANK": "1", "SC_RENDEZVOUS_TIMEOUT": "0.01"}  # former name
+    short = {"WORLD_SIZE": "2", "RANK": "1", "SC_CORE_RENDEZVOUS_TIMEOUT_S": "0.01"}
     with pytest.raises(RendezvousTimeoutError, match="did not publish"):
-        make(old, InProcessRendezvous())
+        make(short, InProcessRendezvous())
 
 
 class _Recorded(Rendezvous):

@@ -85,8 +85,8 @@ def test_every_public_error_is_in_the_table() -> None:
     assert public == {ScDispatchError, *(e for e, _ in ALL_ERRORS)}
 
 
-def test_former_base_name_is_the_same_class() -> None:
-    assert scd.DispatchError is ScDispatchError
+def test_one_base_name() -> None:
+    assert not hasattr(scd, "DispatchError")  # sc 0.1's alias is gone
 
 
 def test_exception_tree_is_documented_in_one_docstring() -> None:

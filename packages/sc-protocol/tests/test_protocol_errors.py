@@ -16,7 +16,7 @@ from sc_protocol import (
     DataProto,
     DataProtoConfig,
     FutureError,
-    IndexOutOfRange,
+    IndexOutOfRangeError,
     InvalidSizeError,
     KeyConflictError,
     KeyMismatchError,
@@ -36,7 +36,7 @@ from tensordict import TensorDict
 ALL_ERRORS = [
     BatchSizeMismatchError,
     FutureError,
-    IndexOutOfRange,
+    IndexOutOfRangeError,
     InvalidSizeError,
     KeyConflictError,
     KeyMismatchError,
@@ -52,7 +52,7 @@ MEANINGS = (ValueError, TypeError, KeyError, IndexError, LookupError, NotImpleme
 EXPECTED_MEANING: dict[type[Exception], type[Exception]] = {
     BatchSizeMismatchError: ValueError,
     FutureError: ValueError,
-    IndexOutOfRange: IndexError,
+    IndexOutOfRangeError: IndexError,
     InvalidSizeError: ValueError,
     KeyConflictError: ValueError,
     KeyMismatchError: ValueError,
@@ -75,7 +75,6 @@ def test_tree_is_documented_and_rooted() -> None:
         assert issubclass(exc, ScProtocolError)
     assert ScProtocolError.__bases__ == (Exception,)
     assert issubclass(UnknownRowCountError, FutureError)
-    assert IndexOutOfRange.__name__ == "IndexOutOfRangeError"
 
 
 @pytest.mark.parametrize("exc", ALL_ERRORS)
@@ -191,14 +190,14 @@ def test_from_dict_errors() -> None:
 
 @pytest.mark.parametrize("index", [5, -6, 100])
 def test_int_index_out_of_range(index: int) -> None:
-    with pytest.raises(IndexOutOfRange, match=rf"index {index} is out of range for 5 rows"):
+    with pytest.raises(IndexOutOfRangeError, match=rf"index {index} is out of range for 5 rows"):
         make_dp(5)[index]
 
 
 @pytest.mark.parametrize("index", [[0, 5], np.array([-6]), torch.tensor([7, 1])])
 def test_index_list_out_of_range(index: Any) -> None:
     with pytest.raises(
-        IndexOutOfRange, match=r"index (5|-6|7) is out of range for a batch of 5 rows"
+        IndexOutOfRangeError, match=r"index (5|-6|7) is out of range for a batch of 5 rows"
     ):
         make_dp(5)[index]
 

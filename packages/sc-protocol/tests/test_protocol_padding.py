@@ -21,10 +21,8 @@ def test_env_switch(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -
     assert make_dp(2).is_padding_enabled() is expected
 
 
-def test_former_variable_name_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_0_1_variable_name_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SC_AUTO_PADDING", "yes")
-    assert DataProtoConfig.auto_padding is True
-    monkeypatch.setenv("SC_PROTOCOL_AUTO_PADDING", "off")  # the current name wins
     assert DataProtoConfig.auto_padding is False
 
 

@@ -297,19 +297,3 @@ def test_copy_is_shallow_and_deepcopy_is_deep() -> None:
     deep.meta_info["cfg"]["a"] = 2
     assert dp.meta_info["cfg"] == {"a": 1}
     assert copy.deepcopy(DataProto()).batch is None
-
-
-def test_pickles_naming_the_0_1_rebuild_function_still_load(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # sc-protocol 0.1 pickled DataProtos as sc_protocol._data_proto._rebuild_data_proto(...).
-    from sc_protocol import _serialize
-
-    dp = make_dp(3, meta={"step": 2})
-    fresh = pickle.dumps(dp, protocol=5)
-    assert b"_rebuild_data_proto" not in fresh
-    monkeypatch.setattr(_serialize.rebuild_data_proto, "__module__", "sc_protocol._data_proto")
-    monkeypatch.setattr(_serialize.rebuild_data_proto, "__qualname__", "_rebuild_data_proto")
-    old = pickle.dumps(dp, protocol=5)
-    assert b"_rebuild_data_proto" in old
-    assert_dp_equal(pickle.loads(old), dp)

@@ -219,4 +219,4 @@ def test_process_group_timeout_from_the_workers_environment(
     else:
         with pytest.raises(SettingValueError, match=f"SC_WORKERS_PG_TIMEOUT_S={raw!r}.*{expected}"):
             PG_TIMEOUT.get(env)
-    assert PG_TIMEOUT.get({"SC_WORKERS_PG_TIMEOUT": "7"}) == 7.0  # the former name
+    assert PG_TIMEOUT.get({"SC_WORKERS_PG_TIMEOUT": "7"}) == PG_TIMEOUT.default  # 0.1's name

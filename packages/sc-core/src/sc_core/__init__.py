@@ -16,7 +16,7 @@ import logging
 
 from ._backend import Backend, CallHandle, RankArgs, ReplacedWorkers, ReplacingBackend
 from ._busy import AbandonedCall
-from ._call import Call, CallOptions, current_call
+from ._call import Call, CallOptions
 from ._colocate import (
     create_colocated_worker_cls,
     create_colocated_worker_cls_fused,
@@ -155,7 +155,6 @@ __all__ = [
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
     "create_colocated_worker_raw_cls",
-    "current_call",
     "current_worker_context",
     "normalize_visible_devices",
     "register_class_unwrapper",

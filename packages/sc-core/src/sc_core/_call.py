@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 from sc_dispatch import Execute
@@ -14,7 +11,7 @@ from sc_dispatch import Execute
 from ._errors import InvalidCallOptionsError
 from ._spans import new_span
 
-__all__ = ["Call", "CallOptions", "current_call"]
+__all__ = ["Call", "CallOptions"]
 
 
 def check_timeout(where: str, timeout: object) -> float | None:
@@ -118,25 +115,3 @@ class Call:
             f"Call({self.method_name!r}, ranks={list(self.ranks)}, blocking={self.blocking}, "
             f"timeout={self.timeout})"
         )
-
-
-_current_call: ContextVar[Call | None] = ContextVar("sc_core_current_call", default=None)
-
-
-def current_call() -> Call | None:
-    """The call whose 0.1-style backend hook runs on this thread, or ``None``.
-
-    Kept for backends written against sc-core 0.1, whose ``_execute_rank_async`` hook has no
-    room for the call; the :class:`~sc_core.Backend` contract passes the call explicitly, and
-    nothing else sets it.
-    """
-    return _current_call.get()
-
-
-@contextlib.contextmanager
-def active_call(call: Call) -> Iterator[Call]:
-    token = _current_call.set(call)
-    try:
-        yield call
-    finally:
-        _current_call.reset(token)

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sc_dispatch import DispatchError, Execute, pop_padding_size, unpad_output
+from sc_dispatch import Execute, ScDispatchError, pop_padding_size, unpad_output
 
 from ._backend import Backend, CallHandle, RankArgs
 from ._busy import AbandonedCall, describe_busy
@@ -236,7 +236,7 @@ def run_call(
         with span.phase("dispatch"):
             try:
                 d_args, d_kwargs = spec.dispatch_fn(group, *args, **kwargs)
-            except DispatchError as exc:
+            except ScDispatchError as exc:
                 reraise_with_method(exc, proxy.__qualname__)
             d_kwargs = dict(d_kwargs)
             pad = pop_padding_size(d_kwargs) if d_kwargs else 0
@@ -259,7 +259,7 @@ def run_call(
                 result = spec.collect(group, joined, dispatched)
                 if pad and spec.unpad_output:
                     result = unpad_output(result, pad)
-            except DispatchError as exc:
+            except ScDispatchError as exc:
                 reraise_with_method(exc, proxy.__qualname__)
     except BaseException as exc:
         _finish_failed(call, exc, waiting)
@@ -276,7 +276,7 @@ def add_note(exc: BaseException, note: str) -> None:
     exc.args = (f"{first}\n{note}" if first else note, *exc.args[1:])
 
 
-def reraise_with_method(exc: DispatchError, qualname: str) -> NoReturn:
+def reraise_with_method(exc: ScDispatchError, qualname: str) -> NoReturn:
     """Raise the same dispatch error with the bound method's name in front of its message."""
     try:
         renamed = type(exc)(f"{qualname}: {exc}")

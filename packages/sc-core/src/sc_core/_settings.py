@@ -26,7 +26,6 @@ TRACE_FILE: Setting[Path | None] = Setting(
     parse_path,
     None,
     "record every call of the process (from import) and write a Chrome trace there at exit",
-    deprecated=("SC_TRACE_FILE",),
 )
 CALL_TIMEOUT: Setting[float | None] = Setting(
     "SC_CORE_CALL_TIMEOUT_S",
@@ -34,28 +33,24 @@ CALL_TIMEOUT: Setting[float | None] = Setting(
     None,
     "default deadline of every call of a worker group built without default_timeout "
     "(unset: no deadline)",
-    deprecated=("SC_CALL_TIMEOUT",),
 )
 WORKER_START_TIMEOUT: Setting[float] = Setting(
     "SC_CORE_WORKER_START_TIMEOUT_S",
     parse_seconds,
     300.0,
     "how long start_worker_aliveness_check waits for every worker to be alive",
-    deprecated=("SC_WORKER_START_TIMEOUT",),
 )
 ABORT_ON_WORKER_DEATH: Setting[bool] = Setting(
     "SC_CORE_ABORT_ON_WORKER_DEATH",
     parse_bool,
     False,
     "the aliveness check kills the driver with SIGABRT when a worker dies, as verl does",
-    deprecated=("SC_ABORT_ON_WORKER_DEATH",),
 )
 LOCAL_INLINE: Setting[bool] = Setting(
     "SC_CORE_LOCAL_INLINE",
     parse_bool,
     False,
     "LocalWorkerGroup runs every call on the calling thread (for breakpoints), without deadlines",
-    deprecated=("SC_LOCAL_INLINE",),
 )
 RENDEZVOUS: Setting[str | None] = Setting(
     "SC_RENDEZVOUS",
@@ -69,7 +64,6 @@ RENDEZVOUS_TIMEOUT: Setting[float] = Setting(
     parse_seconds,
     300.0,
     "worker side: how long a rank waits for rank 0 to publish MASTER_ADDR/MASTER_PORT",
-    deprecated=("SC_RENDEZVOUS_TIMEOUT",),
 )
 
 SETTINGS: tuple[Setting[object], ...] = (

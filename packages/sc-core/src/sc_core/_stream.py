@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from sc_dispatch import DispatchError, Execute, WorkPlan, WorkUnit
+from sc_dispatch import Execute, ScDispatchError, WorkPlan, WorkUnit
 
 from ._errors import UnsupportedCallError
 from ._pipeline import _finish_failed, _waiting_behind, new_call, reraise_with_method
@@ -48,7 +48,7 @@ def _plan_of(
         )
     try:
         plan = spec.plan_fn(group, *args, **kwargs)
-    except DispatchError as exc:
+    except ScDispatchError as exc:
         reraise_with_method(exc, proxy.__qualname__)
     if not isinstance(plan, WorkPlan):
         raise UnsupportedCallError(
@@ -178,7 +178,7 @@ class CallStream(Generic[R]):
         outputs = [self._outputs.get(u.index) for u in plan.units]
         try:
             joined: R = plan.join(outputs)
-        except DispatchError as exc:
+        except ScDispatchError as exc:
             reraise_with_method(exc, self._where)
         return joined
 

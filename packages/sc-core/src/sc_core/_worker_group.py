@@ -37,7 +37,6 @@ from ._errors import (
     WorkerGroupError,
 )
 from ._faults import FaultAction
-from ._hook_backend import HookBackend, has_hooks
 from ._liveness import Liveness
 from ._resource import ResourcePool
 from ._settings import ABORT_ON_WORKER_DEATH, CALL_TIMEOUT, WORKER_START_TIMEOUT
@@ -165,13 +164,11 @@ class WorkerGroup(Generic[W]):
             )
         backend = self._sc_backend_impl
         if backend is None:
-            if not has_hooks(self):
-                raise BackendNotImplementedError(
-                    f"{type(self).__qualname__}.{method_name}: the group has no backend; a "
-                    "backend's group attaches one with _attach_backend(backend) (see "
-                    "sc_core.Backend)"
-                )
-            backend = self._sc_backend_impl = HookBackend(self)
+            raise BackendNotImplementedError(
+                f"{type(self).__qualname__}.{method_name}: the group has no backend; a "
+                "backend's group attaches one with _attach_backend(backend) (see "
+                "sc_core.Backend)"
+            )
         if not self._workers:
             raise WorkerGroupError(
                 f"{type(self).__name__}.{method_name}: the worker group has no workers"

@@ -17,7 +17,6 @@ from ._enums import (
 from ._errors import (
     DirectRolloutCallError,
     DispatchArgumentError,
-    DispatchError,
     DispatchModeExistsError,
     DispatchModeTypeError,
     InvalidDispatchModeError,
@@ -122,7 +121,6 @@ __all__ = [
     "DirectRolloutCallError",
     "DispatchArgumentError",
     "DispatchAwareCollectFn",
-    "DispatchError",
     "DispatchFn",
     "DispatchFnDict",
     "DispatchModeExistsError",

@@ -31,8 +31,7 @@ so callers may catch either::
     └── SettingDeclarationError (ValueError)   a :class:`Setting` declared with a bad name, a
                                                duration not named ``..._S``, no doc
 
-``DispatchError`` is the former name of :class:`ScDispatchError`, kept as an alias (the same
-class). Messages name the dispatch mode (or variable) and the offending value.
+Messages name the dispatch mode (or variable) and the offending value.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from __future__ import annotations
 __all__ = [
     "DirectRolloutCallError",
     "DispatchArgumentError",
-    "DispatchError",
     "ScDispatchError",
     "SettingDeclarationError",
     "SettingValueError",
@@ -55,9 +53,6 @@ __all__ = [
 
 class ScDispatchError(Exception):
     """Base class of every error raised by sc-dispatch."""
-
-
-DispatchError = ScDispatchError
 
 
 class UnknownDispatchModeError(ScDispatchError, KeyError):

@@ -58,10 +58,6 @@ __all__ = ["DataProto"]
 
 D = TypeVar("D", bound="DataProto")
 
-#: The name that pickles of sc-protocol 0.1 refer to; new pickles name
-#: :func:`._serialize.rebuild_data_proto` itself.
-_rebuild_data_proto = rebuild_data_proto
-
 
 class DataProto:
     """A batch: tensor columns in a TensorDict, numpy columns, and batch-level ``meta_info``.

@@ -29,8 +29,6 @@ so callers may catch either::
         └── UnknownRowCountError                an operation that needs the row count of a
                                                 future whose shard sizes are not known
 
-``IndexOutOfRange`` is the former name of :class:`IndexOutOfRangeError` and ``ProtocolError``
-the former name of :class:`ScProtocolError`, both kept as aliases (the same classes).
 Messages name the key, the sizes and the offending value.
 """
 
@@ -39,13 +37,11 @@ from __future__ import annotations
 __all__ = [
     "BatchSizeMismatchError",
     "FutureError",
-    "IndexOutOfRange",
     "IndexOutOfRangeError",
     "InvalidSizeError",
     "KeyConflictError",
     "KeyMismatchError",
     "MissingKeyError",
-    "ProtocolError",
     "ProtocolTypeError",
     "ScProtocolError",
     "SerializationError",
@@ -55,9 +51,6 @@ __all__ = [
 
 class ScProtocolError(Exception):
     """Base class of every error raised by sc-protocol."""
-
-
-ProtocolError = ScProtocolError
 
 
 class BatchSizeMismatchError(ScProtocolError, ValueError):
@@ -82,10 +75,6 @@ class MissingKeyError(ScProtocolError, KeyError):
 
 class IndexOutOfRangeError(ScProtocolError, IndexError):
     """A row index outside ``[-len, len)``."""
-
-
-#: The former name of :class:`IndexOutOfRangeError`.
-IndexOutOfRange = IndexOutOfRangeError
 
 
 class InvalidSizeError(ScProtocolError, ValueError):

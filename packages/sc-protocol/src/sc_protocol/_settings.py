@@ -12,7 +12,6 @@ AUTO_PADDING: Setting[bool] = Setting(
     False,
     "pad every DataProto so that it splits evenly across workers; on whatever the program "
     "assigned to DataProtoConfig.auto_padding (verl's VERL_AUTO_PADDING)",
-    deprecated=("SC_AUTO_PADDING",),
 )
 COPY_READONLY_BUFFERS: Setting[bool] = Setting(
     "SC_PROTOCOL_COPY_READONLY_BUFFERS",
@@ -20,7 +19,6 @@ COPY_READONLY_BUFFERS: Setting[bool] = Setting(
     False,
     "unpickling copies tensors out of read-only buffers (Ray's object store) instead of "
     "aliasing them; DataProtoConfig.copy_readonly_buffers overrides it",
-    deprecated=("SC_COPY_READONLY_BUFFERS",),
 )
 
 EAGER_DYNAMO: Setting[bool] = Setting(

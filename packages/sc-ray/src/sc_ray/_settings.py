@@ -26,7 +26,6 @@ WORKER_START_TIMEOUT: Setting[float | None] = Setting(
     None,
     "how long RayWorkerGroup waits for its workers' constructors when built without "
     "start_timeout (unset: ray_wait_register_center_timeout, 300)",
-    deprecated=("SC_WORKER_START_TIMEOUT",),
 )
 
 SETTINGS: tuple[Setting[object], ...] = (PLACEMENT_TIMEOUT, WORKER_START_TIMEOUT)

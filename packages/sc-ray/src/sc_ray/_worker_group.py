@@ -61,7 +61,7 @@ class RayWorkerGroup(WorkerGroup[W]):
     ``bin_pack=True`` packs each node's bundles strictly (``STRICT_PACK``), else ``PACK``.
     ``detached=True`` creates named actors that outlive this driver
     (:meth:`from_detached` attaches to them). ``start_timeout`` (default
-    ``SC_WORKER_START_TIMEOUT`` or 300 s) bounds the wait for the constructors. Use the group
+    ``SC_RAY_WORKER_START_TIMEOUT_S`` or 300 s) bounds the wait for the constructors. Use the group
     as a context manager, or call :meth:`close` (verl's :meth:`shutdown`), to kill the actors;
     the pool's placement groups are released with the last group that uses the pool.
 

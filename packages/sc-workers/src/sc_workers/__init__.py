@@ -41,7 +41,6 @@ from ._errors import (
     SyncLayoutError,
     UnsupportedParallelismError,
     WeightSyncError,
-    WorkersError,
 )
 from ._hf_configs import hf_model_config, hf_worker_configs
 from ._settings import SETTINGS
@@ -96,7 +95,6 @@ __all__ = [
     "SyncLayoutError",
     "WeightSync",
     "WeightSyncError",
-    "WorkersError",
     "__version__",
     "export_hf_checkpoint",
     "published_step",

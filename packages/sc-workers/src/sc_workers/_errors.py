@@ -37,8 +37,6 @@ catch either the sc-workers class or the builtin::
     └── OptionalDependencyError (ImportError)     an optional extra that is not installed
                                                   (``sc-workers[hf]`` for transformers)
 
-``WorkersError`` is the former name of :class:`ScWorkersError`, kept as an alias (the same
-class). Messages name the method or setting, the rank where one applies, and the offending numbers.
 """
 
 from __future__ import annotations
@@ -55,15 +53,11 @@ __all__ = [
     "SyncLayoutError",
     "UnsupportedParallelismError",
     "WeightSyncError",
-    "WorkersError",
 ]
 
 
 class ScWorkersError(Exception):
     """Base class of every error raised by sc-workers."""
-
-
-WorkersError = ScWorkersError
 
 
 class ConfigError(ScWorkersError, ValueError):

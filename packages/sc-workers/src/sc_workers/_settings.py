@@ -20,7 +20,6 @@ PG_TIMEOUT: Setting[float] = Setting(
     parse_seconds,
     600.0,
     "worker side: how long a torch.distributed collective may block before it fails",
-    deprecated=("SC_WORKERS_PG_TIMEOUT",),
 )
 
 SETTINGS: tuple[Setting[object], ...] = (DEVICE, PG_TIMEOUT)
