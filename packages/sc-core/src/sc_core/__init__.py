@@ -17,12 +17,7 @@ import logging
 from ._backend import Backend, CallHandle, RankArgs, ReplacedWorkers, ReplacingBackend
 from ._busy import AbandonedCall
 from ._call import Call, CallOptions
-from ._colocate import (
-    create_colocated_worker_cls,
-    create_colocated_worker_cls_fused,
-    create_colocated_worker_raw_cls,
-    register_class_unwrapper,
-)
+from ._colocate import create_colocated_worker_cls, register_class_unwrapper
 from ._context import (
     InProcessRendezvous,
     Rendezvous,
@@ -59,6 +54,7 @@ from ._errors import (
     WorkerGroupError,
 )
 from ._faults import FAULT_ACTIONS, ArmedFault, FaultAction, take_fault
+from ._fused import create_colocated_worker_cls_fused, create_colocated_worker_raw_cls
 from ._future import LazyFuture
 from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
 from ._pool_manager import ResourcePoolManager

@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from ._backend import CallHandle, RankArgs, ReplacedWorkers
 from ._call import Call
-from ._colocate import check_fused_worker_used, unwrap_worker_cls
+from ._colocate import unwrap_worker_cls
 from ._context import InProcessRendezvous, worker_context
 from ._errors import (
     CallTimeoutError,
@@ -35,6 +35,7 @@ from ._errors import (
     WorkerGroupError,
 )
 from ._faults import take_fault
+from ._fused import check_fused_worker_used
 from ._future import LazyFuture
 from ._local_runner import LocalHandle, Outcome, RankRunner, Turns, worker_traceback
 from ._resource import ClassWithInitArgs, ResourcePool

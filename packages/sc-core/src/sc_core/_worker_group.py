@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 from sc_dispatch import Execute, RegisteredMethod
 
-from . import _colocate, _faults, _pipeline, _replace
+from . import _colocate, _faults, _fused, _pipeline, _replace
 from ._backend import Backend
 from ._binding import MethodProxy, bind_worker_methods, set_bound_method, unbind_all
 from ._busy import AbandonedCall
@@ -417,7 +417,7 @@ class WorkerGroup(Generic[W]):
         """Stop the thread started by :meth:`start_worker_aliveness_check`."""
         self._liveness.stop_monitor()
 
-    # --- colocation (see _colocate.py) -------------------------------------------------------
+    # --- colocation (see _colocate.py and, for verl's fused classes, _fused.py) ---------------
 
     def _shallow_copy(self: WG) -> WG:
         """A group sharing this group's workers, with its own mesh caches and the same
@@ -434,6 +434,8 @@ class WorkerGroup(Generic[W]):
         :meth:`spawn_fused`'s groups instead, as verl does. An unknown role is an
         :class:`~sc_core.UnknownRoleError`.
         """
+        if _fused.is_fused_group(self):
+            return _fused.spawn_fused(self, prefix_set)
         return _colocate.spawn(self, prefix_set)
 
     def spawn_fused(self: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
@@ -444,7 +446,7 @@ class WorkerGroup(Generic[W]):
         plain names and sends every call through the fused worker's ``_fuw_execute``. A class
         that is not fused is a :class:`~sc_core.ConfigTypeError`.
         """
-        return _colocate.spawn_fused(self, prefix_set)
+        return _fused.spawn_fused(self, prefix_set)
 
     def fuse(self, prefix_set: Iterable[str]) -> None:
         """Make each role's :meth:`spawn` group an attribute: ``wg.actor.update(...)`` (for a
