@@ -339,3 +339,26 @@ def test_a_future_of_mixed_or_foreign_shards_is_an_error_naming_them() -> None:
     wrong_rows = DataProtoFuture.from_shards([_td(0, 2)], [3])
     with pytest.raises(FutureError, match=r"shard 0 has 2 rows, 3 were announced"):
         wrong_rows.get()
+
+
+def _storage(value: DataProto | TensorDict) -> int:
+    """Where the first tensor column's memory lies."""
+    td = value if isinstance(value, TensorDict) else value.batch
+    assert td is not None
+    column: torch.Tensor = td[next(iter(td.keys()))]
+    return int(column.untyped_storage().data_ptr())
+
+
+def test_a_futures_value_never_aliases_a_fetched_shard() -> None:
+    # Other readers of a shard (Ray's object store) see the same memory: writing into the
+    # value must not change it. One piece is cloned once; a join is new memory already.
+    dp = make_dp(4)
+    td = _td(0, 4)
+    for shard in (dp, td):
+        whole = DataProtoFuture.from_shards([shard], [4]).get()
+        part = DataProtoFuture.from_shards([shard], [4]).slice(1, 3).get()
+        deferred = DataProtoFuture.from_shards([shard]).get()
+        for value in (whole, part, deferred):
+            assert _storage(value) != _storage(shard)
+    joined = DataProtoFuture.from_shards([dp[:2], dp[2:]], [2, 2]).get()
+    assert row_ids(joined) == [0, 1, 2, 3]

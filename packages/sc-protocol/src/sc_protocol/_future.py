@@ -51,6 +51,17 @@ def _join(parts: Sequence[DataProto | TensorDictBase]) -> DataProto | TensorDict
     raise FutureError(f"DataProtoFuture: cannot join shards of different kinds {kinds}")
 
 
+def _own(value: DataProto | TensorDictBase) -> DataProto | TensorDictBase:
+    """``value`` with tensors of its own. A fetched shard may be shared with its other
+    readers (Ray's object store hands each reader on a node the same memory), so a future's
+    value never aliases one: a join of several pieces is new memory already, a single piece
+    is cloned (numpy columns arrive read-only, so they are shared as they are)."""
+    if isinstance(value, DataProto):
+        batch = None if value.batch is None else value.batch.clone()
+        return value._new(batch, dict(value.non_tensor_batch))
+    return value.clone()
+
+
 def _apply(op: Op, value: DataProto | TensorDictBase) -> DataProto | TensorDictBase:
     """A recorded row operation on the joined value (a TensorDict goes through a DataProto
     that holds it as its batch, and comes back out)."""
@@ -398,7 +409,8 @@ class DataProtoFuture(Generic[B]):
         """Fetch the needed shards and return their rows joined (cached after the first
         call): a DataProto when the workers returned DataProtos, a TensorDict when they
         returned TensorDicts (as verl's future does); shards of both kinds are a
-        :class:`~sc_protocol.FutureError`."""
+        :class:`~sc_protocol.FutureError`. The value's tensors are its own, never a view
+        of a fetched shard that other readers share."""
         if self._value is not None:
             return self._value
         if self._plan is not None:
@@ -408,7 +420,7 @@ class DataProtoFuture(Generic[B]):
                 shard = values[p.shard]
                 whole = p.start == 0 and p.stop == len(shard)
                 pieces.append(shard if whole else _rows(shard, p.start, p.stop))
-            value = _join(pieces) if pieces else DataProto()
+            value = _join(pieces) if len(pieces) > 1 else _own(pieces[0]) if pieces else DataProto()
         else:
             if self._children is not None:
                 value = _join([c.get() for c in self._children])
@@ -421,6 +433,8 @@ class DataProtoFuture(Generic[B]):
                         f"DataProtoFuture: collect_fn returned a {type(value).__name__}, "
                         "not a DataProto or a TensorDict"
                     )
+                if len(self._refs) == 1:  # the join may be the shard itself
+                    value = _own(value)
             for op in self._ops:
                 value = _apply(op, value)
         self._value = cast(B, value)

@@ -85,10 +85,10 @@ def raise_remote_failure(exc: BaseException, method: str, rank: int) -> None:
 
 def resolve_refs(refs: list[Any], deadline: Deadline | None = None) -> list[Any]:
     """A DataProtoFuture resolver: the values of Ray references, fetched where it runs (in
-    a consumer worker, each reference is read from the local object store when it can), as
-    private copies (other readers share the stored object: ``_shared.py``); with
-    ``deadline``, a ``CallTimeoutError`` once it has passed."""
-    return [private_copy(v) for v in _get(refs, deadline)]
+    a consumer worker, each reference is read from the local object store when it can);
+    with ``deadline``, a ``CallTimeoutError`` once it has passed. The future copies what it
+    keeps of them (sc-protocol's ``DataProtoFuture.get``: once, after slicing and joining)."""
+    return _get(refs, deadline)
 
 
 def resolver(deadline: Deadline | None) -> Any:

@@ -10,9 +10,10 @@ as verl's copies do. A value that one rank alone receives (a ``DP_COMPUTE_PROTO`
 is not wrapped: it stays zero-copy, and no other rank reads it.
 
 The result of a non-blocking call lives in the store for every reader of its future (the
-ranks of the next group, the driver's ``get()``), so :func:`private_copy` is applied where a
-future is resolved, too. The outputs of a blocking call have one reader, the driver, and
-stay zero-copy.
+ranks of the next group, the driver's ``get()``): a ``DataProtoFuture`` copies its value
+itself, once, after slicing and joining the shards it needs, and a per-rank ``RayFuture``
+applies :func:`private_copy` to its value. The outputs of a blocking call have one reader,
+the driver, and stay zero-copy.
 """
 
 from __future__ import annotations
