@@ -1,7 +1,8 @@
 """Test doubles for the sc-dispatch tests: a fake worker group, a paddable batch, a future.
 
-``run_call`` plays the part of a worker group's bound method (dispatch → execute → collect →
-unpad), so that every mode is exercised the way sc-core and sc-ray drive it.
+``run_call`` plays the part of a worker group's bound method (plan → run every unit on its
+slot's ranks → join), so that every mode is exercised the way sc-core and sc-ray drive it;
+``per_rank`` shows what verl's dispatch function of a mode sends each rank.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from sc_dispatch import (
     Dispatch,
     DispatchModeSpec,
     Execute,
+    FunctionMode,
     chunk_sizes,
     pop_padding_size,
     register_future_type,
     register_shardable,
     resolve_dispatch_mode,
-    unpad_output,
 )
 
 #: Settings for every property test: no deadline (the machine is shared), modest counts.
@@ -174,25 +175,25 @@ def run_call(
     execute_mode: Execute = Execute.ALL,
     **kwargs: Any,
 ) -> Any:
-    """One call through a worker group: ``worker(rank, *args, **kwargs)`` runs per rank."""
+    """One call through a worker group: ``worker(rank, *args, **kwargs)`` runs on every rank
+    of a unit's slot (unpinned units go to the slots in turn); the collect rank's output of
+    each unit is joined."""
     spec: DispatchModeSpec = resolve_dispatch_mode(dispatch_mode)
-    d_args, d_kwargs = spec.dispatch_fn(worker_group, *args, **kwargs)
-    d_kwargs = dict(d_kwargs)
-    pad = pop_padding_size(d_kwargs)
-    if execute_mode is Execute.RANK_ZERO:
-        output: Any = worker(0, *d_args, **d_kwargs)
-    else:
-        n = worker_group.world_size
-        output = [
-            worker(
-                rank,
-                *(pick(a, rank, n) for a in d_args),
-                **{k: pick(v, rank, n) for k, v in d_kwargs.items()},
-            )
-            for rank in range(n)
-        ]
-    collected = spec.collect(worker_group, output, (d_args, d_kwargs))
-    return unpad_output(collected, pad) if spec.unpad_output else collected
+    plan = spec.plan(worker_group, execute_mode, args, kwargs)
+    outputs: list[Any] = []
+    for i, unit in enumerate(plan.units):
+        slot = plan.slots[i % len(plan.slots) if unit.slot is None else unit.slot]
+        ran = {rank: worker(rank, *unit.args, **unit.kwargs) for rank in slot.ranks}
+        outputs.append(ran[slot.collect_rank])
+    return plan.join(outputs)
+
+
+def functions_of(mode: DispatchModeSpec | Dispatch | Mapping[str, Any]) -> FunctionMode:
+    """verl's functions (and their flags) of a mode that has them."""
+    spec = mode if isinstance(mode, DispatchModeSpec) else resolve_dispatch_mode(mode)
+    if spec.functions is None:
+        raise AssertionError(f"{spec.name} has no verl functions")
+    return spec.functions
 
 
 def per_rank(

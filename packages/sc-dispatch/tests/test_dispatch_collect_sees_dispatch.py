@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import sc_dispatch as scd
-from _dispatch_fakes import PROPERTY, FakeWorkerGroup, run_call, unique_name
+from _dispatch_fakes import PROPERTY, FakeWorkerGroup, functions_of, run_call, unique_name
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,9 +52,9 @@ def test_the_flag_defaults_to_false_everywhere() -> None:
             spec = scd.resolve_dispatch_mode(member)
         except scd.UnknownDispatchModeError:
             continue
-        assert spec.collect_sees_dispatch is False
+        assert functions_of(spec).collect_sees_dispatch is False
     spec = scd.resolve_dispatch_mode({"dispatch_fn": dispatch_uneven, "collect_fn": len})
-    assert spec.collect_sees_dispatch is False
+    assert functions_of(spec).collect_sees_dispatch is False
 
 
 @PROPERTY
@@ -72,16 +72,15 @@ def test_register_and_update_store_the_flag() -> None:
     mode = scd.register_dispatch_mode(
         unique_name(), dispatch_uneven, collect_with_split, collect_sees_dispatch=True
     )
-    assert scd.resolve_dispatch_mode(mode).collect_sees_dispatch is True
+    assert functions_of(mode).collect_sees_dispatch is True
     assert run_call(FakeWorkerGroup(3), mode, doubled, [1, 2, 3, 4]) == [2, 4, 6, 8]
     scd.update_dispatch_mode(mode, dispatch_uneven, collect_with_split, unpad_output=False)
-    spec = scd.resolve_dispatch_mode(mode)
-    assert spec.collect_sees_dispatch is True  # kept unless given
-    assert spec.unpad_output is False
+    assert functions_of(mode).collect_sees_dispatch is True  # kept unless given
+    assert functions_of(mode).unpad_output is False
     scd.update_dispatch_mode(
         mode, scd.dispatch_dp_compute, scd.collect_dp_compute, collect_sees_dispatch=False
     )
-    assert scd.resolve_dispatch_mode(mode).collect_sees_dispatch is False
+    assert functions_of(mode).collect_sees_dispatch is False
 
 
 def test_a_plain_collect_function_is_called_as_before() -> None:
@@ -91,9 +90,9 @@ def test_a_plain_collect_function_is_called_as_before() -> None:
         seen.append((worker_group, tuple(outputs)))
         return list(outputs)
 
-    spec = scd.DispatchModeSpec("PLAIN", scd.dispatch_one_to_all, collect)
+    functions = scd.FunctionMode("PLAIN", scd.dispatch_one_to_all, collect)
     group = FakeWorkerGroup(2)
-    assert spec.collect(group, [1, 2], (([1, 1],), {})) == [1, 2]
+    assert functions.plan(group, (1,), {}).join([1, 2]) == [1, 2]
     assert seen == [(group, (1, 2))]
 
 
@@ -104,7 +103,7 @@ def test_the_flag_must_be_a_bool(value: Any) -> None:
             unique_name(), dispatch_uneven, collect_with_split, collect_sees_dispatch=value
         )
     with pytest.raises(scd.DispatchModeTypeError, match=rf"X: collect_sees_dispatch.*{value!r}"):
-        scd.DispatchModeSpec("X", dispatch_uneven, aware, True, False, value)
+        scd.FunctionMode("X", dispatch_uneven, aware, True, False, value)
     with pytest.raises(scd.DispatchModeTypeError, match=r"collect_sees_dispatch must be a bool"):
         scd.resolve_dispatch_mode(
             {
@@ -120,7 +119,7 @@ def test_the_flag_must_be_a_bool(value: Any) -> None:
         scd.update_dispatch_mode(
             mode, dispatch_uneven, collect_with_split, collect_sees_dispatch=value
         )
-    assert scd.resolve_dispatch_mode(mode).collect_sees_dispatch is False  # unchanged
+    assert functions_of(mode).collect_sees_dispatch is False  # unchanged
 
 
 def test_a_failed_registration_leaves_no_member_behind() -> None:

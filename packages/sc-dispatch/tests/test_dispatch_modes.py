@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 import sc_dispatch as scd
-from _dispatch_fakes import BATCH_ADAPTER, Batch, FakeWorkerGroup, per_rank, run_call, unique_name
+from _dispatch_fakes import (
+    BATCH_ADAPTER,
+    Batch,
+    FakeWorkerGroup,
+    functions_of,
+    per_rank,
+    run_call,
+    unique_name,
+)
 from sc_dispatch import PADDING_SIZE_KEY, Dispatch, Execute
 
 
@@ -54,7 +62,7 @@ def test_every_predefined_mode_is_registered(name: str) -> None:
         "collect_fn": collect_fn,
     }
     spec = scd.resolve_dispatch_mode(member)
-    assert (spec.name, spec.dispatch_fn, spec.collect_fn, spec.unpad_output) == (
+    assert (spec.name, spec.dispatch_fn, spec.collect_fn, functions_of(spec).unpad_output) == (
         name,
         dispatch_fn,
         collect_fn,
@@ -229,7 +237,7 @@ def test_dp_compute_proto_with_func() -> None:
 
 def test_dp_compute_metric_with_padding_keeps_every_workers_result() -> None:
     wg = FakeWorkerGroup(4)
-    assert scd.resolve_dispatch_mode(Dispatch.DP_COMPUTE_METRIC).unpad_output is False
+    assert functions_of(Dispatch.DP_COMPUTE_METRIC).unpad_output is False
     # 5 rows on 4 workers: 3 padding rows; every worker reports one metric.
     out = run_call(
         wg,
@@ -287,7 +295,7 @@ def test_register_dispatch_mode_adds_a_member_and_works() -> None:
         assert run_call(wg, member, lambda r, d: [x + 100 for x in d], list(range(7))) == [
             100 + x for x in range(7)
         ]
-        assert scd.resolve_dispatch_mode(member).unpad_output is True
+        assert functions_of(member).unpad_output is True
     finally:
         Dispatch.remove(name)
 
@@ -296,7 +304,7 @@ def test_register_dispatch_mode_unpad_flag() -> None:
     name = unique_name()
     member = scd.register_dispatch_mode(name, _split_evens, _join, unpad_output=False)
     try:
-        assert scd.resolve_dispatch_mode(member).unpad_output is False
+        assert functions_of(member).unpad_output is False
     finally:
         Dispatch.remove(name)
 
@@ -307,14 +315,14 @@ def test_update_dispatch_mode_replaces_functions_and_keeps_flag() -> None:
     try:
         scd.update_dispatch_mode(member, scd.dispatch_one_to_all, scd.collect_all_to_all)
         spec = scd.resolve_dispatch_mode(member)
-        assert (spec.name, spec.dispatch_fn, spec.collect_fn, spec.unpad_output) == (
+        assert (spec.name, spec.dispatch_fn, spec.collect_fn, functions_of(spec).unpad_output) == (
             name,
             scd.dispatch_one_to_all,
             scd.collect_all_to_all,
             False,
         )
         scd.update_dispatch_mode(member, _split_evens, _join, unpad_output=True)
-        assert scd.resolve_dispatch_mode(member).unpad_output is True
+        assert functions_of(member).unpad_output is True
         with pytest.raises(scd.DispatchModeTypeError, match=rf"{name}: collect_fn .* None"):
             scd.update_dispatch_mode(member, _split_evens, None)  # type: ignore[arg-type]
         assert scd.resolve_dispatch_mode(member).collect_fn is _join

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import sc_dispatch as scd
-from _dispatch_fakes import Batch, FakeWorkerGroup, per_rank, run_call
+from _dispatch_fakes import Batch, FakeWorkerGroup, functions_of, per_rank, run_call
 from sc_dispatch import MeshLayoutError, make_nd_compute_dataproto_dispatch_fn, register
 
 # 4 ranks, dp=2 x tp=2; dp rank does NOT grow with global rank, and the collect rank of
@@ -23,8 +23,8 @@ def test_mode_is_a_verl_style_mapping() -> None:
     assert set(fns) == {"dispatch_fn", "collect_fn", "name", "joins_shards", "plan_fn"}
     spec = scd.resolve_dispatch_mode(fns)
     assert spec.name == "nd_dispatch_fn[actor]"
-    assert spec.unpad_output is True
-    assert spec.joins_shards is True
+    assert functions_of(spec).unpad_output is True
+    assert spec.row_aligned is True
 
     class W:
         @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))

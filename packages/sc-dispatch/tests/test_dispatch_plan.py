@@ -13,7 +13,6 @@ from sc_dispatch import (
     DispatchArgumentError,
     DispatchModeSpec,
     DispatchModeTypeError,
-    InvalidDispatchModeError,
     KeyRouter,
     NotShardableError,
     Rows,
@@ -134,10 +133,11 @@ def test_planned_calls_refuse_what_they_cannot_cut() -> None:
         Slot((0, 1), 2)
     with pytest.raises(DispatchArgumentError, match="pinned to slot 3"):
         WorkPlan("P", slots, (WorkUnit(0, range(1), (Rows([1]),), {}, slot=3),), 1)
-    with pytest.raises(InvalidDispatchModeError, match="scheduled=True needs a plan_fn"):
-        DispatchModeSpec("X", lambda g: ((), {}), lambda g, o: o, scheduled=True)
+    two = tuple(WorkUnit(i, range(i, i + 1), (Rows([i]),), {}, slot=0) for i in range(2))
+    with pytest.raises(DispatchArgumentError, match="another unit is pinned to already"):
+        WorkPlan("P", slots, two, 2)
     with pytest.raises(DispatchModeTypeError, match="plan_fn must be callable"):
-        DispatchModeSpec("X", lambda g: ((), {}), lambda g, o: o, plan_fn=3)  # type: ignore[arg-type]
+        DispatchModeSpec("X", 3)  # type: ignore[arg-type]
     sticky = make_sticky_dispatch_fn("sid")
     with pytest.raises(DispatchArgumentError, match="cannot read the routing key"):
         sticky["plan_fn"](Group(2), Rows([1, 2]))
@@ -146,7 +146,7 @@ def test_planned_calls_refuse_what_they_cannot_cut() -> None:
 def test_a_custom_mapping_may_carry_a_plan() -> None:
     mode = make_sticky_dispatch_fn("sid", mesh_name="m")
     spec = resolve_dispatch_mode(mode)
-    assert spec.scheduled
+    assert spec.row_aligned
     assert spec.plan_fn is mode["plan_fn"]
     assert spec.name == "sticky_dispatch_fn[sid, m]"
     batch = Rows({"sid": s} for s in "abcd")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import sc_dispatch as scd
-from _dispatch_fakes import FakeFuture, FakeWorkerGroup, UnregisteredFuture, run_call
+from _dispatch_fakes import FakeFuture, FakeWorkerGroup, UnregisteredFuture, functions_of, run_call
 from sc_dispatch import (
     MAGIC_ATTR,
     Dispatch,
@@ -252,7 +252,7 @@ def test_mapping_custom_mode() -> None:
     assert spec.dispatch_fn is _dispatch_twice
     assert spec.collect_fn is _collect_sum
     assert spec.name == "_dispatch_twice"
-    assert spec.unpad_output is True
+    assert functions_of(spec).unpad_output is True
     wg = FakeWorkerGroup(3)
     workers = [Worker(rank) for rank in range(3)]
     out = run_call(wg, attrs.dispatch_mode, lambda r, v: workers[r].custom(v), 5)
@@ -268,7 +268,7 @@ def test_mapping_custom_mode_name_and_unpad_flag() -> None:
             "unpad_output": False,
         }
     )
-    assert (spec.name, spec.unpad_output) == ("twice", False)
+    assert (spec.name, functions_of(spec).unpad_output) == ("twice", False)
 
 
 def test_registered_functions_pickle_by_reference() -> None:

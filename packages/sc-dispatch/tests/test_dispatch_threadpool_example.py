@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,30 +43,20 @@ class ThreadPoolWorkerGroup:
 
     def _bind(self, name: str, attrs: scd.RegisterAttrs) -> Callable[..., Any]:
         spec = scd.resolve_dispatch_mode(attrs.dispatch_mode)
-        rank_zero = attrs.execute_mode is scd.Execute.RANK_ZERO
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
-            args, kwargs = spec.dispatch_fn(self, *call_args, **call_kwargs)  # 1. dispatch
-            pad = scd.pop_padding_size(kwargs)
-            calls: list[tuple[Any, Sequence[Any], dict[str, Any]]]
-            if rank_zero:  # 2. execute
-                calls = [(self.workers[0], args, kwargs)]
-            else:  # rank r gets entry r of every per-rank list (verl's execute_all rule)
-                n = self.world_size
-
-                def pick(v: Any, r: int) -> Any:
-                    return v[r] if isinstance(v, list) and len(v) == n else v
-
-                calls = [
-                    (w, [pick(a, r) for a in args], {k: pick(v, r) for k, v in kwargs.items()})
-                    for r, w in enumerate(self.workers)
-                ]
-            futures = [self.pool.submit(getattr(w, name), *a, **kw) for w, a, kw in calls]
+            plan = spec.plan(self, attrs.execute_mode, call_args, call_kwargs)  # 1. plan
+            kept: list[Future[Any]] = []
+            for i, unit in enumerate(plan.units):  # 2. run each unit on its slot's ranks
+                slot = plan.slots[i % len(plan.slots) if unit.slot is None else unit.slot]
+                for rank in slot.ranks:
+                    method = getattr(self.workers[rank], name)
+                    future = self.pool.submit(method, *unit.args, **unit.kwargs)
+                    if rank == slot.collect_rank:  # the output the join keeps
+                        kept.append(future)
             if not attrs.blocking:
-                return futures
-            outputs = [f.result() for f in futures]  # 3. wait, then collect and unpad
-            out = spec.collect_fn(self, outputs[0] if rank_zero else outputs)
-            return scd.unpad_output(out, pad) if spec.unpad_output else out
+                return kept
+            return plan.join([f.result() for f in kept])  # 3. wait, then join
 
         return call
 
@@ -93,7 +83,7 @@ class Doubler:
     def tp_double(self, rows: scd.Rows) -> scd.Rows:
         return scd.Rows(2 * x for x in rows)
 
-    @scd.register()  # ALL_TO_ALL: a list of world-size entries is split, the rest broadcast
+    @scd.register()  # ALL_TO_ALL: lists of world-size entries go one per rank
     def add(self, x: int, y: int) -> int:
         return x + y
 
@@ -123,7 +113,7 @@ def test_one_to_all_and_rank_zero_calls(group: Any) -> None:
 
 
 def test_all_to_all_call(group: Any) -> None:
-    assert group.add([1, 2, 3, 4], 10) == [11, 12, 13, 14]
+    assert group.add([1, 2, 3, 4], [10, 10, 10, 10]) == [11, 12, 13, 14]
 
 
 def test_nd_call(group: Any) -> None:

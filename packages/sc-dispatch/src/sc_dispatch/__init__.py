@@ -39,6 +39,7 @@ from ._nd import (
     MeshModeName,
     make_nd_compute_dataproto_dispatch_fn,
     mesh_layout,
+    mesh_slots,
 )
 from ._plan import (
     DEFAULT_UNITS_PER_SLOT,
@@ -48,7 +49,7 @@ from ._plan import (
     WorkUnit,
     balanced_plan,
     even_plan,
-    mesh_slots,
+    rank_plan,
     rank_slots,
 )
 from ._predefined import (
@@ -57,7 +58,6 @@ from ._predefined import (
     collect_dp_compute,
     collect_dp_compute_data_proto,
     collect_rank_zero,
-    concat_outputs,
     dispatch_all_to_all,
     dispatch_direct_rollout_method,
     dispatch_dp_compute,
@@ -78,13 +78,17 @@ from ._registry import (
 )
 from ._setting import Setting, parse_bool, parse_int, parse_path, parse_seconds, parse_str
 from ._shard import (
+    PADDING_SIZE_KEY,
     Resolver,
     Rows,
     chunk_sizes,
+    concat_outputs,
     get_future_resolver,
     get_shard_adapter,
     is_future,
     is_shardable,
+    per_rank_arguments,
+    pop_padding_size,
     register_future_resolver,
     register_future_type,
     register_shardable,
@@ -92,7 +96,6 @@ from ._shard import (
     unpad_output,
 )
 from ._spec import (
-    PADDING_SIZE_KEY,
     CollectFn,
     DispatchAwareCollectFn,
     Dispatched,
@@ -100,7 +103,7 @@ from ._spec import (
     DispatchFnDict,
     DispatchModeSpec,
     ExecuteFnDict,
-    pop_padding_size,
+    FunctionMode,
 )
 from ._typed import RegisteredMethod
 
@@ -131,6 +134,7 @@ __all__ = [
     "DynamicEnum",
     "Execute",
     "ExecuteFnDict",
+    "FunctionMode",
     "FutureLike",
     "InvalidDispatchModeError",
     "WorkUnit",
@@ -164,6 +168,8 @@ __all__ = [
     "make_sticky_dispatch_fn",
     "make_balanced_dispatch_fn",
     "even_plan",
+    "rank_plan",
+    "per_rank_arguments",
     "balanced_plan",
     "collect_all_to_all",
     "collect_dp_compute",

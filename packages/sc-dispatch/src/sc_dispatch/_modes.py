@@ -1,9 +1,8 @@
 """The planned modes: load-balanced micro-shards and sticky routing by key.
 
-Both return a custom mode mapping for ``@register(dispatch_mode=...)``. A worker group
-that knows plans (sc-core) runs their calls through the plan; one that only knows
-``dispatch_fn`` / ``collect_fn`` (verl's ``func_generator`` hook) gets the even split, with
-the same result.
+Both return a custom mode mapping for ``@register(dispatch_mode=...)`` whose ``plan_fn``
+a worker group runs; verl's ``func_generator`` hook, which only knows ``dispatch_fn`` /
+``collect_fn``, gets the even split's functions, with the same result.
 """
 
 from __future__ import annotations
@@ -13,7 +12,12 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ._errors import DispatchArgumentError, InvalidDispatchModeError
-from ._nd import MeshDispatchFnDict, MeshModeName, make_nd_compute_dataproto_dispatch_fn
+from ._nd import (
+    MeshDispatchFnDict,
+    MeshModeName,
+    make_nd_compute_dataproto_dispatch_fn,
+    mesh_slots,
+)
 from ._plan import (
     Slot,
     WorkPlan,
@@ -21,7 +25,6 @@ from ._plan import (
     balanced_plan,
     batch_length,
     check_micro_shard_size,
-    mesh_slots,
     rank_slots,
     take_rows,
 )
@@ -43,12 +46,8 @@ ROUTERS_ATTR = "_sc_key_routers"
 KeyFn = Callable[[Any], Sequence[Hashable]]
 
 
-class PlannedDispatchFnDict(MeshDispatchFnDict):
-    """A planned custom mode: the mesh mode's keys (``plan_fn`` cuts a call into
-    :class:`~sc_dispatch.WorkUnit` s) plus ``scheduled`` (``True``: every call runs through
-    the plan, not through ``dispatch_fn``)."""
-
-    scheduled: bool
+#: A planned custom mode has the mesh mode's keys: ``plan_fn`` cuts a call into units.
+PlannedDispatchFnDict = MeshDispatchFnDict
 
 
 def _slots(worker_group: DispatchWorkerGroup, mesh_name: str | None) -> tuple[Slot, ...]:
@@ -75,7 +74,6 @@ def _planned_mode(
         "name": MeshModeName(mode),
         "joins_shards": True,
         "plan_fn": plan_fn,
-        "scheduled": True,
     }
 
 

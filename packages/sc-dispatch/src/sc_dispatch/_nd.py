@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NewType, TypeVar
+from typing import Any, NewType, TypeVar
 
 from ._errors import DispatchArgumentError, MeshLayoutError
-from ._predefined import concat_outputs
+from ._plan import Slot, WorkPlan, even_plan
 from ._protocols import DispatchWorkerGroup
-from ._shard import split_args_kwargs
-from ._spec import PADDING_SIZE_KEY, DispatchFnDict
-
-if TYPE_CHECKING:
-    from ._plan import WorkPlan
+from ._shard import PADDING_SIZE_KEY, concat_outputs, split_args_kwargs
+from ._spec import DispatchFnDict
 
 __all__ = [
     "MeshDispatchFnDict",
     "MeshModeName",
     "make_nd_compute_dataproto_dispatch_fn",
     "mesh_layout",
+    "mesh_slots",
 ]
 
 #: The ``name`` of an N-d mesh dispatch mode; a distinct static type so that the type
@@ -28,15 +26,15 @@ MeshModeName = NewType("MeshModeName", str)
 
 
 #: A planner, ``plan_fn(worker_group, *args, **kwargs) -> WorkPlan``.
-PlanFnField = Callable[..., "WorkPlan"]
+PlanFnField = Callable[..., WorkPlan]
 
 
 class MeshDispatchFnDict(DispatchFnDict):
     """The custom mode :func:`make_nd_compute_dataproto_dispatch_fn` returns: the dispatch
     and collect functions, the mode's ``name`` (``nd_dispatch_fn[<mesh>]``),
     ``joins_shards`` (``True``: the collect function joins row shards) and ``plan_fn``
-    (the same split as a :class:`~sc_dispatch.WorkPlan`, one unit per dp group, which is
-    what streaming a call needs)."""
+    (the split as a :class:`~sc_dispatch.ext.WorkPlan`, one unit per dp group: what a
+    worker group runs; the two functions are verl's, for its ``func_generator`` hook)."""
 
     name: MeshModeName
     joins_shards: bool
@@ -136,6 +134,18 @@ def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list
     return dp_ranks, collect
 
 
+def mesh_slots(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[Slot, ...]:
+    """One slot per dp group of ``mesh_name``: its ranks, and its collect rank."""
+    dp_ranks, collect = mesh_layout(worker_group, mesh_name)
+    groups: dict[int, list[int]] = {}
+    collectors: dict[int, int] = {}
+    for rank, (dp, flag) in enumerate(zip(dp_ranks, collect, strict=True)):
+        groups.setdefault(dp, []).append(rank)
+        if flag:
+            collectors[dp] = rank
+    return tuple(Slot(tuple(groups[d]), collectors[d]) for d in sorted(groups))
+
+
 def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
     """A custom dispatch mode that splits by dp rank on the mesh ``mesh_name``.
 
@@ -177,8 +187,6 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
         return concat_outputs(mode, picked)
 
     def nd_plan_fn(worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any) -> WorkPlan:
-        from ._plan import even_plan, mesh_slots  # _plan builds on this module
-
         return even_plan(mode, mesh_slots(worker_group, mesh_name), args, kwargs)
 
     nd_dispatch_fn.__name__ = nd_dispatch_fn.__qualname__ = f"nd_dispatch_fn[{mesh_name}]"

@@ -1,20 +1,24 @@
-"""Work plans: a call cut into units of rows that a worker group schedules one by one.
+"""Work plans: every call on a worker group, described as units of work on slots.
 
-A plain splitting mode sends every rank one shard up front and joins the shards when all are
-done. A *planned* call instead describes its work as a :class:`WorkPlan`:
+A dispatch mode turns the arguments of one call into a :class:`WorkPlan`:
 
 * **slots** -- the groups of ranks that take work together (one rank each for
-  ``DP_COMPUTE_PROTO``; every dp group of a mesh for the N-d modes: all its ranks receive the
-  same unit and the output of its collect rank is kept);
-* **units** -- pieces of the batch (arguments already cut), each naming the input rows its
-  output holds, and the slot it is pinned to (``None``: whichever slot is free first).
+  ``DP_COMPUTE_PROTO`` and the per-rank modes; every dp group of a mesh for the N-d modes:
+  all its ranks receive the same unit and the output of its collect rank is kept);
+* **units** -- the arguments of one piece of work, each naming the input rows its output
+  holds (none for modes whose outputs are not rows), and the slot it is pinned to
+  (``None``: whichever slot is free first);
+* **the join** -- row shards put back in input order, padding dropped (the default), or a
+  ``collect`` function over the unit outputs (a per-rank list, rank 0's value, verl's
+  ``collect_fn``).
 
-The worker group (sc-core) starts units on free slots and hands each finished unit's output
-back as it arrives: that is how a call is *streamed* (``proxy.stream(...)``), how the
-load-balanced mode lets ranks pull micro-shards, and how the sticky mode routes rows by key.
-:meth:`WorkPlan.join` puts every unit's output back in input order, so a planned call
-returns exactly what the evenly split call returns. This module needs nothing but the
-registered shard adapters.
+The even split pins one unit to each slot (:func:`even_plan`); verl's per-rank rule pins one
+unit to each rank (:func:`rank_plan`); the load-balanced mode leaves micro-shards unpinned so
+that free ranks pull them (:func:`balanced_plan`); the sticky mode pins each key's rows to
+its slot. A worker group (sc-core) starts the pinned units at once, gives unpinned ones to
+free slots, and can hand row units back one by one as they finish (a streamed call).
+:meth:`WorkPlan.join` gives the same result whichever way the units ran. This module needs
+nothing but the registered shard adapters.
 """
 
 from __future__ import annotations
@@ -25,9 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._errors import DispatchArgumentError, NotShardableError
-from ._nd import mesh_layout
 from ._protocols import DispatchWorkerGroup
-from ._shard import _describe, get_shard_adapter, split_args_kwargs
+from ._shard import (
+    _describe,
+    concat_outputs,
+    get_shard_adapter,
+    per_rank_arguments,
+    split_args_kwargs,
+    unpad_output,
+)
 
 __all__ = [
     "PlanFn",
@@ -36,7 +46,7 @@ __all__ = [
     "WorkUnit",
     "balanced_plan",
     "even_plan",
-    "mesh_slots",
+    "rank_plan",
     "rank_slots",
 ]
 
@@ -76,26 +86,45 @@ class WorkUnit:
 
 @dataclass
 class WorkPlan:
-    """How one call's batch is cut into units and run on slots (see the module docstring).
+    """How one call is cut into units and run on slots (see the module docstring).
 
-    ``length`` is the number of input rows. ``release`` (when set) is told about every unit
-    that finished or was abandoned, so that a router can keep count of the rows each slot
-    still has to do.
+    ``length`` is the number of input rows (``None`` when the batch is a future whose row
+    count is not known yet: such a plan runs, but cannot be streamed). ``collect`` joins the
+    unit outputs (in unit order) when they are not row shards of the input: a list of
+    per-rank values, rank 0's value, a verl ``collect_fn``; ``None`` (the default) joins
+    row shards in input order, padding dropped. ``release`` (when set) is told about every
+    unit that finished or was abandoned, so that a router can keep count of the rows each
+    slot still has to do. A slot takes at most one pinned unit.
     """
 
     mode: str
     slots: tuple[Slot, ...]
     units: tuple[WorkUnit, ...]
-    length: int
+    length: int | None
     release: Callable[[WorkUnit], None] | None = field(default=None)
+    collect: Callable[[list[Any]], Any] | None = field(default=None)
 
     def __post_init__(self) -> None:
+        pinned: set[int] = set()
         for unit in self.units:
-            if unit.slot is not None and not 0 <= unit.slot < len(self.slots):
+            if unit.slot is None:
+                continue
+            if not 0 <= unit.slot < len(self.slots):
                 raise DispatchArgumentError(
                     f"{self.mode}: unit {unit.index} is pinned to slot {unit.slot}, "
                     f"but the plan has {len(self.slots)} slots"
                 )
+            if unit.slot in pinned:
+                raise DispatchArgumentError(
+                    f"{self.mode}: unit {unit.index} is pinned to slot {unit.slot}, which "
+                    "another unit is pinned to already (a slot takes one pinned unit)"
+                )
+            pinned.add(unit.slot)
+
+    @property
+    def row_aligned(self) -> bool:
+        """Whether the units' outputs are row shards of the input, joined in input order."""
+        return self.collect is None
 
     def trim(self, unit: WorkUnit, output: Any) -> Any:
         """``output`` of ``unit`` without its padding rows."""
@@ -110,31 +139,37 @@ class WorkPlan:
         return adapter.unpad(output, unit.pad)
 
     def join(self, outputs: Sequence[Any]) -> Any:
-        """The trimmed outputs of every unit (in unit order) joined in input order."""
+        """The call's result from every unit's output (in unit order, padding included).
+
+        Row shards in input order with the padding at the end (an even split) are joined
+        as they came and unpadded once; other row plans have each output trimmed and the
+        rows put back in input order."""
         if len(outputs) != len(self.units):
             raise DispatchArgumentError(
                 f"{self.mode}: expected {len(self.units)} unit outputs, got {len(outputs)}"
             )
-        kept = [(u, o) for u, o in zip(self.units, outputs, strict=True) if len(u.rows)]
-        if not kept:
-            raise DispatchArgumentError(f"{self.mode}: no outputs to collect")
-        kinds = {type(o) for _, o in kept}
-        if len(kinds) > 1:
-            names = sorted(k.__qualname__ for k in kinds)
-            raise NotShardableError(
-                f"{self.mode}: outputs must all have one type to be joined, got {names}"
-            )
-        adapter = get_shard_adapter(kept[0][1])
-        if adapter is None:
-            raise NotShardableError(
-                f"{self.mode}: outputs of type {type(kept[0][1]).__qualname__} cannot be "
-                "joined; return a list, tuple, DataProto or TensorDict"
-            )
-        joined = adapter.concat([o for _, o in kept])
+        if self.collect is not None:
+            return self.collect(list(outputs))
+        order = [r for u in self.units for r in u.rows]
+        if order == list(range(len(order))) and _padding_trails(self.units):
+            joined = concat_outputs(self.mode, list(outputs))
+            return unpad_output(joined, sum(u.pad for u in self.units))
+        kept = [(u, self.trim(u, o)) for u, o in zip(self.units, outputs, strict=True) if u.rows]
+        joined = concat_outputs(self.mode, [o for _, o in kept])
         order = [r for u, _ in kept for r in u.rows]
         if order == list(range(len(order))):
             return joined
         return take_rows(self.mode, joined, inverse(order))
+
+
+def _padding_trails(units: Sequence[WorkUnit]) -> bool:
+    """Whether every padding row comes after every real row (units in order)."""
+    padded = False
+    for unit in units:
+        if padded and len(unit.rows):
+            return False
+        padded = padded or unit.pad > 0
+    return True
 
 
 class PlanFn(Protocol):
@@ -169,31 +204,29 @@ def rank_slots(worker_group: DispatchWorkerGroup) -> tuple[Slot, ...]:
     return tuple(Slot((r,), r) for r in range(n))
 
 
-def mesh_slots(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[Slot, ...]:
-    """One slot per dp group of ``mesh_name``: its ranks, and its collect rank."""
-    dp_ranks, collect = mesh_layout(worker_group, mesh_name)
-    groups: dict[int, list[int]] = {}
-    collectors: dict[int, int] = {}
-    for rank, (dp, flag) in enumerate(zip(dp_ranks, collect, strict=True)):
-        groups.setdefault(dp, []).append(rank)
-        if flag:
-            collectors[dp] = rank
-    return tuple(Slot(tuple(groups[d]), collectors[d]) for d in sorted(groups))
-
-
 def batch_length(mode: str, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
     """The common row count of the call's batch arguments (checked by the splitter too)."""
+    length = _length(mode, args, kwargs)
+    if length is None:
+        value = next(v for v in (*args, *kwargs.values()) if get_shard_adapter(v) is not None)
+        raise DispatchArgumentError(
+            f"{mode}: a planned call needs batches whose row count is known; "
+            f"{type(value).__qualname__} {_describe(value)} does not know it yet "
+            "(get() the future first)"
+        )
+    return length
+
+
+def _length(mode: str, args: Sequence[Any], kwargs: dict[str, Any]) -> int | None:
+    """The row count of the first batch argument (``None``: a future that does not know it
+    yet); no batch argument at all is a :class:`~sc_dispatch.NotShardableError`."""
     for value in (*args, *kwargs.values()):
         adapter = get_shard_adapter(value)
         if adapter is None:
             continue
         length = adapter.length(value)
         if length is None:
-            raise DispatchArgumentError(
-                f"{mode}: a planned call needs batches whose row count is known; "
-                f"{type(value).__qualname__} {_describe(value)} does not know it yet "
-                "(get() the future first)"
-            )
+            return None
         return int(length)
     raise NotShardableError(
         f"{mode}: a planned call needs at least one batch argument (DataProto, TensorDict, "
@@ -252,18 +285,41 @@ def _piece_length(mode: str, piece: tuple[tuple[Any, ...], dict[str, Any]]) -> i
 def even_plan(
     mode: str, slots: tuple[Slot, ...], args: Sequence[Any], kwargs: dict[str, Any]
 ) -> WorkPlan:
-    """One unit per slot, pinned to it: the even split of the plain splitting modes (padded
-    the same way), described as a plan so that it can be streamed."""
-    length = batch_length(mode, args, kwargs)
+    """One unit per slot, pinned to it: the even split of the splitting modes (padded at the
+    end when auto-padding is on). A batch that is a future of unknown length is split lazily;
+    its units then name no rows (the plan runs, but cannot be streamed)."""
     pieces, _ = _cut(mode, len(slots), args, kwargs, allow_padding=True)
+    length = _length(mode, args, kwargs)
     units: list[WorkUnit] = []
     start = 0
     for i, piece in enumerate(pieces):
+        if length is None:
+            units.append(WorkUnit(i, (), *piece, slot=i))
+            continue
         size = _piece_length(mode, piece)
         real = max(0, min(size, length - start))
         units.append(WorkUnit(i, range(start, start + real), *piece, slot=i, pad=size - real))
         start += real
     return WorkPlan(mode, slots, tuple(units), length)
+
+
+def rank_plan(
+    mode: str,
+    world_size: int,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    collect: Callable[[list[Any]], Any] = list,
+) -> WorkPlan:
+    """verl's ``execute_all`` rule as a plan: one unit pinned to each of ``world_size``
+    ranks; when every argument is a list of world-size entries, rank ``i`` gets entry ``i``
+    of each, otherwise every rank gets all the arguments. ``collect`` joins the outputs
+    (rank order; default: the list of them)."""
+    slots = tuple(Slot((r,), r) for r in range(world_size))
+    units = tuple(
+        WorkUnit(r, (), a, k, slot=r)
+        for r, (a, k) in enumerate(per_rank_arguments(world_size, args, kwargs))
+    )
+    return WorkPlan(mode, slots, units, None, collect=collect)
 
 
 def check_micro_shard_size(mode: str, micro_shard_size: object) -> int | None:

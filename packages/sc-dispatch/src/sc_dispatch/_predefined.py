@@ -9,8 +9,7 @@ from typing import Any
 
 from ._errors import DirectRolloutCallError, DispatchArgumentError, NotShardableError
 from ._protocols import DispatchWorkerGroup
-from ._shard import _describe, get_shard_adapter, split_args_kwargs
-from ._spec import PADDING_SIZE_KEY
+from ._shard import PADDING_SIZE_KEY, _describe, concat_outputs, split_args_kwargs
 
 __all__ = [
     "collect_all_to_all",
@@ -18,7 +17,6 @@ __all__ = [
     "collect_dp_compute",
     "collect_dp_compute_data_proto",
     "collect_rank_zero",
-    "concat_outputs",
     "dispatch_all_to_all",
     "dispatch_direct_rollout_method",
     "dispatch_dp_compute",
@@ -139,23 +137,6 @@ def dispatch_dp_compute_data_proto_with_func(
 def collect_dp_compute_data_proto(worker_group: DispatchWorkerGroup, output: Sequence[Any]) -> Any:
     """Join the per-rank outputs of a splitting mode into one batch, in rank order."""
     return concat_outputs("DP_COMPUTE_PROTO", output)
-
-
-def concat_outputs(mode: str, output: Sequence[Any]) -> Any:
-    """Concatenate shard outputs with the adapter of their type."""
-    if not output:
-        raise DispatchArgumentError(f"{mode}: no outputs to collect")
-    kinds = {type(o) for o in output}
-    if len(kinds) > 1:
-        names = sorted(k.__qualname__ for k in kinds)
-        raise NotShardableError(f"{mode}: outputs must all have one type to be joined, got {names}")
-    adapter = get_shard_adapter(output[0])
-    if adapter is None:
-        raise NotShardableError(
-            f"{mode}: outputs of type {type(output[0]).__qualname__} cannot be joined; "
-            "return a list, tuple, DataProto or TensorDict, or use a mode that collects a list"
-        )
-    return adapter.concat(list(output))
 
 
 def dispatch_direct_rollout_method(

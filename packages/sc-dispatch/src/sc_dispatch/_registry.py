@@ -5,8 +5,8 @@ lookups a worker group makes (:func:`resolve_dispatch_mode`, verl's
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ._enums import Dispatch, Execute
 from ._errors import (
@@ -38,6 +38,7 @@ from ._spec import (
     DispatchFnDict,
     DispatchModeSpec,
     ExecuteFnDict,
+    FunctionMode,
 )
 
 __all__ = [
@@ -53,61 +54,52 @@ _lock = threading.Lock()
 _registry: dict[Dispatch, DispatchModeSpec] = {}
 
 
-def _spec(
-    name: str,
-    dispatch_fn: DispatchFn,
-    collect_fn: CollectFn,
-    unpad_output: bool = True,
-    joins_shards: bool = False,
-    plan_fn: Callable[..., WorkPlan] | None = None,
-    scheduled: bool = False,
-) -> DispatchModeSpec:
-    return DispatchModeSpec(
-        name,
-        dispatch_fn,
-        collect_fn,
-        unpad_output,
-        joins_shards,
-        plan_fn=plan_fn,
-        scheduled=scheduled,
-    )
-
-
 def plan_dp_compute_proto(worker_group: Any, *args: Any, **kwargs: Any) -> WorkPlan:
-    """``DP_COMPUTE_PROTO``'s plan (for streaming): one shard per rank, pinned to it."""
+    """``DP_COMPUTE_PROTO``'s plan: one shard per rank, pinned to it."""
     return even_plan("DP_COMPUTE_PROTO", rank_slots(worker_group), args, dict(kwargs))
 
 
+def _functions(
+    name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn, **flags: bool
+) -> DispatchModeSpec:
+    return DispatchModeSpec.from_functions(FunctionMode(name, dispatch_fn, collect_fn, **flags))
+
+
 def _install_predefined() -> None:
-    _registry[Dispatch.RANK_ZERO] = _spec("RANK_ZERO", dispatch_rank_zero, collect_rank_zero)
-    _registry[Dispatch.ONE_TO_ALL] = _spec("ONE_TO_ALL", dispatch_one_to_all, collect_all_to_all)
-    _registry[Dispatch.ALL_TO_ALL] = _spec("ALL_TO_ALL", dispatch_all_to_all, collect_all_to_all)
-    _registry[Dispatch.DP_COMPUTE] = _spec("DP_COMPUTE", dispatch_dp_compute, collect_dp_compute)
-    _registry[Dispatch.DP_COMPUTE_PROTO] = _spec(
+    """verl's modes: the splitting ones plan natively (and keep verl's functions for the
+    ``func_generator`` hook); the rest are verl's functions, one unit per rank."""
+    split = FunctionMode(
         "DP_COMPUTE_PROTO",
         dispatch_dp_compute_data_proto,
         collect_dp_compute_data_proto,
         joins_shards=True,
-        plan_fn=plan_dp_compute_proto,
     )
-    _registry[Dispatch.DP_COMPUTE_PROTO_BALANCED] = _spec(
-        "DP_COMPUTE_PROTO_BALANCED",
-        dispatch_dp_compute_data_proto,
-        collect_dp_compute_data_proto,
-        joins_shards=True,
-        plan_fn=plan_balanced_proto,
-        scheduled=True,
+    _registry[Dispatch.RANK_ZERO] = _functions("RANK_ZERO", dispatch_rank_zero, collect_rank_zero)
+    _registry[Dispatch.ONE_TO_ALL] = _functions(
+        "ONE_TO_ALL", dispatch_one_to_all, collect_all_to_all
     )
-    _registry[Dispatch.DP_COMPUTE_PROTO_WITH_FUNC] = _spec(
+    _registry[Dispatch.ALL_TO_ALL] = _functions(
+        "ALL_TO_ALL", dispatch_all_to_all, collect_all_to_all
+    )
+    _registry[Dispatch.DP_COMPUTE] = _functions(
+        "DP_COMPUTE", dispatch_dp_compute, collect_dp_compute
+    )
+    _registry[Dispatch.DP_COMPUTE_PROTO] = DispatchModeSpec(
+        "DP_COMPUTE_PROTO", plan_dp_compute_proto, True, split
+    )
+    _registry[Dispatch.DP_COMPUTE_PROTO_BALANCED] = DispatchModeSpec(
+        "DP_COMPUTE_PROTO_BALANCED", plan_balanced_proto, True, split
+    )
+    _registry[Dispatch.DP_COMPUTE_PROTO_WITH_FUNC] = _functions(
         "DP_COMPUTE_PROTO_WITH_FUNC",
         dispatch_dp_compute_data_proto_with_func,
         collect_dp_compute_data_proto,
         joins_shards=True,
     )
-    _registry[Dispatch.DP_COMPUTE_METRIC] = _spec(
+    _registry[Dispatch.DP_COMPUTE_METRIC] = _functions(
         "DP_COMPUTE_METRIC", dispatch_dp_compute_data_proto, collect_dp_compute, unpad_output=False
     )
-    _registry[Dispatch.DIRECT_ROLLOUT_METHOD] = _spec(
+    _registry[Dispatch.DIRECT_ROLLOUT_METHOD] = _functions(
         "DIRECT_ROLLOUT_METHOD", dispatch_direct_rollout_method, collect_direct_rollout_method
     )
 
@@ -185,8 +177,17 @@ def _lookup(dispatch_mode: Dispatch) -> DispatchModeSpec:
     return spec
 
 
+_OPTIONAL_KEYS = ("collect_sees_dispatch", "joins_shards", "name", "plan_fn", "unpad_output")
+_MAPPING_KEYS = frozenset({"dispatch_fn", "collect_fn", *_OPTIONAL_KEYS})
+
+
 def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> DispatchModeSpec:
-    """The :class:`DispatchModeSpec` of a registered mode or of a custom-mode mapping."""
+    """The :class:`DispatchModeSpec` of a registered mode or of a custom-mode mapping.
+
+    A mapping is verl's ``{"dispatch_fn": ..., "collect_fn": ...}``, optionally with the
+    flags of :class:`FunctionMode` and a ``name``; one with a ``plan_fn`` too (the N-d,
+    balanced and sticky modes) plans with it, its outputs row-aligned unless
+    ``joins_shards`` is false."""
     if isinstance(dispatch_mode, Dispatch):
         return _lookup(dispatch_mode)
     if isinstance(dispatch_mode, Mapping):
@@ -196,34 +197,27 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
                 f"custom dispatch mode {dict(dispatch_mode)!r} lacks {missing}; "
                 "give both 'dispatch_fn' and 'collect_fn'"
             )
-        unknown = set(dispatch_mode) - {
-            "dispatch_fn",
-            "collect_fn",
-            "unpad_output",
-            "joins_shards",
-            "collect_sees_dispatch",
-            "name",
-            "plan_fn",
-            "scheduled",
-        }
+        unknown = set(dispatch_mode) - _MAPPING_KEYS
         if unknown:
             raise InvalidDispatchModeError(
                 f"custom dispatch mode has unknown keys {sorted(unknown)}; "
-                "expected 'dispatch_fn' and 'collect_fn'"
+                f"expected 'dispatch_fn', 'collect_fn' and optionally {sorted(_OPTIONAL_KEYS)}"
             )
         name = str(
             dispatch_mode.get("name", getattr(dispatch_mode["dispatch_fn"], "__name__", "custom"))
         )
-        return DispatchModeSpec(
+        plan_fn = dispatch_mode.get("plan_fn")
+        functions = FunctionMode(
             name,
             dispatch_mode["dispatch_fn"],
             dispatch_mode["collect_fn"],
             dispatch_mode.get("unpad_output", True),
-            dispatch_mode.get("joins_shards", False),
+            dispatch_mode.get("joins_shards", plan_fn is not None),
             dispatch_mode.get("collect_sees_dispatch", False),
-            dispatch_mode.get("plan_fn"),
-            dispatch_mode.get("scheduled", False),
         )
+        if plan_fn is None:
+            return DispatchModeSpec.from_functions(functions)
+        return DispatchModeSpec(name, plan_fn, functions.joins_shards, functions)
     raise DispatchModeTypeError(
         f"dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' and "
         f"'collect_fn', got {type(dispatch_mode).__qualname__} {dispatch_mode!r}"
@@ -242,7 +236,7 @@ def register_dispatch_mode(
     """Add a new ``Dispatch`` member called ``dispatch_mode_name.upper()`` with its
     functions and return it.
 
-    The flags are those of :class:`~sc_dispatch.DispatchModeSpec`: ``unpad_output``
+    The flags are those of :class:`~sc_dispatch.ext.FunctionMode`: ``unpad_output``
     (drop dispatch padding from the output), ``joins_shards`` (``collect_fn`` joins
     row shards) and ``collect_sees_dispatch`` (``collect_fn`` also takes
     ``dispatched=(args, kwargs)``, what ``dispatch_fn`` returned for the call); each must
@@ -257,22 +251,18 @@ def register_dispatch_mode(
             f"register_dispatch_mode: the mode name must be a str, got "
             f"{type(dispatch_mode_name).__qualname__} {dispatch_mode_name!r}"
         )
-    spec = DispatchModeSpec(
-        dispatch_mode_name.upper(),
-        dispatch_fn,
-        cast(CollectFn, collect_fn),
-        unpad_output,
-        joins_shards,
-        collect_sees_dispatch,
+    name = dispatch_mode_name.upper()
+    functions = FunctionMode(
+        name, dispatch_fn, collect_fn, unpad_output, joins_shards, collect_sees_dispatch
     )
     with _lock:
-        if dispatch_mode_name.upper() in Dispatch:
+        if name in Dispatch:
             raise DispatchModeExistsError(
                 f"register_dispatch_mode: dispatch mode {dispatch_mode_name!r} already exists; "
                 "use update_dispatch_mode to replace its functions"
             )
         member = Dispatch.register(dispatch_mode_name)
-        _registry[member] = spec
+        _registry[member] = DispatchModeSpec.from_functions(functions)
     return member
 
 
@@ -287,17 +277,20 @@ def update_dispatch_mode(
 ) -> None:
     """Replace the functions of an existing dispatch mode (a ``Dispatch`` member, else a
     :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output``, ``joins_shards`` and
-    ``collect_sees_dispatch`` keep their values unless given."""
+    ``collect_sees_dispatch`` keep their values unless given. The mode then runs verl's way,
+    one unit per rank (a predefined splitting mode gives up its native plan)."""
     with _lock:
         old = _lookup(dispatch_mode)
-        _registry[dispatch_mode] = DispatchModeSpec(
+        flags = old.functions or FunctionMode(old.name, dispatch_fn, collect_fn)
+        functions = FunctionMode(
             old.name,
             dispatch_fn,
-            cast(CollectFn, collect_fn),
-            old.unpad_output if unpad_output is None else unpad_output,
-            old.joins_shards if joins_shards is None else joins_shards,
-            old.collect_sees_dispatch if collect_sees_dispatch is None else collect_sees_dispatch,
+            collect_fn,
+            flags.unpad_output if unpad_output is None else unpad_output,
+            flags.joins_shards if joins_shards is None else joins_shards,
+            flags.collect_sees_dispatch if collect_sees_dispatch is None else collect_sees_dispatch,
         )
+        _registry[dispatch_mode] = DispatchModeSpec.from_functions(functions)
 
 
 def get_predefined_execute_fn(execute_mode: Execute) -> ExecuteFnDict:

@@ -10,14 +10,18 @@ from ._errors import DispatchArgumentError, NotShardableError
 from ._protocols import ShardAdapter
 
 __all__ = [
+    "PADDING_SIZE_KEY",
     "Resolver",
     "adapter_for_class",
     "Rows",
     "chunk_sizes",
+    "concat_outputs",
     "get_future_resolver",
     "get_shard_adapter",
     "is_future",
     "is_shardable",
+    "per_rank_arguments",
+    "pop_padding_size",
     "register_future_resolver",
     "register_future_type",
     "register_shardable",
@@ -268,6 +272,48 @@ def split_args_kwargs(
         split.append(list(parts))
     n_pos = len(args)
     return split[:n_pos], dict(zip(kwargs, split[n_pos:], strict=True)), pad_size
+
+
+#: Keyword under which a splitting dispatch function reports the padding rows it added.
+PADDING_SIZE_KEY = "_sc_padding_size"
+
+
+def pop_padding_size(kwargs: dict[str, Any]) -> int:
+    """Remove and return the padding size a dispatch function recorded (0 when none)."""
+    value = kwargs.pop(PADDING_SIZE_KEY, 0)
+    return int(value)
+
+
+def concat_outputs(mode: str, output: Sequence[Any]) -> Any:
+    """Concatenate shard outputs (one type) with the adapter of their type."""
+    if not output:
+        raise DispatchArgumentError(f"{mode}: no outputs to collect")
+    kinds = {type(o) for o in output}
+    if len(kinds) > 1:
+        names = sorted(k.__qualname__ for k in kinds)
+        raise NotShardableError(f"{mode}: outputs must all have one type to be joined, got {names}")
+    adapter = get_shard_adapter(output[0])
+    if adapter is None:
+        raise NotShardableError(
+            f"{mode}: outputs of type {type(output[0]).__qualname__} cannot be joined; "
+            "return a list, tuple, DataProto or TensorDict, or use a mode that collects a list"
+        )
+    return adapter.concat(list(output))
+
+
+def per_rank_arguments(
+    world_size: int, args: Sequence[Any], kwargs: dict[str, Any]
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """verl's ``execute_all`` rule: when every argument is a list of ``world_size`` entries,
+    rank ``i`` gets entry ``i`` of each; otherwise every rank gets all the arguments."""
+    values = (*args, *kwargs.values())
+    if all(isinstance(v, list) and len(v) == world_size for v in values):
+        return [
+            (tuple(a[i] for a in args), {k: v[i] for k, v in kwargs.items()})
+            for i in range(world_size)
+        ]
+    whole = (tuple(args), dict(kwargs))
+    return [whole] * world_size
 
 
 def unpad_output(output: Any, pad_size: int) -> Any:

@@ -1,47 +1,52 @@
-"""What a dispatch mode is: the signatures of its functions and its resolved spec.
+"""What a dispatch mode is: a name, a planner, and whether its outputs are rows.
 
-A dispatch function has the signature ``dispatch_fn(worker_group, *args, **kwargs)`` and
-returns ``(args, kwargs)`` in which every value is a list with one entry per rank (for
-``Execute.ALL``) or the arguments as they are (for ``Execute.RANK_ZERO``). A splitting
-dispatch function that padded the batch records the number of padding rows in the returned
-keyword arguments under :data:`PADDING_SIZE_KEY`; the worker group pops it (see
-:func:`pop_padding_size`) before the call and removes the padding from the collected output.
-A collect function has the signature ``collect_fn(worker_group, outputs)`` where ``outputs``
-has one entry per executed rank; a mode registered with ``collect_sees_dispatch=True`` is
-also given, as the keyword ``dispatched``, the ``(args, kwargs)`` its dispatch function
-returned for the same call (:meth:`DispatchModeSpec.collect` does this for a worker group).
+Every call of a registered method is planned: :meth:`DispatchModeSpec.plan` turns the call's
+arguments into a :class:`~sc_dispatch.WorkPlan` that a worker group runs (see ``_plan.py``).
+Modes that cut a batch (``DP_COMPUTE_PROTO``, the N-d mesh modes, the balanced and sticky
+modes) plan natively; a mode written in verl's spelling, a pair of functions, is adapted by
+:class:`FunctionMode`:
+
+* ``dispatch_fn(worker_group, *args, **kwargs)`` returns ``(args, kwargs)``, every value a
+  list with one entry per rank (or anything, which every rank then receives whole); a
+  splitting dispatch that padded the batch records the padding rows under
+  :data:`~sc_dispatch.ext.PADDING_SIZE_KEY` in the returned keyword arguments;
+* ``collect_fn(worker_group, outputs)`` joins the outputs, one per rank in rank order; with
+  ``collect_sees_dispatch`` it also receives ``dispatched=(args, kwargs)``, what
+  ``dispatch_fn`` returned for the same call (padding entry removed).
+
+The adapter's plan pins unit *i* to rank *i* (verl's ``execute_all`` rule) and joins with
+``collect_fn``, dropping the padding from the result when ``unpad_output``. verl's
+``func_generator`` hook and :func:`~sc_dispatch.verl.get_predefined_dispatch_fn` read a
+mode's functions through :attr:`DispatchModeSpec.dispatch_fn` / ``collect_fn``; every
+predefined mode keeps verl's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, cast
+from typing import Any, Literal, Protocol, TypedDict
 
+from ._enums import Execute
 from ._errors import DispatchModeTypeError, InvalidDispatchModeError
-
-if TYPE_CHECKING:
-    from ._plan import WorkPlan
+from ._plan import PlanFn, Slot, WorkPlan, WorkUnit, rank_plan
+from ._shard import pop_padding_size, unpad_output
 
 __all__ = [
-    "PADDING_SIZE_KEY",
     "CollectFn",
+    "DispatchAwareCollectFn",
     "DispatchFn",
     "DispatchFnDict",
-    "DispatchAwareCollectFn",
     "DispatchModeSpec",
     "Dispatched",
     "ExecuteFnDict",
-    "pop_padding_size",
+    "FunctionMode",
 ]
-
-#: Keyword under which a splitting dispatch function reports the padding rows it added.
-PADDING_SIZE_KEY = "_sc_padding_size"
 
 DispatchFn = Callable[..., tuple[Sequence[Any], dict[str, Any]]]
 CollectFn = Callable[[Any, Sequence[Any]], Any]
 #: What a dispatch function returned for one call, ``(args, kwargs)``, each value holding one
-#: entry per rank (for ``Execute.ALL``), without the :data:`PADDING_SIZE_KEY` entry.
+#: entry per rank (for ``Execute.ALL``), without the padding entry.
 Dispatched = tuple[Sequence[Any], Mapping[str, Any]]
 
 
@@ -67,44 +72,27 @@ class ExecuteFnDict(TypedDict):
     execute_fn_name: Literal["execute_all", "execute_rank_zero"]
 
 
+def _check_flags(name: str, **flags: object) -> None:
+    for field, value in flags.items():
+        if not isinstance(value, bool):
+            raise DispatchModeTypeError(
+                f"dispatch mode {name}: {field} must be a bool, got {value!r}"
+            )
+
+
 @dataclass(frozen=True)
-class DispatchModeSpec:
-    """A resolved dispatch mode.
-
-    ``unpad_output`` says whether the collected output is row-aligned with the input, so
-    that padding rows added by the dispatch are dropped from it. It is ``False`` for
-    modes that collect one value per worker (``DP_COMPUTE_METRIC``): every worker's value
-    is kept.
-
-    ``joins_shards`` says that ``collect_fn`` joins the per-rank shards of a row-split batch
-    (``DP_COMPUTE_PROTO``, ``DP_COMPUTE_PROTO_WITH_FUNC``, N-d mesh modes). For a
-    non-blocking call a backend then hands ``collect_fn`` futures that know their row counts,
-    so that the joined future can be split again without fetching anything; every other mode
-    receives the backend's plain handles (Ray object references on Ray), as in verl.
-
-    ``collect_sees_dispatch`` says that ``collect_fn`` needs to know how the input of the
-    call was split: it is then called as ``collect_fn(worker_group, outputs,
-    dispatched=(args, kwargs))`` with what ``dispatch_fn`` returned for this call (see
-    :meth:`collect`), so that a mode keeps no state of its own between the two. Such a
-    ``collect_fn`` is a :class:`DispatchAwareCollectFn`; the field keeps the
-    :data:`CollectFn` type that worker groups have always called, so call it through
-    :meth:`collect`.
-
-    ``plan_fn`` (optional) describes a call as a :class:`~sc_dispatch.WorkPlan`: units of
-    rows that a worker group can start one by one on free ranks and hand back as each
-    finishes, which is what streaming a call needs. ``scheduled`` says that every call runs
-    through the plan (the load-balanced and sticky modes); otherwise the plan is used only
-    when a call is streamed, and a plain call keeps ``dispatch_fn`` / ``collect_fn``.
-    """
+class FunctionMode:
+    """A mode given as verl's pair of functions (see the module docstring), and its flags:
+    ``unpad_output`` (drop the dispatch's padding rows from the collected output),
+    ``joins_shards`` (``collect_fn`` joins row shards: a non-blocking call hands it futures
+    that know their row counts) and ``collect_sees_dispatch``."""
 
     name: str
     dispatch_fn: DispatchFn
-    collect_fn: CollectFn
+    collect_fn: CollectFn | DispatchAwareCollectFn
     unpad_output: bool = True
     joins_shards: bool = False
     collect_sees_dispatch: bool = False
-    plan_fn: Callable[..., WorkPlan] | None = None
-    scheduled: bool = False
 
     def __post_init__(self) -> None:
         for field in ("dispatch_fn", "collect_fn"):
@@ -113,32 +101,112 @@ class DispatchModeSpec:
                     f"dispatch mode {self.name}: {field} must be callable, "
                     f"got {getattr(self, field)!r}"
                 )
-        for field in ("unpad_output", "joins_shards", "collect_sees_dispatch", "scheduled"):
-            if not isinstance(getattr(self, field), bool):
-                raise DispatchModeTypeError(
-                    f"dispatch mode {self.name}: {field} must be a bool, "
-                    f"got {getattr(self, field)!r}"
-                )
-        if self.plan_fn is not None and not callable(self.plan_fn):
+        _check_flags(
+            self.name,
+            unpad_output=self.unpad_output,
+            joins_shards=self.joins_shards,
+            collect_sees_dispatch=self.collect_sees_dispatch,
+        )
+
+    def plan(
+        self,
+        worker_group: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rank_zero: bool = False,
+    ) -> WorkPlan:
+        """``dispatch_fn``'s per-rank arguments as units pinned one per rank (with
+        ``rank_zero``, the dispatched arguments whole on rank 0), joined by ``collect_fn``
+        (given rank 0's output alone with ``rank_zero``)."""
+        d_args, raw_kwargs = self.dispatch_fn(worker_group, *args, **kwargs)
+        d_kwargs = dict(raw_kwargs)
+        pad = pop_padding_size(d_kwargs) if d_kwargs else 0
+        dispatched: Dispatched = (tuple(d_args), d_kwargs)
+
+        def collect(outputs: list[Any]) -> Any:
+            joined = outputs[0] if rank_zero else outputs
+            if self.collect_sees_dispatch:
+                result = self.collect_fn(worker_group, joined, dispatched=dispatched)  # type: ignore[call-arg]
+            else:
+                result = self.collect_fn(worker_group, joined)  # type: ignore[call-arg]
+            return unpad_output(result, pad) if pad and self.unpad_output else result
+
+        if rank_zero:
+            unit = WorkUnit(0, (), tuple(d_args), d_kwargs, slot=0)
+            return WorkPlan(self.name, (Slot((0,), 0),), (unit,), None, collect=collect)
+        return rank_plan(self.name, worker_group.world_size, d_args, d_kwargs, collect)
+
+
+@dataclass(frozen=True)
+class DispatchModeSpec:
+    """A resolved dispatch mode: its ``name``, its planner ``plan_fn(worker_group, *args,
+    **kwargs) -> WorkPlan``, ``row_aligned`` (the outputs are row shards of the input: a
+    non-blocking call gets futures that know their row counts, and the call can be
+    streamed) and, where the mode has them, verl's ``functions``.
+
+    Use :meth:`plan` to plan a call: it honours the execute mode, which ``plan_fn`` does
+    not see.
+    """
+
+    name: str
+    plan_fn: PlanFn
+    row_aligned: bool = True
+    functions: FunctionMode | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.plan_fn):
             raise DispatchModeTypeError(
-                f"dispatch mode {self.name}: plan_fn must be callable or None, got {self.plan_fn!r}"
+                f"dispatch mode {self.name}: plan_fn must be callable, got {self.plan_fn!r}"
             )
-        if self.scheduled and self.plan_fn is None:
+        _check_flags(self.name, row_aligned=self.row_aligned)
+        if self.functions is not None and not isinstance(self.functions, FunctionMode):
+            raise DispatchModeTypeError(
+                f"dispatch mode {self.name}: functions must be a FunctionMode or None, "
+                f"got {self.functions!r}"
+            )
+
+    @classmethod
+    def from_functions(cls, functions: FunctionMode) -> DispatchModeSpec:
+        """The spec of a mode that verl's pair of functions describe."""
+
+        def plan_fn(worker_group: Any, *args: Any, **kwargs: Any) -> WorkPlan:
+            return functions.plan(worker_group, args, kwargs)
+
+        return cls(functions.name, plan_fn, functions.joins_shards, functions)
+
+    def plan(
+        self,
+        worker_group: Any,
+        execute_mode: Execute,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> WorkPlan:
+        """The plan of one call. ``Execute.RANK_ZERO`` runs verl's functions on rank 0
+        alone (the dispatched arguments whole, rank 0's output collected), as verl does."""
+        if execute_mode is Execute.RANK_ZERO:
+            return self._verl("Execute.RANK_ZERO").plan(worker_group, args, kwargs, rank_zero=True)
+        plan = self.plan_fn(worker_group, *args, **kwargs)
+        if not isinstance(plan, WorkPlan):
+            raise DispatchModeTypeError(
+                f"dispatch mode {self.name}: plan_fn returned {type(plan).__qualname__}, "
+                "not a sc_dispatch WorkPlan"
+            )
+        return plan
+
+    def _verl(self, what: str) -> FunctionMode:
+        if self.functions is None:
             raise InvalidDispatchModeError(
-                f"dispatch mode {self.name}: scheduled=True needs a plan_fn"
+                f"dispatch mode {self.name} has no dispatch_fn/collect_fn, which {what} needs"
             )
+        return self.functions
 
-    def collect(self, worker_group: Any, outputs: Any, dispatched: Dispatched) -> Any:
-        """Run ``collect_fn`` on a call's ``outputs`` (one per rank; rank 0's alone for
-        ``Execute.RANK_ZERO``), passing ``dispatched`` -- the call's ``(args, kwargs)`` from
-        ``dispatch_fn``, padding entry removed -- when ``collect_sees_dispatch`` is set."""
-        if self.collect_sees_dispatch:
-            collect: Any = cast(Any, self.collect_fn)
-            return collect(worker_group, outputs, dispatched=dispatched)
-        return self.collect_fn(worker_group, outputs)
+    @property
+    def dispatch_fn(self) -> DispatchFn:
+        """verl's dispatch function of the mode (for verl's ``func_generator`` hook)."""
+        return self._verl("dispatch_fn").dispatch_fn
 
-
-def pop_padding_size(kwargs: dict[str, Any]) -> int:
-    """Remove and return the padding size a dispatch function recorded (0 when none)."""
-    value = kwargs.pop(PADDING_SIZE_KEY, 0)
-    return int(value)
+    @property
+    def collect_fn(self) -> CollectFn:
+        """verl's collect function of the mode (for verl's ``func_generator`` hook)."""
+        collect: Any = self._verl("collect_fn").collect_fn
+        return collect  # type: ignore[no-any-return]
