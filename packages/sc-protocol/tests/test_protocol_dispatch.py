@@ -11,6 +11,7 @@ from _protocol_helpers import make_dp, row_ids
 from sc_dispatch import (
     Dispatch,
     DispatchArgumentError,
+    Execute,
     collect_dp_compute_data_proto,
     dispatch_dp_compute_data_proto,
     dispatch_dp_compute_data_proto_with_func,
@@ -18,7 +19,6 @@ from sc_dispatch import (
     is_future,
     make_nd_compute_dataproto_dispatch_fn,
     materialize,
-    pop_padding_size,
     register,
     resolve_dispatch_mode,
     split_args_kwargs,
@@ -63,19 +63,19 @@ class FakeWorkerGroup:
 def run_call(
     wg: FakeWorkerGroup, mode: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
-    """Dispatch, call ``fn`` once per rank (as a worker would), collect, drop padding."""
+    """Plan the call, run ``fn`` once per rank of each unit's slot (as a worker would,
+    futures materialized), and join the collect ranks' outputs."""
     spec = resolve_dispatch_mode(mode)
-    split_args, split_kwargs = spec.dispatch_fn(wg, *args, **kwargs)
-    split_kwargs = dict(split_kwargs)
-    pad = pop_padding_size(split_kwargs)
+    plan = spec.plan(wg, Execute.ALL, args, kwargs)
     outputs = []
-    for rank in range(wg.world_size):
-        rank_args = [a[rank] for a in split_args]
-        rank_kwargs = {k: v[rank] for k, v in split_kwargs.items()}
-        rank_args_t, rank_kwargs = materialize(tuple(rank_args), rank_kwargs)
-        outputs.append(fn(*rank_args_t, **rank_kwargs))
-    out = spec.collect_fn(wg, outputs)
-    return unpad_output(out, pad) if spec.unpad_output else out
+    for unit in plan.units:
+        slot = plan.slots[unit.slot or 0]
+        ran = {}
+        for rank in slot.ranks:
+            rank_args, rank_kwargs = materialize(unit.args, unit.kwargs)
+            ran[rank] = fn(*rank_args, **rank_kwargs)
+        outputs.append(ran[slot.collect_rank])
+    return plan.join(outputs)
 
 
 def double_ids(data: DataProto) -> DataProto:

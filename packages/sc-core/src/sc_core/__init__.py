@@ -17,6 +17,7 @@ import logging
 from ._backend import Backend, CallHandle, RankArgs, ReplacedWorkers, ReplacingBackend
 from ._busy import AbandonedCall
 from ._call import Call, CallOptions
+from ._call_path import CallStream
 from ._colocate import create_colocated_worker_cls, register_class_unwrapper
 from ._context import (
     InProcessRendezvous,
@@ -59,7 +60,6 @@ from ._future import LazyFuture
 from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
 from ._pool_manager import ResourcePoolManager
 from ._resource import ClassWithInitArgs, ResourcePool
-from ._schedule import StreamingBackend
 from ._settings import SETTINGS, TRACE_FILE
 from ._spans import (
     CallSpan,
@@ -71,7 +71,7 @@ from ._spans import (
     driver_span,
     remove_span_observer,
 )
-from ._stream import CallStream
+from ._units import StreamingBackend
 from ._worker import (
     RESERVED_WORKER_ATTRS,
     DistGlobalInfo,

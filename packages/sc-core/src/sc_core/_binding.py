@@ -22,9 +22,8 @@ from sc_dispatch import (
 )
 
 from ._call import CallOptions, check_timeout
+from ._call_path import CallStream, call_method
 from ._errors import ConfigTypeError, MethodCollisionError
-from ._pipeline import run_call
-from ._stream import CallStream, run_planned
 
 if TYPE_CHECKING:
     from ._worker_group import WorkerGroup
@@ -71,9 +70,7 @@ class MethodProxy(Generic[P, R]):
         self.__doc__ = doc
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self.spec.scheduled:
-            return cast("R", run_planned(self._group, self, args, kwargs))
-        return cast("R", run_call(self._group, self, args, kwargs))
+        return cast("R", call_method(self._group, self, args, kwargs))
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> CallStream[R]:
         """Run the call and yield ``(rows, shard)`` as each shard finishes: ``rows`` are

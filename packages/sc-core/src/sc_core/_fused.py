@@ -14,17 +14,18 @@ verl's, kept off the plain colocation path (``_colocate.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 # Referenced through its module, never imported by name: the fused class is built at run
 # time, and Ray ships it by value with the globals its methods use. A module pickles by
 # reference; a ContextVar does not pickle at all.
 from . import _context
+from ._backend import Backend, CallHandle, RankArgs
 from ._binding import bind_worker_methods, unbind_all
+from ._call import Call
 from ._colocate import check_class_dict, check_prefix_set, shallow_copy
 from ._errors import ColocationError, ConfigTypeError, UnknownRoleError
-from ._pipeline import FUSED_METHOD_SEPARATOR
 from ._resource import ClassWithInitArgs
 from ._worker import Worker
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FUSED_METHOD_SEPARATOR",
+    "FusedBackend",
     "check_fused_worker_used",
     "create_colocated_worker_cls_fused",
     "create_colocated_worker_raw_cls",
@@ -41,6 +43,50 @@ __all__ = [
 ]
 
 WG = TypeVar("WG", bound="WorkerGroup")
+
+#: ``_fuw_execute("{role}_fwmn_{method}", ...)`` runs ``method`` of role ``role`` (verl's form).
+FUSED_METHOD_SEPARATOR = "_fwmn_"
+
+
+class FusedBackend:
+    """The backend of one role's group of a fused worker class: every call of ``method``
+    runs the fused worker's ``execute_fn_name`` (``_fuw_execute``) with
+    ``"{role}_fwmn_{method}"`` before the rank's arguments, on the fused group's backend
+    (verl's routing, kept out of the call path)."""
+
+    def __init__(self, inner: Backend, role: str, execute_fn_name: str) -> None:
+        self.inner = inner
+        self.role = role
+        self.execute_fn_name = execute_fn_name
+
+    def start(self, call: Call, method_name: str, rank_args: Sequence[RankArgs]) -> CallHandle:
+        target = f"{self.role}{FUSED_METHOD_SEPARATOR}{method_name}"
+        routed = [((target, *args), kwargs) for args, kwargs in rank_args]
+        return self.inner.start(call, self.execute_fn_name, routed)
+
+    def wait(self, handle: CallHandle) -> list[Any]:
+        return self.inner.wait(handle)
+
+    def pending(self, handle: CallHandle) -> list[Any]:
+        return self.inner.pending(handle)
+
+    def is_done(self, rank_handle: Any) -> bool:
+        return self.inner.is_done(rank_handle)
+
+    def cancel(self, rank_handle: Any) -> bool:
+        return self.inner.cancel(rank_handle)
+
+    def is_alive(self, rank: int) -> bool:
+        return self.inner.is_alive(rank)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # optional parts of the contract (wait_any, replace) are the inner backend's
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 def _fused_worker_cls(where: str, class_dict: Mapping[str, ClassWithInitArgs[Any]]) -> type[Worker]:

@@ -1,8 +1,8 @@
 """``WorkerGroup``: the contract every backend's group keeps; it *holds* a backend.
 
 A group binds every ``@register``-ed method of its worker class as an attribute (verl's
-behaviour; ``_binding.py``), runs each call through the pipeline (``_pipeline.py``: dispatch
-→ execute → wait or pending → collect), tracks dead and busy ranks (``_liveness.py``) and
+behaviour; ``_binding.py``), runs each call through the call path (``_call_path.py``: plan
+→ start → wait, pending or stream → join), tracks dead and busy ranks (``_liveness.py``) and
 makes one group per role of a colocated class (``_colocate.py``). What runs the workers is a
 :class:`~sc_core.Backend` (``_backend.py``): a backend's group builds its workers, then calls
 ``self._attach_backend(backend)`` and ``self._bind_worker_method(worker_cls)``.
@@ -21,13 +21,14 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
-from sc_dispatch import Execute, RegisteredMethod
+from sc_dispatch import RegisteredMethod
 
-from . import _colocate, _faults, _fused, _pipeline, _replace
+from . import _colocate, _faults, _fused, _replace
 from ._backend import Backend
 from ._binding import MethodProxy, bind_worker_methods, set_bound_method, unbind_all
 from ._busy import AbandonedCall
 from ._call import check_timeout
+from ._call_path import call_raw
 from ._errors import (
     BackendNotImplementedError,
     ConfigTypeError,
@@ -173,6 +174,8 @@ class WorkerGroup(Generic[W]):
             raise WorkerGroupError(
                 f"{type(self).__name__}.{method_name}: the worker group has no workers"
             )
+        if self._fused_role is not None:  # a role's group of a fused class (_fused.py)
+            return _fused.FusedBackend(backend, self._fused_role, self.fused_worker_execute_fn_name)
         return backend
 
     # --- verl's execute API ----------------------------------------------------------------
@@ -191,44 +194,29 @@ class WorkerGroup(Generic[W]):
     def worker_names(self) -> list[str]:
         return list(self._worker_names)
 
-    def _new_call(self, method_name: str, rank_zero: bool, blocking: bool) -> Any:
-        mode = Execute.RANK_ZERO if rank_zero else Execute.ALL
-        return _pipeline.new_call(self, method_name, mode, blocking, self.default_timeout)
-
-    def _start_raw(
-        self, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool
-    ) -> Any:
-        call = self._new_call(method_name, rank_zero, blocking=False)
-        target, args = _pipeline.route(self, method_name, args, kwargs, len(call.ranks))
-        rank_args = (
-            [(args, kwargs)]
-            if rank_zero
-            else _pipeline.per_rank_arguments(len(call.ranks), args, kwargs)
-        )
-        return _pipeline.start(self, call, target, rank_args)
-
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start ``method_name`` on every rank and return one backend handle per rank. When
         every argument is a list of world-size entries, rank ``i`` gets entry ``i`` of each;
         otherwise every rank gets all the arguments (verl's rule)."""
-        return list(self._start_raw(method_name, args, kwargs, rank_zero=False).rank_handles)
+        handles: list[Any] = call_raw(
+            self, method_name, args, kwargs, rank_zero=False, blocking=False
+        )
+        return handles
 
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Start ``method_name`` on rank 0 only; return its backend handle."""
-        return self._start_raw(method_name, args, kwargs, rank_zero=True).rank_handles[0]
+        return call_raw(self, method_name, args, kwargs, rank_zero=True, blocking=False)
 
     def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``method_name`` on every rank and return the per-rank results."""
-        call = self._new_call(method_name, False, blocking=True)
-        target, args = _pipeline.route(self, method_name, args, kwargs, len(call.ranks))
-        rank_args = _pipeline.per_rank_arguments(len(call.ranks), args, kwargs)
-        return _pipeline.run_raw(self, call, target, rank_args)
+        values: list[Any] = call_raw(
+            self, method_name, args, kwargs, rank_zero=False, blocking=True
+        )
+        return values
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method_name`` on rank 0 and return its result."""
-        call = self._new_call(method_name, True, blocking=True)
-        target, args = _pipeline.route(self, method_name, args, kwargs, 1)
-        return _pipeline.run_raw(self, call, target, [(args, kwargs)])[0]
+        return call_raw(self, method_name, args, kwargs, rank_zero=True, blocking=True)
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Same as :meth:`execute_all_async` (verl's alias): one backend handle per rank."""

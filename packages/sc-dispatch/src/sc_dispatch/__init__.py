@@ -51,6 +51,7 @@ from ._plan import (
     even_plan,
     rank_plan,
     rank_slots,
+    rank_zero_plan,
 )
 from ._predefined import (
     collect_all_to_all,
@@ -169,6 +170,7 @@ __all__ = [
     "make_balanced_dispatch_fn",
     "even_plan",
     "rank_plan",
+    "rank_zero_plan",
     "per_rank_arguments",
     "balanced_plan",
     "collect_all_to_all",

@@ -48,6 +48,7 @@ __all__ = [
     "even_plan",
     "rank_plan",
     "rank_slots",
+    "rank_zero_plan",
 ]
 
 
@@ -320,6 +321,18 @@ def rank_plan(
         for r, (a, k) in enumerate(per_rank_arguments(world_size, args, kwargs))
     )
     return WorkPlan(mode, slots, units, None, collect=collect)
+
+
+def rank_zero_plan(
+    mode: str,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    collect: Callable[[list[Any]], Any] = list,
+) -> WorkPlan:
+    """One unit on rank 0 with the arguments whole (verl's ``execute_rank_zero``);
+    ``collect`` gets the one-element list of its output."""
+    unit = WorkUnit(0, (), tuple(args), dict(kwargs), slot=0)
+    return WorkPlan(mode, (Slot((0,), 0),), (unit,), None, collect=collect)
 
 
 def check_micro_shard_size(mode: str, micro_shard_size: object) -> int | None:

@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol, TypedDict
 
 from ._enums import Execute
 from ._errors import DispatchModeTypeError, InvalidDispatchModeError
-from ._plan import PlanFn, Slot, WorkPlan, WorkUnit, rank_plan
+from ._plan import PlanFn, WorkPlan, rank_plan, rank_zero_plan
 from ._shard import pop_padding_size, unpad_output
 
 __all__ = [
@@ -132,8 +132,7 @@ class FunctionMode:
             return unpad_output(result, pad) if pad and self.unpad_output else result
 
         if rank_zero:
-            unit = WorkUnit(0, (), tuple(d_args), d_kwargs, slot=0)
-            return WorkPlan(self.name, (Slot((0,), 0),), (unit,), None, collect=collect)
+            return rank_zero_plan(self.name, d_args, d_kwargs, collect)
         return rank_plan(self.name, worker_group.world_size, d_args, d_kwargs, collect)
 
 
