@@ -209,6 +209,6 @@ def test_a_backend_that_cannot_replace_says_so() -> None:
             self._inner.close()
 
     with _group(2) as wg:
-        wg._sc_backend_impl = Plain(wg._sc_backend_impl)
+        wg._sc_runtime.backend = Plain(wg._sc_runtime.backend)
         with pytest.raises(BackendNotImplementedError, match="cannot replace workers"):
             wg.replace_ranks([0])

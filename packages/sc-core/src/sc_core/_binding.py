@@ -2,8 +2,9 @@
 
 verl binds by attribute, and so does sc: after binding, ``wg.generate`` is a
 :class:`MethodProxy` stored on the group instance (or whatever verl's ``func_generator``
-hook returned). Every binding goes through :func:`set_bound_method`, which refuses a name the
-group already uses; the group keeps the bound names in ``_bound_methods``.
+hook returned). Every binding goes through the group's
+:class:`~sc_core._methods.MethodTable`, which refuses a name the group already uses.
+Calling a proxy runs ``_call_path.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
 from sc_dispatch import (
     DispatchModeSpec,
@@ -23,12 +24,11 @@ from sc_dispatch import (
 
 from ._call import CallOptions, check_timeout
 from ._call_path import CallStream, call_method
-from ._errors import ConfigTypeError, MethodCollisionError
+from ._errors import ConfigTypeError
+from ._runtime import GroupLike
+from ._units import CallSite
 
-if TYPE_CHECKING:
-    from ._worker_group import WorkerGroup
-
-__all__ = ["KEEP", "MethodProxy", "bind_worker_methods", "set_bound_method", "unbind_all"]
+__all__ = ["KEEP", "MethodProxy", "bind_worker_methods", "rebound"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,7 +52,7 @@ class MethodProxy(Generic[P, R]):
 
     def __init__(
         self,
-        group: WorkerGroup,
+        group: CallSite,
         name: str,
         method_name: str,
         attrs: RegisterAttrs,
@@ -136,7 +136,7 @@ class MethodProxy(Generic[P, R]):
         return self.rebind(self._group, self.__name__, opts)
 
     def rebind(
-        self, group: WorkerGroup, name: str, options: CallOptions | None = None
+        self, group: CallSite, name: str, options: CallOptions | None = None
     ) -> MethodProxy[P, R]:
         """The same method bound on ``group`` as ``name`` (with ``options``, if given)."""
         opts = self.call_options if options is None else options
@@ -151,7 +151,7 @@ class MethodProxy(Generic[P, R]):
 
 
 def bind_worker_methods(
-    group: WorkerGroup, user_defined_cls: type, func_generator: Callable[..., Any] | None = None
+    group: GroupLike, user_defined_cls: type, func_generator: Callable[..., Any] | None = None
 ) -> list[str]:
     """Bind one proxy per ``@register``-ed method of ``user_defined_cls`` on ``group``.
 
@@ -192,39 +192,16 @@ def bind_worker_methods(
                 execute_fn=getattr(group, execute_fn_name),
                 blocking=attrs.blocking,
             )
-        set_bound_method(group, method_name, proxy, source=user_defined_cls)
+        group._sc_methods.bind(method_name, proxy, source=user_defined_cls)
         bound.append(method_name)
     return bound
 
 
-def set_bound_method(
-    group: WorkerGroup, name: str, proxy: Any, *, source: type | None = None, replace: bool = False
-) -> None:
-    """Make ``proxy`` the group's attribute ``name``; a name the group already uses (an
-    attribute of its class or instance, or a bound method unless ``replace``) is a
-    :class:`~sc_core.MethodCollisionError`."""
-    bound = group._bound_methods
-    taken = name not in bound and (name in group.__dict__ or hasattr(type(group), name))
-    if taken or (name in bound and not replace):
-        where = f"worker class {source.__qualname__}" if source is not None else "spawn"
-        raise MethodCollisionError(
-            f"{type(group).__name__}._bind_worker_method: {where} registers a method named "
-            f"{name!r}, which is already an attribute of the worker group "
-            f"({type(group).__name__}.{name}); rename the worker method"
-        )
-    setattr(group, name, proxy)
-    bound[name] = proxy
+def rebound(group: CallSite) -> Callable[[Any, str], Any]:
+    """How a view rebinds its parent's bound objects: a proxy re-pointed at ``group``
+    (other bound objects, from verl's ``func_generator``, as they are)."""
 
+    def rebind(proxy: Any, name: str) -> Any:
+        return proxy.rebind(group, name) if isinstance(proxy, MethodProxy) else proxy
 
-def unbind_all(group: WorkerGroup) -> None:
-    """Remove every bound method from ``group``."""
-    for name in group._bound_methods:
-        group.__dict__.pop(name, None)
-    group._bound_methods = {}
-
-
-def rebind_all(source: WorkerGroup, target: WorkerGroup) -> None:
-    """Bind on ``target`` every method bound on ``source`` (proxies re-pointed at it)."""
-    for name, proxy in source._bound_methods.items():
-        rebound = proxy.rebind(target, name) if isinstance(proxy, MethodProxy) else proxy
-        set_bound_method(target, name, rebound)
+    return rebind

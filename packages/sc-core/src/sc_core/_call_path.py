@@ -84,7 +84,7 @@ class _Scope:
     def __init__(self, site: CallSite, call: Call, backend: Backend) -> None:
         self.call = call
         self.waiting: dict[int, AbandonedCall] = {}
-        busy = site._liveness.busy
+        busy = site._sc_runtime.liveness.busy
         if busy:
             self.waiting = busy.current(backend.is_done, call.ranks)
         if self.waiting:

@@ -18,7 +18,7 @@ import copy
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sc_dispatch import MAGIC_ATTR, get_register_attrs
 
@@ -26,13 +26,12 @@ from sc_dispatch import MAGIC_ATTR, get_register_attrs
 # time, and Ray ships it by value with the globals its methods use. A module pickles by
 # reference; a ContextVar does not pickle at all.
 from . import _context
-from ._binding import MethodProxy, rebind_all, set_bound_method
+from ._binding import MethodProxy, rebound
 from ._errors import ColocationError, ConfigTypeError, MethodCollisionError, UnknownRoleError
+from ._methods import MethodTable
 from ._resource import ClassWithInitArgs
+from ._runtime import GroupLike
 from ._worker import Worker
-
-if TYPE_CHECKING:
-    from ._worker_group import WorkerGroup
 
 __all__ = [
     "COLOCATED_METHODS_ATTR",
@@ -49,7 +48,7 @@ __all__ = [
 #: Attribute of a colocated worker class mapping each role to ``{plain: prefixed}`` names.
 COLOCATED_METHODS_ATTR = "__sc_colocated_methods__"
 
-WG = TypeVar("WG", bound="WorkerGroup")
+WG = TypeVar("WG", bound=GroupLike)
 
 _unwrappers_lock = threading.Lock()
 _unwrappers: tuple[Callable[[Any], Any], ...] = ()
@@ -223,19 +222,21 @@ def check_prefix_set(where: str, prefix_set: Iterable[str]) -> None:
 
 
 def shallow_copy(group: WG) -> WG:
-    """A group sharing ``group``'s workers, backend, liveness and lifecycle, with its own
-    mesh caches and the same proxies rebound to it. It keeps ``group`` alive while in use (a
-    backend may close its workers when the group that owns them is garbage-collected)."""
+    """A view of ``group``: the same runtime (workers, backend, liveness, lifecycle), its own
+    table of bound methods (``group``'s rebound to it) and mesh caches. It keeps ``group``
+    alive while in use (a backend may close its workers when the group that owns them is
+    garbage-collected)."""
     new = copy.copy(group)
-    new._bound_methods = {}
-    for name in group._bound_methods:
-        new.__dict__.pop(name, None)
+    attributes = vars(new)
+    for name in group._sc_methods:
+        attributes.pop(name, None)
+    new._sc_methods = MethodTable(new)
     new._dispatch_info = {}
     new._collect_info = {}
     new.wg_dict = None
     new._spawned_from = group
-    group._lifecycle.views.add(new)
-    rebind_all(group, new)
+    group._sc_runtime.views.add(new)
+    new._sc_methods.bind_from(group._sc_methods, rebound(new))
     return new
 
 
@@ -260,7 +261,7 @@ def spawn(group: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
             mapping = dict(roles[prefix])
         else:
             head = f"{prefix}_"
-            mapping = {n[len(head) :]: n for n in group._bound_methods if n.startswith(head)}
+            mapping = {n[len(head) :]: n for n in group._sc_methods if n.startswith(head)}
             if not mapping:
                 raise UnknownRoleError(
                     f"{where}: no bound method starts with {head!r}; "
@@ -268,14 +269,14 @@ def spawn(group: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
                 )
         new = shallow_copy(group)
         for plain, prefixed in mapping.items():
-            proxy = new._bound_methods[prefixed]
+            proxy = new._sc_methods.get(prefixed)
             alias = proxy.rebind(new, plain) if isinstance(proxy, MethodProxy) else proxy
-            set_bound_method(new, plain, alias, replace=True)
+            new._sc_methods.bind(plain, alias, replace=True)
         result[prefix] = new
     return result
 
 
-def fuse(group: WorkerGroup, prefix_set: Iterable[str]) -> None:
+def fuse(group: GroupLike, prefix_set: Iterable[str]) -> None:
     """Make each role's group of ``group.spawn(prefix_set)`` an attribute of ``group`` (for
     a fused group, ``_fused.spawn_fused``'s groups, as in verl); the groups are made once and
     kept in ``group.wg_dict``. A role named like an attribute of the group is a
@@ -283,9 +284,10 @@ def fuse(group: WorkerGroup, prefix_set: Iterable[str]) -> None:
     if group.wg_dict is None:
         group.wg_dict = dict(group.spawn(prefix_set))
     for role, member in group.wg_dict.items():
-        if group.__dict__.get(role) is member:
+        attributes = vars(group)
+        if attributes.get(role) is member:
             continue
-        if role in group.__dict__ or hasattr(type(group), role):
+        if role in attributes or hasattr(type(group), role):
             raise MethodCollisionError(
                 f"{type(group).__name__}.fuse: role {role!r} is already an attribute of the "
                 "worker group; rename the role"

@@ -24,12 +24,9 @@ import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from ._errors import ConfigTypeError, InjectedFaultError, InvalidConfigError, UnknownMethodError
-
-if TYPE_CHECKING:
-    from ._worker_group import WorkerGroup
 
 __all__ = ["ARM_METHOD", "FAULT_ACTIONS", "ArmedFault", "FaultAction", "inject_fault", "take_fault"]
 
@@ -99,8 +96,21 @@ def take_fault(worker: object, method_name: str, args: tuple[object, ...]) -> Ar
     return fault
 
 
+class _Armable(Protocol):
+    """What arming a fault uses of a worker group."""
+
+    name_prefix: str
+
+    @property
+    def world_size(self) -> int: ...
+
+    def _sc_method_target(self, name: str) -> str | None: ...
+
+    def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+
 def inject_fault(
-    group: WorkerGroup, rank: int, method: str, action: FaultAction, delay_s: float
+    group: _Armable, rank: int, method: str, action: FaultAction, delay_s: float
 ) -> None:
     """See :meth:`WorkerGroup.inject_fault`."""
     where = f"{type(group).__name__} {group.name_prefix!r}.inject_fault"
@@ -112,9 +122,8 @@ def inject_fault(
         )
     if not isinstance(method, str):
         raise ConfigTypeError(f"{where}: method must be a str, got {method!r}")
-    proxy = group.__dict__.get(method)
-    target = getattr(proxy, "method_name", None)
-    if not isinstance(target, str):
+    target = group._sc_method_target(method)
+    if target is None:
         raise UnknownMethodError(f"{where}: {method!r} is no method bound on this group")
     fault = ArmedFault(target, action, delay_s)
     group.execute_all_sync(ARM_METHOD, rank, fault)

@@ -15,22 +15,20 @@ verl's, kept off the plain colocation path (``_colocate.py``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 # Referenced through its module, never imported by name: the fused class is built at run
 # time, and Ray ships it by value with the globals its methods use. A module pickles by
 # reference; a ContextVar does not pickle at all.
 from . import _context
 from ._backend import Backend, CallHandle, RankArgs
-from ._binding import bind_worker_methods, unbind_all
+from ._binding import bind_worker_methods
 from ._call import Call
 from ._colocate import check_class_dict, check_prefix_set, shallow_copy
 from ._errors import ColocationError, ConfigTypeError, UnknownRoleError
 from ._resource import ClassWithInitArgs
+from ._runtime import GroupLike
 from ._worker import Worker
-
-if TYPE_CHECKING:
-    from ._worker_group import WorkerGroup
 
 __all__ = [
     "FUSED_METHOD_SEPARATOR",
@@ -42,7 +40,7 @@ __all__ = [
     "spawn_fused",
 ]
 
-WG = TypeVar("WG", bound="WorkerGroup")
+WG = TypeVar("WG", bound=GroupLike)
 
 #: ``_fuw_execute("{role}_fwmn_{method}", ...)`` runs ``method`` of role ``role`` (verl's form).
 FUSED_METHOD_SEPARATOR = "_fwmn_"
@@ -185,7 +183,7 @@ def create_colocated_worker_cls_fused(
     return cia
 
 
-def is_fused_group(group: WorkerGroup) -> bool:
+def is_fused_group(group: GroupLike) -> bool:
     """Whether ``group`` runs a fused worker class: its ``fused_worker_used`` is set (verl's
     flag, copied from its ``ClassWithInitArgs``), or its worker class is a fused class."""
     cls = group._user_defined_cls
@@ -229,7 +227,7 @@ def spawn_fused(group: WG, prefix_set: Iterable[str]) -> dict[str, WG]:
                 f"{where}: unknown role {prefix!r}; the fused worker class has roles {sorted(raw)}"
             )
         new = shallow_copy(group)
-        unbind_all(new)
+        new._sc_methods.unbind_all()
         new._fused_role = prefix
         bind_worker_methods(new, raw[prefix])
         result[prefix] = new

@@ -14,18 +14,29 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._busy import BusyRanks
 from ._call import Call
 from ._errors import WorkerDiedError
 
-if TYPE_CHECKING:
-    from ._worker_group import WorkerGroup
-
 __all__ = ["Liveness"]
 
 logger = logging.getLogger("sc_core.worker_group")
+
+
+class _Watched(Protocol):
+    """What the monitor thread uses of a worker group."""
+
+    name_prefix: str
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def dead_ranks(self) -> list[int]: ...
+
+    def check_worker_aliveness(self) -> list[int]: ...
 
 
 class Liveness:
@@ -90,7 +101,7 @@ class Liveness:
     def monitoring(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start_monitor(self, group: WorkerGroup, interval: float, abort: bool) -> None:
+    def start_monitor(self, group: _Watched, interval: float, abort: bool) -> None:
         """Check ``group``'s workers every ``interval`` seconds on a daemon thread, which
         holds the group only weakly and ends with it (or when every rank is dead)."""
         if self.monitoring:

@@ -40,6 +40,7 @@ from ._future import LazyFuture
 from ._local_runner import LocalHandle, Outcome, RankRunner, Turns, worker_traceback
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._settings import LOCAL_INLINE, RENDEZVOUS
+from ._worker import Worker
 from ._worker_group import W, WorkerGroup
 
 __all__ = ["LocalBackend", "LocalHandle", "LocalWorkerGroup"]
@@ -240,8 +241,6 @@ class LocalBackend:
                 f"LocalWorkerGroup {self.name_prefix}.replace_ranks: the group is closed or "
                 "was built without a worker factory"
             )
-        from ._worker import Worker
-
         addr, port = Worker._get_node_ip(), str(Worker._get_free_port())
         self._generation += 1
         # the environments carry the new address: rank 0's new worker publishes it afresh

@@ -24,15 +24,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from ._backend import ReplacingBackend
 from ._call import check_timeout
 from ._errors import BackendNotImplementedError, ConfigTypeError, InvalidConfigError
+from ._runtime import GroupLike
 from ._settings import WORKER_START_TIMEOUT
-
-if TYPE_CHECKING:
-    from ._worker_group import WorkerGroup
 
 __all__ = ["REFORM_METHOD", "replace_ranks"]
 
@@ -42,7 +40,9 @@ logger = logging.getLogger("sc_core.worker_group")
 REFORM_METHOD = "_sc_reform"
 
 
-def _root(group: WorkerGroup) -> WorkerGroup:
+def _root(group: GroupLike) -> GroupLike:
+    """The group the views were spawned from (its calls run the workers' own methods, not
+    a fused role's)."""
     while group._spawned_from is not None:
         group = group._spawned_from
     return group
@@ -64,7 +64,7 @@ def _check_ranks(where: str, ranks: Iterable[int], world_size: int) -> list[int]
 
 
 def replace_ranks(
-    group: WorkerGroup, ranks: Iterable[int] | None, timeout: float | None
+    group: GroupLike, ranks: Iterable[int] | None, timeout: float | None
 ) -> list[int]:
     """See :meth:`WorkerGroup.replace_ranks`."""
     root = _root(group)
@@ -95,13 +95,14 @@ def replace_ranks(
             f"{where}: {type(backend).__qualname__}.replace returned workers for ranks "
             f"{sorted(result.workers)}, asked for {chosen}"
         )
-    for rank, handle in result.workers.items():  # the same list as the views'
-        root._workers[rank] = handle
-    root._liveness.revive(chosen)
-    for view in list(root._lifecycle.views):
+    runtime = root._sc_runtime  # the views share it
+    for rank, handle in result.workers.items():
+        runtime.workers[rank] = handle
+    runtime.liveness.revive(chosen)
+    runtime.master_addr, runtime.master_port = result.master_addr, result.master_port
+    for view in list(runtime.views):
         view._dispatch_info.clear()
         view._collect_info.clear()
-        view._master_addr, view._master_port = result.master_addr, result.master_port
     root.execute_all_sync(REFORM_METHOD, result.master_addr, result.master_port, tuple(chosen))
     logger.warning(
         "worker group %s: replaced ranks %s in %.2f s; the group re-forms at %s:%s",

@@ -30,7 +30,7 @@ from ._errors import (
     WorkerError,
     WorkerGroupError,
 )
-from ._liveness import Liveness
+from ._runtime import GroupRuntime
 from ._slots import SlotSpeeds
 
 __all__ = ["CallSite", "StreamingBackend", "Units", "add_note", "give_up", "start", "wait"]
@@ -46,7 +46,7 @@ class CallSite(Protocol):
 
     name_prefix: str
     default_timeout: float | None
-    _liveness: Liveness
+    _sc_runtime: GroupRuntime
 
     @property
     def world_size(self) -> int: ...
@@ -76,7 +76,7 @@ def start(
     """Start ``method_name`` on the call's ranks (dead ranks refused first, unless
     ``check_alive`` is false: verl's ``execute_*_async`` start regardless)."""
     if check_alive:
-        site._liveness.check_alive(call)
+        site._sc_runtime.liveness.check_alive(call)
     handle = backend.start(call, method_name, rank_args)
     if len(handle.rank_handles) != len(call.ranks):
         raise WorkerGroupError(
@@ -94,7 +94,9 @@ def wait(site: CallSite, handle: CallHandle, backend: Backend) -> list[Any]:
     except (CallTimeoutError, WorkerDiedError, WorkerError) as exc:
         if isinstance(exc, WorkerDiedError):
             reason = f"{exc.reason} during {call.method_name}" if exc.reason else ""
-            site._liveness.mark_dead(exc.ranks, reason or f"died during {call.method_name}")
+            site._sc_runtime.liveness.mark_dead(
+                exc.ranks, reason or f"died during {call.method_name}"
+            )
         give_up(site, handle, backend, exc)
         raise
     if len(outputs) != len(call.ranks):
@@ -111,7 +113,7 @@ def give_up(
     """Stop waiting for a call: cancel what the backend can, remember the ranks still
     running it, and say so in ``exc``'s message (if any)."""
     call = handle.call
-    busy = site._liveness.busy
+    busy = site._sc_runtime.liveness.busy
     for rank, rank_handle in zip(call.ranks, handle.rank_handles, strict=False):
         if not backend.is_done(rank_handle):
             busy.record(rank, call.method_name, rank_handle, backend.cancel(rank_handle))

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
-import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
@@ -25,7 +23,7 @@ from sc_dispatch import RegisteredMethod
 
 from . import _colocate, _faults, _fused, _replace
 from ._backend import Backend
-from ._binding import MethodProxy, bind_worker_methods, set_bound_method, unbind_all
+from ._binding import MethodProxy, bind_worker_methods
 from ._busy import AbandonedCall
 from ._call import check_timeout
 from ._call_path import call_raw
@@ -38,8 +36,9 @@ from ._errors import (
     WorkerGroupError,
 )
 from ._faults import FaultAction
-from ._liveness import Liveness
+from ._methods import MethodTable
 from ._resource import ResourcePool
+from ._runtime import GroupRuntime
 from ._settings import ABORT_ON_WORKER_DEATH, CALL_TIMEOUT, WORKER_START_TIMEOUT
 
 __all__ = ["MethodProxy", "WorkerGroup"]
@@ -60,18 +59,6 @@ if TYPE_CHECKING:
     W = _TypeVarWithDefault("W", default=Any)
 else:
     W = TypeVar("W")
-
-
-class _Lifecycle:
-    """Whether a set of workers was closed; shared by a group and the groups spawned from it."""
-
-    def __init__(self) -> None:
-        self.closed = False
-        self.lock = threading.Lock()
-        #: The pool whose share the workers hold, released once when they are closed.
-        self.pool: ResourcePool | None = None
-        #: Every group over these workers (the group and its spawned views), held weakly.
-        self.views: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
 
 
 class WorkerGroup(Generic[W]):
@@ -112,8 +99,10 @@ class WorkerGroup(Generic[W]):
             raise InvalidConfigError(
                 f"{type(self).__name__}: name_prefix must be a non-empty str, got {name_prefix!r}"
             )
-        self._bound_methods: dict[str, Any] = {}
-        self._is_init_with_detached_workers = resource_pool is None
+        # the state this group shares with its views, and its own table of bound methods
+        self._sc_runtime = GroupRuntime()
+        self._sc_runtime.views.add(self)
+        self._sc_methods = MethodTable(self)
         self._resource_pool = resource_pool
         self.fused_worker_used = False
         self.name_prefix = name_prefix or secrets.token_hex(3)
@@ -122,21 +111,47 @@ class WorkerGroup(Generic[W]):
             if default_timeout is not None
             else CALL_TIMEOUT.get()
         )
-        self._workers: list[Any] = []
-        self._worker_names: list[str] = []
         self._dispatch_info: dict[str, list[int]] = {}
         self._collect_info: dict[str, list[bool]] = {}
-        self._master_addr: str | None = None
-        self._master_port: str | None = None
         self._user_defined_cls: type | None = None
-        self._liveness = Liveness()
-        self._lifecycle = _Lifecycle()
-        self._lifecycle.views.add(self)
-        self._sc_backend_impl: Backend | None = None
         # The role of a group made by spawn_fused: its calls go through _fuw_execute.
         self._fused_role: str | None = None
         self.wg_dict: dict[str, WorkerGroup] | None = None
         self._spawned_from: WorkerGroup | None = None
+
+    # --- verl's names of the shared state (a backend's group sets them) -------------------
+
+    @property
+    def _workers(self) -> list[Any]:
+        return self._sc_runtime.workers
+
+    @_workers.setter
+    def _workers(self, workers: list[Any]) -> None:
+        self._sc_runtime.workers = workers
+
+    @property
+    def _worker_names(self) -> list[str]:
+        return self._sc_runtime.worker_names
+
+    @_worker_names.setter
+    def _worker_names(self, names: list[str]) -> None:
+        self._sc_runtime.worker_names = names
+
+    @property
+    def _master_addr(self) -> str | None:
+        return self._sc_runtime.master_addr
+
+    @_master_addr.setter
+    def _master_addr(self, addr: str | None) -> None:
+        self._sc_runtime.master_addr = addr
+
+    @property
+    def _master_port(self) -> str | None:
+        return self._sc_runtime.master_port
+
+    @_master_port.setter
+    def _master_port(self, port: str | None) -> None:
+        self._sc_runtime.master_port = port
 
     # --- the backend ----------------------------------------------------------------------
 
@@ -149,28 +164,29 @@ class WorkerGroup(Generic[W]):
                 f"{type(self).__name__}._attach_backend: {type(backend).__qualname__} does not "
                 "implement sc_core.Backend (start, wait, pending, is_done, cancel, is_alive, close)"
             )
-        self._sc_backend_impl = backend
+        self._sc_runtime.backend = backend
         pool = self._resource_pool
         if pool is not None and not pool_acquired:
             pool._sc_acquire()
-        self._lifecycle.pool = pool
+        self._sc_runtime.pool = pool
 
     def _sc_backend(self, method_name: str) -> Backend:
         """The backend that runs ``method_name``; a clear error when the group is closed,
         has no backend or no workers."""
-        if self._lifecycle.closed:
+        runtime = self._sc_runtime
+        if runtime.closed:
             raise WorkerGroupClosedError(
                 f"{type(self).__name__} {self.name_prefix!r}.{method_name}: the worker group "
                 "was closed; create a new group"
             )
-        backend = self._sc_backend_impl
+        backend = runtime.backend
         if backend is None:
             raise BackendNotImplementedError(
                 f"{type(self).__qualname__}.{method_name}: the group has no backend; a "
                 "backend's group attaches one with _attach_backend(backend) (see "
                 "sc_core.Backend)"
             )
-        if not self._workers:
+        if not runtime.workers:
             raise WorkerGroupError(
                 f"{type(self).__name__}.{method_name}: the worker group has no workers"
             )
@@ -183,16 +199,16 @@ class WorkerGroup(Generic[W]):
     @property
     def world_size(self) -> int:
         """The number of workers."""
-        return len(self._workers)
+        return len(self._sc_runtime.workers)
 
     @property
     def workers(self) -> list[Any]:
         """The backend's worker handles, in rank order (a copy)."""
-        return list(self._workers)
+        return list(self._sc_runtime.workers)
 
     @property
     def worker_names(self) -> list[str]:
-        return list(self._worker_names)
+        return list(self._sc_runtime.worker_names)
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start ``method_name`` on every rank and return one backend handle per rank. When
@@ -240,18 +256,10 @@ class WorkerGroup(Generic[W]):
         """
         return bind_worker_methods(self, user_defined_cls, func_generator)
 
-    def _set_bound_method(
-        self, name: str, proxy: Any, *, source: type | None = None, replace: bool = False
-    ) -> None:
-        set_bound_method(self, name, proxy, source=source, replace=replace)
-
-    def _unbind_all(self) -> None:
-        unbind_all(self)
-
     @property
     def bound_method_names(self) -> list[str]:
         """The names of the bound worker methods, sorted."""
-        return sorted(self._bound_methods)
+        return self._sc_methods.names()
 
     def method(self, func: RegisteredMethod[Any, Any, Q, C]) -> MethodProxy[Q, C]:
         """The bound proxy of a worker method, typed: ``wg.method(MyWorker.generate)``.
@@ -264,7 +272,7 @@ class WorkerGroup(Generic[W]):
         types. A method that is not bound on this group is an
         :class:`~sc_core.UnknownMethodError`."""
         name = getattr(func, "__name__", None)
-        proxy = self._bound_methods.get(name) if isinstance(name, str) else None
+        proxy = self._sc_methods.get(name) if isinstance(name, str) else None
         if not isinstance(proxy, MethodProxy):
             raise UnknownMethodError(
                 f"{type(self).__name__}.method: {func!r} is not a bound worker method; "
@@ -289,17 +297,17 @@ class WorkerGroup(Generic[W]):
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} {self.name_prefix!r} world_size={self.world_size} "
-            f"methods={len(self._bound_methods)}>"
+            f"methods={len(self._sc_methods)}>"
         )
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: typos get a list of what exists.
-        bound = self.__dict__.get("_bound_methods")
+        bound = self.__dict__.get("_sc_methods")
         if name.startswith("__") or bound is None:
             raise AttributeError(name)
         raise UnknownMethodError(
             f"{type(self).__name__} has no attribute or bound worker method {name!r}; "
-            f"bound methods: {sorted(bound)}"
+            f"bound methods: {bound.names()}"
         )
 
     # --- liveness (see _liveness.py) ---------------------------------------------------------
@@ -308,18 +316,18 @@ class WorkerGroup(Generic[W]):
     def busy_ranks(self) -> dict[int, AbandonedCall]:
         """The ranks still running a call the group gave up on (after a deadline, a worker
         death or another rank's failure), with what they run; their next call waits."""
-        backend = self._sc_backend_impl
+        backend = self._sc_runtime.backend
         is_done: Callable[[Any], bool] = (lambda _h: True) if backend is None else backend.is_done
-        return self._liveness.busy.current(is_done)
+        return self._sc_runtime.liveness.busy.current(is_done)
 
     @property
     def dead_ranks(self) -> list[int]:
         """Ranks known to be dead, sorted."""
-        return self._liveness.dead_ranks()
+        return self._sc_runtime.liveness.dead_ranks()
 
     def _mark_workers_dead(self, ranks: Iterable[int], reason: str = "") -> None:
         """Record dead ranks; later calls touching them raise WorkerDiedError at once."""
-        self._liveness.mark_dead(ranks, reason)
+        self._sc_runtime.liveness.mark_dead(ranks, reason)
 
     def _rank_alive(self, rank: int) -> bool:
         return self._sc_backend("is_alive").is_alive(rank)
@@ -327,7 +335,7 @@ class WorkerGroup(Generic[W]):
     def check_worker_aliveness(self) -> list[int]:
         """Ask the backend about every rank not yet known dead; record and return the ranks
         found dead now."""
-        return self._liveness.find_dead(self.world_size, self._rank_alive)
+        return self._sc_runtime.liveness.find_dead(self.world_size, self._rank_alive)
 
     def replace_ranks(
         self, ranks: Iterable[int] | None = None, *, timeout: float | None = None
@@ -354,6 +362,11 @@ class WorkerGroup(Generic[W]):
         the method raises :class:`~sc_core.InjectedFaultError` (``action="raise"``). For
         testing recovery; see ``_faults.py``. Every rank must be alive."""
         _faults.inject_fault(self, rank, method, action, delay_s)
+
+    def _sc_method_target(self, name: str) -> str | None:
+        """The worker method that the method bound as ``name`` runs (``None``: none bound)."""
+        proxy = self._sc_methods.get(name)
+        return proxy.method_name if isinstance(proxy, MethodProxy) else None
 
     def kill_worker(self, rank: int) -> None:
         """Kill ``rank``'s worker now, for testing recovery (it is not restarted): the next
@@ -382,7 +395,7 @@ class WorkerGroup(Generic[W]):
         ``timeout`` seconds (default ``SC_CORE_WORKER_START_TIMEOUT_S``, else 300)."""
         if timeout is None:
             timeout = WORKER_START_TIMEOUT.get()
-        self._liveness.wait_all_alive(self.world_size, self._rank_alive, timeout)
+        self._sc_runtime.liveness.wait_all_alive(self.world_size, self._rank_alive, timeout)
 
     def start_worker_aliveness_check(
         self, every_n_seconds: float = 1, *, abort_on_death: bool | None = None
@@ -396,14 +409,14 @@ class WorkerGroup(Generic[W]):
         """
         interval = check_timeout("start_worker_aliveness_check: every_n_seconds", every_n_seconds)
         abort = ABORT_ON_WORKER_DEATH.get() if abort_on_death is None else abort_on_death
-        if self._liveness.monitoring:
+        if self._sc_runtime.liveness.monitoring:
             return
         self._block_until_all_workers_alive()
-        self._liveness.start_monitor(self, cast(float, interval), abort)
+        self._sc_runtime.liveness.start_monitor(self, cast(float, interval), abort)
 
     def stop_worker_aliveness_check(self) -> None:
         """Stop the thread started by :meth:`start_worker_aliveness_check`."""
-        self._liveness.stop_monitor()
+        self._sc_runtime.liveness.stop_monitor()
 
     # --- colocation (see _colocate.py and, for verl's fused classes, _fused.py) ---------------
 
@@ -450,23 +463,24 @@ class WorkerGroup(Generic[W]):
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called on this group or one it shares workers with."""
-        return self._lifecycle.closed
+        return self._sc_runtime.closed
 
     def close(self) -> None:
         """Stop the workers (the backend's ``close``), the aliveness thread, and release this
         group's share of its resource pool (the last group using a pool releases it). Groups
         spawned from this one share its workers and are closed with it. Later calls raise
         :class:`~sc_core.WorkerGroupClosedError`; closing again does nothing."""
-        with self._lifecycle.lock:
-            if self._lifecycle.closed:
+        runtime = self._sc_runtime
+        with runtime.lock:
+            if runtime.closed:
                 return
-            self._lifecycle.closed = True
+            runtime.closed = True
         try:
-            self._liveness.stop_monitor()
-            if self._sc_backend_impl is not None:
-                self._sc_backend_impl.close()
+            self._sc_runtime.liveness.stop_monitor()
+            if runtime.backend is not None:
+                runtime.backend.close()
         finally:
-            pool, self._lifecycle.pool = self._lifecycle.pool, None
+            pool, runtime.pool = runtime.pool, None
             if pool is not None:
                 pool._sc_release_user()
 

@@ -218,7 +218,7 @@ class RayWorkerGroup(WorkerGroup[W]):
                 rapi.kill(worker)
             pool._sc_release_user()
             raise
-        self._lifecycle.pool = pool
+        self._sc_runtime.pool = pool
 
     def _init_with_detached_workers(
         self,
@@ -343,7 +343,7 @@ class RayWorkerGroup(WorkerGroup[W]):
         it). Calling it again does nothing."""
         if not release_pool and not self.closed:
             self._ray.release_attached_pgs = False
-            self._lifecycle.pool = None
+            self._sc_runtime.pool = None
         self.close()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RayWorkerGroup:

@@ -1,0 +1,83 @@
+"""What a worker group shares with the groups spawned from it, and what sc-core's helper
+modules may use of a group.
+
+:class:`GroupRuntime` is the one owner of a set of workers' state: the backend that runs
+them, their handles and names, the rendezvous address, which ranks are dead or busy, and the
+lifecycle (closed or not, the resource pool share, every view over the workers). A group
+and its views (``spawn``, ``spawn_fused``, ``fuse``) hold the same runtime; each has its own
+:class:`~sc_core._methods.MethodTable` of bound names.
+
+:class:`GroupLike` is what the helper modules (binding, colocation, fused classes, worker
+replacement) use of a group, so that none of them imports :class:`~sc_core.WorkerGroup`:
+:mod:`sc_core._worker_group` imports them, never the other way round.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from ._backend import Backend
+from ._liveness import Liveness
+from ._methods import MethodTable
+from ._resource import ResourcePool
+
+__all__ = ["GroupLike", "GroupRuntime"]
+
+
+class GroupRuntime:
+    """The state a group and its views share (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+        self.workers: list[Any] = []
+        self.worker_names: list[str] = []
+        self.master_addr: str | None = None
+        self.master_port: str | None = None
+        self.liveness = Liveness()
+        self.closed = False
+        self.lock = threading.Lock()
+        #: The pool whose share the workers hold, released once when they are closed.
+        self.pool: ResourcePool | None = None
+        #: Every group over these workers (the group and its views), held weakly.
+        self.views: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+
+class GroupLike(Protocol):
+    """What sc-core's helper modules use of a worker group (a
+    :class:`~sc_core.WorkerGroup` meets it)."""
+
+    name_prefix: str
+    default_timeout: float | None
+    fused_worker_used: bool
+    wg_dict: dict[str, Any] | None
+    _sc_runtime: GroupRuntime
+    _sc_methods: MethodTable
+    _user_defined_cls: type | None
+    _fused_role: str | None
+    _spawned_from: Any
+    _dispatch_info: dict[str, list[int]]
+    _collect_info: dict[str, list[bool]]
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def dead_ranks(self) -> list[int]: ...
+
+    @property
+    def bound_method_names(self) -> list[str]: ...
+
+    def _sc_backend(self, method_name: str) -> Backend: ...
+
+    def check_worker_aliveness(self) -> list[int]: ...
+
+    def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def spawn(self, prefix_set: Iterable[str]) -> dict[str, Any]: ...
