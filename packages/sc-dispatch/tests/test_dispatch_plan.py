@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _dispatch_fakes import Batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_dispatch import (
@@ -22,6 +23,7 @@ from sc_dispatch import (
     balanced_plan,
     even_plan,
     make_sticky_dispatch_fn,
+    mesh_slots,
     rank_slots,
     resolve_dispatch_mode,
 )
@@ -77,6 +79,33 @@ def test_the_balanced_plan_partitions_in_order(rows: int, world: int, size: int 
     _check_partition(plan, rows)
     assert [list(u.args[0]) for u in plan.units] == [list(u.rows) for u in plan.units]
     assert plan.join(_identity_outputs(plan)) == batch
+
+
+def _doubled_outputs(plan: WorkPlan) -> list[Any]:
+    """What a row-wise method returns for each unit (padding rows included)."""
+    return [Batch([(x, 2 * x) for x in u.args[0].rows]) for u in plan.units]
+
+
+@PROPERTY
+@given(
+    rows=st.integers(1, 40),
+    world=st.integers(1, 5),
+    size=st.integers(1, 9) | st.none(),
+    mesh=st.booleans(),
+)
+def test_balanced_equals_even_as_plans(rows: int, world: int, size: int | None, mesh: bool) -> None:
+    """One property for every way a call runs: the balanced plan's join of a row-wise
+    method's outputs is the even plan's (whose batch is padded when it does not divide),
+    on ranks or on a mesh's dp groups, whatever the micro-shard size."""
+    group = Group(2 * world)
+    slots = mesh_slots(group, "m") if mesh else rank_slots(Group(world))
+    batch = Batch(range(rows))
+    even = even_plan("EVEN", slots, (batch,), {})
+    balanced = balanced_plan("BAL", slots, (batch,), {}, size)
+    expected = Batch([(x, 2 * x) for x in range(rows)])
+    assert even.join(_doubled_outputs(even)) == expected
+    assert balanced.join(_doubled_outputs(balanced)) == expected
+    assert sum(u.pad for u in even.units) == -rows % len(slots)
 
 
 @PROPERTY
