@@ -17,14 +17,16 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from ._backend import Backend
 from ._liveness import Liveness
 from ._methods import MethodTable
 from ._resource import ResourcePool
 
-__all__ = ["GroupLike", "GroupRuntime"]
+__all__ = ["GroupLike", "GroupRuntime", "Shared"]
+
+T = TypeVar("T")
 
 
 class GroupRuntime:
@@ -47,6 +49,29 @@ class GroupRuntime:
     @property
     def world_size(self) -> int:
         return len(self.workers)
+
+
+class Shared(Generic[T]):
+    """A group attribute kept in its runtime, so that every view sees one value: verl's
+    ``_workers``, ``_worker_names``, ``_master_addr`` and ``_master_port``, which a
+    backend's group sets."""
+
+    def __init__(self, field: str) -> None:
+        self._field = field
+
+    @overload
+    def __get__(self, group: None, owner: type) -> Shared[T]: ...
+
+    @overload
+    def __get__(self, group: object, owner: type) -> T: ...
+
+    def __get__(self, group: object, owner: type) -> Shared[T] | T:
+        if group is None:
+            return self
+        return cast(T, getattr(cast(Any, group)._sc_runtime, self._field))
+
+    def __set__(self, group: object, value: T) -> None:
+        setattr(cast(Any, group)._sc_runtime, self._field, value)
 
 
 class GroupLike(Protocol):

@@ -38,7 +38,7 @@ from ._errors import (
 from ._faults import FaultAction
 from ._methods import MethodTable
 from ._resource import ResourcePool
-from ._runtime import GroupRuntime
+from ._runtime import GroupRuntime, Shared
 from ._settings import ABORT_ON_WORKER_DEATH, CALL_TIMEOUT, WORKER_START_TIMEOUT
 
 __all__ = ["MethodProxy", "WorkerGroup"]
@@ -119,39 +119,11 @@ class WorkerGroup(Generic[W]):
         self.wg_dict: dict[str, WorkerGroup] | None = None
         self._spawned_from: WorkerGroup | None = None
 
-    # --- verl's names of the shared state (a backend's group sets them) -------------------
-
-    @property
-    def _workers(self) -> list[Any]:
-        return self._sc_runtime.workers
-
-    @_workers.setter
-    def _workers(self, workers: list[Any]) -> None:
-        self._sc_runtime.workers = workers
-
-    @property
-    def _worker_names(self) -> list[str]:
-        return self._sc_runtime.worker_names
-
-    @_worker_names.setter
-    def _worker_names(self, names: list[str]) -> None:
-        self._sc_runtime.worker_names = names
-
-    @property
-    def _master_addr(self) -> str | None:
-        return self._sc_runtime.master_addr
-
-    @_master_addr.setter
-    def _master_addr(self, addr: str | None) -> None:
-        self._sc_runtime.master_addr = addr
-
-    @property
-    def _master_port(self) -> str | None:
-        return self._sc_runtime.master_port
-
-    @_master_port.setter
-    def _master_port(self, port: str | None) -> None:
-        self._sc_runtime.master_port = port
+    # verl's names of the shared state, which a backend's group sets (kept in the runtime)
+    _workers: Shared[list[Any]] = Shared("workers")
+    _worker_names: Shared[list[str]] = Shared("worker_names")
+    _master_addr: Shared[str | None] = Shared("master_addr")
+    _master_port: Shared[str | None] = Shared("master_port")
 
     # --- the backend ----------------------------------------------------------------------
 
