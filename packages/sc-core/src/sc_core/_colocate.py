@@ -28,6 +28,7 @@ from sc_dispatch import MAGIC_ATTR, get_register_attrs
 from . import _context
 from ._binding import MethodProxy, rebind_all, set_bound_method
 from ._errors import ColocationError, ConfigTypeError, MethodCollisionError, UnknownRoleError
+from ._meshes import MeshCache
 from ._resource import ClassWithInitArgs
 from ._worker import Worker
 
@@ -230,8 +231,7 @@ def shallow_copy(group: WG) -> WG:
     new._bound_methods = {}
     for name in group._bound_methods:
         new.__dict__.pop(name, None)
-    new._dispatch_info = {}
-    new._collect_info = {}
+    new._mesh_cache = MeshCache()
     new.wg_dict = None
     new._spawned_from = group
     group._lifecycle.views.add(new)

@@ -99,8 +99,7 @@ def replace_ranks(
         root._workers[rank] = handle
     root._liveness.revive(chosen)
     for view in list(root._lifecycle.views):
-        view._dispatch_info.clear()
-        view._collect_info.clear()
+        view._mesh_cache.clear()
         view._master_addr, view._master_port = result.master_addr, result.master_port
     root.execute_all_sync(REFORM_METHOD, result.master_addr, result.master_port, tuple(chosen))
     logger.warning(

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
-from sc_dispatch import Execute, RegisteredMethod
+from sc_dispatch import Execute, MeshLayout, RegisteredMethod
 
 from . import _colocate, _faults, _fused, _pipeline, _replace
 from ._backend import Backend
@@ -38,6 +38,7 @@ from ._errors import (
 )
 from ._faults import FaultAction
 from ._liveness import Liveness
+from ._meshes import MeshCache
 from ._resource import ResourcePool
 from ._settings import ABORT_ON_WORKER_DEATH, CALL_TIMEOUT, WORKER_START_TIMEOUT
 
@@ -123,8 +124,7 @@ class WorkerGroup(Generic[W]):
         )
         self._workers: list[Any] = []
         self._worker_names: list[str] = []
-        self._dispatch_info: dict[str, list[int]] = {}
-        self._collect_info: dict[str, list[bool]] = {}
+        self._mesh_cache = MeshCache()  # query_mesh's layouts (see _meshes.py)
         self._master_addr: str | None = None
         self._master_port: str | None = None
         self._user_defined_cls: type | None = None
@@ -190,6 +190,12 @@ class WorkerGroup(Generic[W]):
     @property
     def worker_names(self) -> list[str]:
         return list(self._worker_names)
+
+    def query_mesh(self, mesh_name: str) -> MeshLayout:
+        """The layout of mesh ``mesh_name`` (each rank's dp rank and collect flag), asked of
+        the workers once and cached; a rank that never registered it is a
+        :class:`~sc_dispatch.MeshLayoutError` naming the ranks. What N-d dispatch reads."""
+        return self._mesh_cache.layout(self, mesh_name)
 
     def _new_call(self, method_name: str, rank_zero: bool, blocking: bool) -> Any:
         mode = Execute.RANK_ZERO if rank_zero else Execute.ALL
