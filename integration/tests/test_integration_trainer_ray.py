@@ -147,4 +147,4 @@ def test_tp2_dp2_actor_mesh_returns_one_row_per_input_row(ray_cluster: None) -> 
         log_probs = wg.compute_log_prob(out)
         assert log_probs.batch["old_log_probs"].shape == (rows, 3)
         assert torch.isfinite(log_probs.batch["old_log_probs"]).all()
-        assert wg._dispatch_info["actor"] == [0, 0, 1, 1]
+        assert wg._mesh_cache.layouts()["actor"].dp_ranks == (0, 0, 1, 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from sc_dispatch import (
     NotShardableError,
     resolve_dispatch_mode,
 )
+from sc_dispatch.testing import FakeWorkerGroup
 from sc_ext_roundrobin import (
     ROUND_ROBIN,
     collect_round_robin,
@@ -23,21 +25,6 @@ from sc_ext_roundrobin import (
 )
 
 PROPERTY = settings(deadline=None, max_examples=50)
-
-
-class FakeGroup:
-    """The part of a worker group a dispatch function may use."""
-
-    def __init__(self, world_size: Any) -> None:
-        self.world_size = world_size
-        self._dispatch_info: dict[str, list[int]] = {}
-        self._collect_info: dict[str, list[bool]] = {}
-
-    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
-        raise AssertionError("not used")
-
-    def _query_collect_info(self, mesh_name: str) -> list[bool]:
-        raise AssertionError("not used")
 
 
 def test_the_mode_is_registered_under_its_name() -> None:
@@ -57,14 +44,15 @@ def test_deal_hands_out_like_cards() -> None:
 
 
 def test_dispatch_deals_lists_and_repeats_the_rest() -> None:
-    args, kwargs = dispatch_round_robin(FakeGroup(2), ["a", "b", "c"], 7, tags=("x", "y", "z"))
+    group = FakeWorkerGroup(2)
+    args, kwargs = dispatch_round_robin(group, ["a", "b", "c"], 7, tags=("x", "y", "z"))
     assert args == [[["a", "c"], ["b"]], [7, 7]]
     assert kwargs == {"tags": [("x", "z"), ("y",)]}
 
 
 def test_collect_restores_the_item_order() -> None:
-    assert collect_round_robin(FakeGroup(3), [[0, 3], [1, 4], [2]]) == [0, 1, 2, 3, 4]
-    assert collect_round_robin(FakeGroup(2), [(), ()]) == []
+    assert collect_round_robin(FakeWorkerGroup(3), [[0, 3], [1, 4], [2]]) == [0, 1, 2, 3, 4]
+    assert collect_round_robin(FakeWorkerGroup(2), [(), ()]) == []
 
 
 @PROPERTY
@@ -79,7 +67,7 @@ def test_undeal_inverts_deal(items: list[int], hands: int) -> None:
 @PROPERTY
 @given(items=st.lists(st.text(max_size=3), max_size=30), world=st.integers(1, 6))
 def test_dispatch_then_collect_is_the_identity(items: list[str], world: int) -> None:
-    group = FakeGroup(world)
+    group = FakeWorkerGroup(world)
     args, _ = dispatch_round_robin(group, items)
     (per_rank,) = args
     assert len(per_rank) == world
@@ -89,7 +77,7 @@ def test_dispatch_then_collect_is_the_identity(items: list[str], world: int) -> 
 @PROPERTY
 @given(items=st.lists(st.integers(), max_size=30), world=st.integers(1, 6))
 def test_collect_through_the_spec_sees_the_deal(items: list[int], world: int) -> None:
-    group = FakeGroup(world)
+    group = FakeWorkerGroup(world)
     spec = resolve_dispatch_mode(ROUND_ROBIN)
     dispatched = spec.dispatch_fn(group, items, "tag", extra=tuple(items))
     outputs = [[x * 2 for x in hand] for hand in dispatched[0][0]]
@@ -97,7 +85,7 @@ def test_collect_through_the_spec_sees_the_deal(items: list[int], world: int) ->
 
 
 def test_the_deal_catches_counts_that_only_look_like_a_deal() -> None:
-    group = FakeGroup(2)
+    group = FakeWorkerGroup(2)
     dispatched = dispatch_round_robin(group, [1, 2, 3, 4])
     # [2, 1] is a deal of 3 items, but rank 1 was dealt 2.
     assert collect_round_robin(group, [[1, 3], [2]]) == [1, 2, 3]
@@ -109,50 +97,50 @@ def test_the_deal_catches_counts_that_only_look_like_a_deal() -> None:
 
 def test_dispatched_arguments_without_hands_are_an_error() -> None:
     with pytest.raises(DispatchArgumentError, match=r"no dealt hands for 2 ranks"):
-        collect_round_robin(FakeGroup(2), [[1], [2]], dispatched=([[5, 5]], {}))
+        collect_round_robin(FakeWorkerGroup(2), [[1], [2]], dispatched=([[5, 5]], {}))
 
 
 def test_a_call_without_a_list_argument_is_an_error() -> None:
     with pytest.raises(DispatchArgumentError, match=r"ROUND_ROBIN: no list or tuple.*\['int'\]"):
-        dispatch_round_robin(FakeGroup(2), 5)
+        dispatch_round_robin(FakeWorkerGroup(2), 5)
 
 
 def test_lists_of_different_lengths_are_an_error() -> None:
     with pytest.raises(DispatchArgumentError, match=r"one length.*'positional argument 0': 3"):
-        dispatch_round_robin(FakeGroup(2), [1, 2, 3], other=[1])
+        dispatch_round_robin(FakeWorkerGroup(2), [1, 2, 3], other=[1])
 
 
 @pytest.mark.parametrize("size", [0, -1, None, True, "2"])
 def test_a_group_without_a_positive_world_size_is_an_error(size: Any) -> None:
     with pytest.raises(DispatchArgumentError, match=r"ROUND_ROBIN: .*world_size"):
-        dispatch_round_robin(FakeGroup(size), [1])
+        dispatch_round_robin(SimpleNamespace(world_size=size), [1])
     with pytest.raises(DispatchArgumentError, match=r"ROUND_ROBIN: .*world_size"):
-        collect_round_robin(FakeGroup(size), [[1]])
+        collect_round_robin(SimpleNamespace(world_size=size), [[1]])
 
 
 def test_collect_checks_the_number_of_outputs() -> None:
     with pytest.raises(DispatchArgumentError, match=r"expected 3 outputs \(one per rank\), got 2"):
-        collect_round_robin(FakeGroup(3), [[1], [2]])
+        collect_round_robin(FakeWorkerGroup(3), [[1], [2]])
 
 
 def test_collect_rejects_a_rank_result_that_is_not_a_list() -> None:
     with pytest.raises(NotShardableError, match=r"rank 1 returned int"):
-        collect_round_robin(FakeGroup(2), [[1], 2])
+        collect_round_robin(FakeWorkerGroup(2), [[1], 2])
 
 
 def test_collect_rejects_counts_that_are_no_deal() -> None:
     with pytest.raises(DispatchArgumentError, match=r"\[1, 3\] results.*expected \[2, 2\]"):
-        collect_round_robin(FakeGroup(2), [[1], [2, 3, 4]])
+        collect_round_robin(FakeWorkerGroup(2), [[1], [2, 3, 4]])
 
 
 def test_non_blocking_outputs_are_collected_into_one_future() -> None:
     from sc_core import LazyFuture
 
     parts = [LazyFuture.completed([0, 2]), LazyFuture.completed([1])]
-    out = collect_round_robin(FakeGroup(2), parts)
+    out = collect_round_robin(FakeWorkerGroup(2), parts)
     assert isinstance(out, LazyFuture)
     assert out.get() == [0, 1, 2]
-    bad = collect_round_robin(FakeGroup(2), [LazyFuture.completed(5), [1]])
+    bad = collect_round_robin(FakeWorkerGroup(2), [LazyFuture.completed(5), [1]])
     with pytest.raises(NotShardableError, match=r"rank 0 returned int"):
         bad.get()
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 
 from ._errors import TrainerConfigError
+from ._faults import FaultSpec
 from ._options import option
 from ._task import TaskConfig
-
-if TYPE_CHECKING:
-    from ._faults import FaultSpec
 
 __all__ = [
     "ALGORITHMS",
@@ -434,8 +432,6 @@ class TrainerConfig:
         """:attr:`inject_fault` parsed (empty: no fault)."""
         if self.inject_fault is None:
             return ()
-        from ._faults import FaultSpec
-
         return FaultSpec.parse_all(self.inject_fault)
 
     @property

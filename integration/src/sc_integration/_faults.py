@@ -13,16 +13,13 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from sc_core import FAULT_ACTIONS, FaultAction, WorkerGroup
 
 from ._errors import TrainerConfigError, TrainerStateError
 
-if TYPE_CHECKING:
-    from ._roles import TrainerGroups
-
-__all__ = ["FAULT_ROLES", "FaultSpec", "inject", "inject_due"]
+__all__ = ["FAULT_ROLES", "FaultSpec", "FaultTargets", "inject", "inject_due"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +120,20 @@ def inject(group: WorkerGroup[Any], fault: FaultSpec) -> None:
     group.kill_worker(fault.rank)
 
 
-def inject_due(groups: TrainerGroups, faults: list[FaultSpec], step: int) -> list[FaultSpec]:
+class FaultTargets(Protocol):
+    """The worker groups a fault can be injected into (``TrainerGroups`` has them)."""
+
+    @property
+    def actor_rollout(self) -> WorkerGroup[Any]: ...
+
+    @property
+    def critic(self) -> WorkerGroup[Any] | None: ...
+
+    @property
+    def rollout(self) -> WorkerGroup[Any] | None: ...
+
+
+def inject_due(groups: FaultTargets, faults: list[FaultSpec], step: int) -> list[FaultSpec]:
     """Inject the faults of ``faults`` whose step begins into their roles' groups; the faults
     left for later steps."""
     for fault in (f for f in faults if f.step == step):

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+import torch
 from sc_core import (
     ClassWithInitArgs,
     LocalWorkerGroup,
@@ -155,8 +156,6 @@ class InProcessLauncher:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        import torch
-
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -184,14 +183,11 @@ class InProcessLauncher:
 def make_launcher(config: TrainerConfig) -> Launcher:
     """The launcher of the backend ``config.backend`` names (``"ray"``: :class:`RayLauncher`,
     ``"local"``: :class:`InProcessLauncher`); ``device="cuda"`` needs a visible CUDA device."""
-    if config.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise TrainerConfigError(
-                "make_launcher: device='cuda' but no CUDA device is visible "
-                "(torch.cuda.is_available() is False); use device='cpu'"
-            )
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise TrainerConfigError(
+            "make_launcher: device='cuda' but no CUDA device is visible "
+            "(torch.cuda.is_available() is False); use device='cpu'"
+        )
     if config.backend == "ray":
         return RayLauncher(
             config.ray_num_cpus, use_gpu=config.device == "cuda", standby=config.standby

@@ -21,6 +21,9 @@ from ._errors import ScIntegrationError
 from ._options import add_options, config_kwargs
 from ._runner import TaskRunner
 
+# tqdm ships no type information; the bar is used through four plain methods
+_tqdm: Any = importlib.import_module("tqdm").tqdm
+
 __all__ = ["build_parser", "config_from_args", "main"]
 
 
@@ -65,9 +68,7 @@ class _Progress:
     """A tqdm bar with the live reward and step time, or one log line per step."""
 
     def __init__(self, total: int, enabled: bool) -> None:
-        # tqdm ships no type information; the bar is used through four plain methods
-        tqdm: Any = importlib.import_module("tqdm").tqdm
-        self._bar = tqdm(
+        self._bar = _tqdm(
             total=total, desc="sc-demo", unit="step", disable=not enabled, dynamic_ncols=True
         )
         self._enabled = enabled

@@ -26,6 +26,7 @@ from sc_core import (
 )
 from sc_dispatch import (
     Dispatch,
+    MeshLayout,
     get_register_attrs,
     make_nd_compute_dataproto_dispatch_fn,
     register,
@@ -133,8 +134,8 @@ def test_nd_dispatch_through_a_spawned_group_asks_the_role_instance(wg: LocalWor
     actor = wg.spawn(["actor"])["actor"]
     assert actor._query_dispatch_info("actor") == [0, 1]
     assert actor.update(Batch([2, 4, 6])) == Batch([1.0, 2.0, 3.0])
-    assert actor._dispatch_info == {"actor": [0, 1]}
-    assert wg._dispatch_info == {}  # each group has its own cache
+    assert actor._mesh_cache.layouts() == {"actor": MeshLayout((0, 1), (True, True))}
+    assert wg._mesh_cache.layouts() == {}  # each group has its own cache
 
 
 def test_spawn_errors(wg: LocalWorkerGroup) -> None:

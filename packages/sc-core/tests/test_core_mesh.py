@@ -14,7 +14,14 @@ from sc_core import (
     WorkerError,
     worker_context,
 )
-from sc_dispatch import Dispatch, MeshLayoutError, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch import (
+    Dispatch,
+    DispatchWorkerGroup,
+    MeshLayout,
+    MeshLayoutError,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
 
 
 class TpDpWorker(Worker):
@@ -58,8 +65,8 @@ def test_nd_dispatch_splits_by_dp_rank_and_collects_from_collect_ranks(
     out = wg.forward(Batch(range(4)))
     assert out == Batch([(0, 0), (0, 1), (2, 2), (2, 3)])
     assert [w.received for w in wg.workers] == [[[0, 1]], [[0, 1]], [[2, 3]], [[2, 3]]]
-    assert wg._dispatch_info == {"actor": [0, 0, 1, 1]}
-    assert wg._collect_info == {"actor": [True, False, True, False]}
+    assert wg._mesh_cache.layouts() == {"actor": MeshLayout.from_sizes(2, 2)}
+    assert wg.query_mesh("actor") == MeshLayout.from_sizes(2, 2)
 
 
 def test_nd_dispatch_pads_to_the_dp_size_and_unpads(wg: LocalWorkerGroup) -> None:
@@ -70,9 +77,11 @@ def test_nd_dispatch_pads_to_the_dp_size_and_unpads(wg: LocalWorkerGroup) -> Non
 
 def test_nd_dispatch_asks_the_workers_once_per_mesh(wg: LocalWorkerGroup) -> None:
     wg.forward(Batch(range(4)))
-    wg._dispatch_info["actor"] = [0, 0, 0, 1]  # the cache is used: no second query
-    with pytest.raises(MeshLayoutError, match="exactly one collect rank"):
-        wg.forward(Batch(range(4)))
+    # the cache is used, no second query: a layout the workers never registered is followed
+    wg._mesh_cache.put("actor", MeshLayout((0, 0, 0, 0), (False, False, True, False)))
+    out = wg.forward(Batch(range(4)))
+    assert out == Batch([(2, 0), (2, 1), (2, 2), (2, 3)])
+    assert wg.workers[3].received[-1] == [0, 1, 2, 3]
 
 
 def test_unregistered_mesh_is_reported_on_the_driver_naming_the_mesh(wg: LocalWorkerGroup) -> None:
@@ -84,7 +93,7 @@ def test_unregistered_mesh_is_reported_on_the_driver_naming_the_mesh(wg: LocalWo
     assert not isinstance(err, WorkerError)
     assert "on_unregistered_mesh" in str(err)
     assert "no rank registered the mesh 'critic'" in str(err)
-    assert "critic" not in wg._dispatch_info  # nothing invalid is cached
+    assert "critic" not in wg._mesh_cache.layouts()  # nothing invalid is cached
 
 
 def test_query_collect_info_in_the_worker_still_raises_for_unknown_meshes() -> None:
@@ -127,7 +136,19 @@ def test_a_mesh_some_ranks_did_not_register_names_those_ranks_on_the_driver() ->
             g.forward(Batch(range(4)))
         assert "ranks [1, 3] did not register the mesh 'actor'" in str(info.value)
         assert "mesh 'actor' was never registered; registered meshes: []" in str(info.value)
-        assert "actor" not in g._dispatch_info
+        assert "actor" not in g._mesh_cache.layouts()
+
+
+def test_query_mesh_asks_the_workers_once_and_names_unregistered_ranks() -> None:
+    expected = r"ranks \[1, 3\] did not register the mesh"
+    with group((4,), HalfRegisteredWorker) as g, pytest.raises(MeshLayoutError, match=expected):
+        g.query_mesh("actor")
+    with group((4,), TpDpWorker) as g:
+        first = g.query_mesh("actor")
+        assert first == MeshLayout.from_sizes(2, 2)
+        assert first.mesh_name == "actor"
+        assert g.query_mesh("actor") is first  # cached: the workers are asked once
+        assert isinstance(g, DispatchWorkerGroup)
 
 
 def test_registering_a_mesh_twice_is_an_error(wg: LocalWorkerGroup) -> None:

@@ -20,8 +20,10 @@ from sc_core import (
     WorkerError,
     create_colocated_worker_cls,
 )
-from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch import Dispatch, MeshLayout, make_nd_compute_dataproto_dispatch_fn, register
 
+#: mesh "m" of a 3-rank Node group: one dp group, rank 0 collecting
+MESH_M = MeshLayout((0, 0, 0), (True, False, False))
 #: (rank, replaced) of every on_group_reformed call, in order
 REFORMED: list[tuple[int, list[int]]] = []
 #: ranks whose next construction fails
@@ -77,7 +79,7 @@ def test_a_dead_rank_is_replaced_and_the_group_works_again() -> None:
         before = wg.whoami()
         old_ports = {port for _, _, _, port, _ in before}
         assert wg.by_mesh(Batch([7, 8])).rows == [(0, 7), (0, 8)]  # rank 0 collects
-        assert wg._dispatch_info == {"m": [0, 0, 0]}
+        assert wg._mesh_cache.layouts() == {"m": MESH_M}
         wg.kill_worker(1)
         with pytest.raises(WorkerDiedError, match="rank 1 died"):
             wg.whoami()
@@ -97,9 +99,9 @@ def test_a_dead_rank_is_replaced_and_the_group_works_again() -> None:
         assert sorted(REFORMED) == [(0, [1]), (1, [1]), (2, [1])]
         assert wg.up() == [False, False, False]
         # the group read the mesh tables again (the new worker registered its own)
-        assert wg._dispatch_info == {}
+        assert wg._mesh_cache.layouts() == {}
         assert wg.by_mesh(Batch([7, 8])).rows == [(0, 7), (0, 8)]
-        assert wg._dispatch_info == {"m": [0, 0, 0]}
+        assert wg._mesh_cache.layouts() == {"m": MESH_M}
         assert wg.double(Batch([1, 2, 3, 4, 5, 6])) == Batch([2, 4, 6, 8, 10, 12])
 
 

@@ -1,4 +1,5 @@
-"""Test doubles for the sc-dispatch tests: a fake worker group, a paddable batch, a future.
+"""Test doubles for the sc-dispatch tests: a paddable batch, a future, and the shipped fake
+worker group (``sc_dispatch.testing.FakeWorkerGroup``, re-exported here).
 
 ``run_call`` plays the part of a worker group's bound method (plan → run every unit on its
 slot's ranks → join), so that every mode is exercised the way sc-core and sc-ray drive it;
@@ -8,7 +9,6 @@ slot's ranks → join), so that every mode is exercised the way sc-core and sc-r
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +24,21 @@ from sc_dispatch import (
     register_shardable,
     resolve_dispatch_mode,
 )
+from sc_dispatch.testing import FakeWorkerGroup
+
+__all__ = [
+    "BATCH_ADAPTER",
+    "PROPERTY",
+    "Batch",
+    "BatchAdapter",
+    "FakeFuture",
+    "FakeWorkerGroup",
+    "UnregisteredFuture",
+    "per_rank",
+    "pick",
+    "run_call",
+    "unique_name",
+]
 
 #: Settings for every property test: no deadline (the machine is shared), modest counts.
 PROPERTY = settings(deadline=None, max_examples=60)
@@ -34,41 +49,6 @@ _names = itertools.count()
 def unique_name(prefix: str = "TEST_MODE") -> str:
     """A ``Dispatch`` member name no other test uses."""
     return f"{prefix}_{next(_names)}"
-
-
-class FakeWorkerGroup:
-    """The smallest object that meets ``DispatchWorkerGroup``.
-
-    ``layouts`` maps a mesh name to ``(dp_ranks, collect_flags)``; the query methods return
-    copies and count how often each mesh was asked about.
-    """
-
-    def __init__(
-        self,
-        world_size: int,
-        layouts: Mapping[str, tuple[Sequence[int], Sequence[bool]]] | None = None,
-    ) -> None:
-        self._world_size = world_size
-        self._layouts = {k: (list(v[0]), list(v[1])) for k, v in (layouts or {}).items()}
-        self._dispatch_info: dict[str, list[int]] = {}
-        self._collect_info: dict[str, list[bool]] = {}
-        self.dispatch_queries: Counter[str] = Counter()
-        self.collect_queries: Counter[str] = Counter()
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
-        self.dispatch_queries[mesh_name] += 1
-        return list(self._layouts[mesh_name][0])
-
-    def _query_collect_info(self, mesh_name: str) -> list[bool]:
-        self.collect_queries[mesh_name] += 1
-        return list(self._layouts[mesh_name][1])
-
-    def __repr__(self) -> str:
-        return f"FakeWorkerGroup(world_size={self._world_size})"
 
 
 class Batch:

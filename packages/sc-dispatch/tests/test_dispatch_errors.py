@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -394,7 +395,7 @@ def test_worker_group_without_world_size() -> None:
     ):
         scd.dispatch_one_to_all(object(), 1)  # type: ignore[arg-type]
     with pytest.raises(DispatchArgumentError, match=r"DP_COMPUTE_PROTO: .*\(got 0\)"):
-        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(0), Batch([1]))
+        scd.dispatch_dp_compute_data_proto(SimpleNamespace(world_size=0), Batch([1]))
 
 
 def test_direct_rollout_method_from_the_driver() -> None:

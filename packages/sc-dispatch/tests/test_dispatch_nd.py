@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 import sc_dispatch as scd
 from _dispatch_fakes import Batch, FakeWorkerGroup, functions_of, per_rank, run_call
-from sc_dispatch import MeshLayoutError, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch import (
+    MeshLayout,
+    MeshLayoutError,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
 
 # 4 ranks, dp=2 x tp=2; dp rank does NOT grow with global rank, and the collect rank of
 # dp group 0 is the group's second member.
@@ -125,19 +130,65 @@ def test_asks_the_worker_group_once_per_mesh() -> None:
         run_call(wg, fa, tagged, Batch([1, 2, 3, 4]))
         run_call(wg, fb, tagged, Batch([1, 2, 3, 4]))
     run_call(wg, make_nd_compute_dataproto_dispatch_fn("a"), tagged, Batch([1, 2]))
-    assert wg.dispatch_queries == {"a": 1, "b": 1}
-    assert wg.collect_queries == {"a": 1, "b": 1}
-    assert wg._dispatch_info == {"a": [1, 0, 0, 1], "b": [0, 1, 2, 3]}
-    assert wg._collect_info["a"] == [True, False, True, False]
+    assert wg.mesh_queries == {"a": 1, "b": 1}
+    assert {name: layout.dp_ranks for name, layout in wg.mesh_cache.items()} == {
+        "a": (1, 0, 0, 1),
+        "b": (0, 1, 2, 3),
+    }
+    assert wg.mesh_cache["a"].collect == (True, False, True, False)
 
 
 def test_prefilled_cache_is_used_without_asking() -> None:
     wg = FakeWorkerGroup(2)
-    wg._dispatch_info["m"] = [0, 0]
-    wg._collect_info["m"] = [False, True]
+    wg.mesh_cache["m"] = MeshLayout((0, 0), (False, True))
     assert scd.mesh_layout(wg, "m") == ([0, 0], [False, True])
-    assert not wg.dispatch_queries
-    assert not wg.collect_queries
+    assert not wg.mesh_queries
+
+
+def test_an_unregistered_mesh_names_the_mesh_and_is_not_cached() -> None:
+    wg = FakeWorkerGroup(2, {"m": ([0, None], [True, None])})
+    fns = make_nd_compute_dataproto_dispatch_fn("m")
+    with pytest.raises(MeshLayoutError, match=r"ranks \[1\] did not register the mesh 'm'"):
+        fns["dispatch_fn"](wg, Batch([1, 2]))
+    with pytest.raises(MeshLayoutError, match=r"no rank registered the mesh 'x'"):
+        scd.mesh_layout(wg, "x")
+    assert wg.mesh_cache == {}
+    assert wg.mesh_queries == {"m": 1, "x": 1}
+
+
+class _Unregistered(KeyError):
+    """What sc-core's WorkerError for an unknown mesh carries: the failing ranks."""
+
+    rank = 2
+    other_failed_ranks = (0,)
+    error_message = "mesh 'm' was never registered"
+
+
+class _RaisingGroup:
+    world_size = 4
+
+    def query_mesh(self, mesh_name: str) -> MeshLayout:
+        raise _Unregistered(mesh_name)
+
+
+def test_a_key_error_from_query_mesh_is_a_mesh_layout_error_naming_the_ranks() -> None:
+    with pytest.raises(MeshLayoutError) as info:
+        scd.mesh_layout(_RaisingGroup(), "m")
+    text = str(info.value)
+    assert "ranks [0, 2] did not register the mesh 'm'" in text
+    assert "The worker said: mesh 'm' was never registered" in text
+    assert isinstance(info.value.__cause__, _Unregistered)
+
+
+def test_a_query_mesh_that_returns_something_else_is_an_error() -> None:
+    class Wrong:
+        world_size = 2
+
+        def query_mesh(self, mesh_name: str) -> Any:
+            return ([0, 1], [True, True])
+
+    with pytest.raises(MeshLayoutError, match=r"Wrong.query_mesh must return a sc_dispatch.Mesh"):
+        scd.mesh_layout(Wrong(), "m")
 
 
 def test_collect_needs_one_output_per_rank() -> None:

@@ -15,6 +15,7 @@ from sc_dispatch import (
     DispatchModeSpec,
     DispatchModeTypeError,
     KeyRouter,
+    MeshLayout,
     NotShardableError,
     Rows,
     Slot,
@@ -27,24 +28,16 @@ from sc_dispatch import (
     rank_slots,
     resolve_dispatch_mode,
 )
+from sc_dispatch.testing import FakeWorkerGroup
 
 PROPERTY = settings(deadline=None, max_examples=60)
 
 
-class Group:
-    """Just enough of a worker group for planners."""
-
-    def __init__(self, world_size: int, dead: tuple[int, ...] = ()) -> None:
-        self.world_size = world_size
-        self.dead_ranks = list(dead)
-        self._dispatch_info: dict[str, list[int]] = {}
-        self._collect_info: dict[str, list[bool]] = {}
-
-    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
-        return [r // 2 for r in range(self.world_size)]
-
-    def _query_collect_info(self, mesh_name: str) -> list[bool]:
-        return [r % 2 == 0 for r in range(self.world_size)]
+def make_group(world_size: int, dead: tuple[int, ...] = ()) -> FakeWorkerGroup:
+    """A worker group for planners; its mesh "m" pairs consecutive ranks (rank 2k collects)."""
+    ranks = range(world_size)
+    pairs = MeshLayout(tuple(r // 2 for r in ranks), tuple(r % 2 == 0 for r in ranks))
+    return FakeWorkerGroup(world_size, {"m": pairs}, dead_ranks=dead)
 
 
 def _identity_outputs(plan: WorkPlan) -> list[Any]:
@@ -62,7 +55,7 @@ def test_the_even_plan_partitions_and_joins_back(rows: int, world: int) -> None:
     """Rows ask for padding only through an adapter that pads; Rows never pads, so the
     batch length is a multiple of the world size here."""
     batch = Rows(range(rows * world))
-    plan = even_plan("EVEN", rank_slots(Group(world)), (batch,), {})
+    plan = even_plan("EVEN", rank_slots(make_group(world)), (batch,), {})
     assert [u.slot for u in plan.units] == list(range(world))
     _check_partition(plan, rows * world)
     assert plan.join(_identity_outputs(plan)) == batch
@@ -72,7 +65,7 @@ def test_the_even_plan_partitions_and_joins_back(rows: int, world: int) -> None:
 @given(rows=st.integers(1, 60), world=st.integers(1, 5), size=st.integers(1, 12) | st.none())
 def test_the_balanced_plan_partitions_in_order(rows: int, world: int, size: int | None) -> None:
     batch = Rows(range(rows))
-    plan = balanced_plan("BAL", rank_slots(Group(world)), (batch,), {}, size)
+    plan = balanced_plan("BAL", rank_slots(make_group(world)), (batch,), {}, size)
     assert all(u.slot is None for u in plan.units)
     limit = size or -(-rows // (4 * world))
     assert all(1 <= len(u.rows) <= limit for u in plan.units)
@@ -97,8 +90,8 @@ def test_balanced_equals_even_as_plans(rows: int, world: int, size: int | None, 
     """One property for every way a call runs: the balanced plan's join of a row-wise
     method's outputs is the even plan's (whose batch is padded when it does not divide),
     on ranks or on a mesh's dp groups, whatever the micro-shard size."""
-    group = Group(2 * world)
-    slots = mesh_slots(group, "m") if mesh else rank_slots(Group(world))
+    group = make_group(2 * world)
+    slots = mesh_slots(group, "m") if mesh else rank_slots(make_group(world))
     batch = Batch(range(rows))
     even = even_plan("EVEN", slots, (batch,), {})
     balanced = balanced_plan("BAL", slots, (batch,), {}, size)
@@ -118,7 +111,7 @@ def test_the_sticky_plan_routes_each_key_to_one_slot_and_joins_in_input_order(
 ) -> None:
     mode = make_sticky_dispatch_fn(lambda b: [r["k"] for r in b], max_lag=100)
     batch = Rows({"k": k, "i": i} for i, k in enumerate(keys))
-    group = Group(world)
+    group = make_group(world)
     plan = mode["plan_fn"](group, batch)
     _check_partition(plan, len(keys))
     slot_of = {r: u.slot for u in plan.units for r in u.rows}
@@ -151,7 +144,7 @@ def test_the_router_moves_keys_off_dead_and_lagging_slots_only() -> None:
 
 
 def test_planned_calls_refuse_what_they_cannot_cut() -> None:
-    slots = rank_slots(Group(2))
+    slots = rank_slots(make_group(2))
     with pytest.raises(NotShardableError, match="at least one batch argument"):
         balanced_plan("BAL", slots, (3,), {}, None)
     with pytest.raises(DispatchArgumentError, match="empty batch"):
@@ -169,7 +162,7 @@ def test_planned_calls_refuse_what_they_cannot_cut() -> None:
         DispatchModeSpec("X", 3)  # type: ignore[arg-type]
     sticky = make_sticky_dispatch_fn("sid")
     with pytest.raises(DispatchArgumentError, match="cannot read the routing key"):
-        sticky["plan_fn"](Group(2), Rows([1, 2]))
+        sticky["plan_fn"](make_group(2), Rows([1, 2]))
 
 
 def test_a_custom_mapping_may_carry_a_plan() -> None:
@@ -179,6 +172,6 @@ def test_a_custom_mapping_may_carry_a_plan() -> None:
     assert spec.plan_fn is mode["plan_fn"]
     assert spec.name == "sticky_dispatch_fn[sid, m]"
     batch = Rows({"sid": s} for s in "abcd")
-    plan = mode["plan_fn"](Group(4), batch)
+    plan = mode["plan_fn"](make_group(4), batch)
     assert [s.ranks for s in plan.slots] == [(0, 1), (2, 3)]
     assert [s.collect_rank for s in plan.slots] == [0, 2]

@@ -136,6 +136,5 @@ def test_nd_round_trip(
     assert [row for _, row in out.rows] == rows
     dps = [dp for dp, _ in out.rows]
     assert dps == sorted(dps)
-    assert wg.dispatch_queries == {"mesh": 1}
-    assert wg.collect_queries == {"mesh": 1}
+    assert wg.mesh_queries == {"mesh": 1}
     assert collect.count(True) == dp_size

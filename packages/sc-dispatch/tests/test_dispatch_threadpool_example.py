@@ -24,8 +24,7 @@ class ThreadPoolWorkerGroup:
     def __init__(self, worker_cls: type, world_size: int) -> None:
         self.workers = [worker_cls(rank) for rank in range(world_size)]
         self.pool = ThreadPoolExecutor(max_workers=world_size)
-        self._dispatch_info: dict[str, list[int]] = {}  # N-d mesh caches
-        self._collect_info: dict[str, list[bool]] = {}
+        self.meshes: dict[str, scd.MeshLayout] = {}  # N-d dispatch asks on every call
         for name in dir(worker_cls):
             attrs = scd.get_register_attrs(getattr(worker_cls, name))
             if attrs is not None:
@@ -35,11 +34,14 @@ class ThreadPoolWorkerGroup:
     def world_size(self) -> int:
         return len(self.workers)
 
-    def _query_dispatch_info(self, mesh: str) -> list[int]:
-        return [w.dp_rank[mesh] for w in self.workers]
-
-    def _query_collect_info(self, mesh: str) -> list[bool]:
-        return [w.is_collect[mesh] for w in self.workers]
+    def query_mesh(self, mesh: str) -> scd.MeshLayout:
+        if mesh not in self.meshes:  # a KeyError (unregistered mesh) is a MeshLayoutError
+            self.meshes[mesh] = scd.MeshLayout(
+                tuple(w.dp_rank[mesh] for w in self.workers),
+                tuple(w.is_collect[mesh] for w in self.workers),
+                mesh_name=mesh,
+            )
+        return self.meshes[mesh]
 
     def _bind(self, name: str, attrs: scd.RegisterAttrs) -> Callable[..., Any]:
         spec = scd.resolve_dispatch_mode(attrs.dispatch_mode)
@@ -118,7 +120,7 @@ def test_all_to_all_call(group: Any) -> None:
 
 def test_nd_call(group: Any) -> None:
     assert group.tp_double(scd.Rows([1, 2, 3, 4])) == [2, 4, 6, 8]
-    assert group._dispatch_info == {"tp2": [0, 0, 1, 1]}
+    assert group.meshes == {"tp2": scd.MeshLayout.from_sizes(2, 2)}
 
 
 def test_runs_on_pool_threads() -> None:

@@ -12,6 +12,7 @@ from sc_dispatch import (
     Dispatch,
     DispatchArgumentError,
     Execute,
+    MeshLayout,
     collect_dp_compute_data_proto,
     dispatch_dp_compute_data_proto,
     dispatch_dp_compute_data_proto_with_func,
@@ -24,6 +25,7 @@ from sc_dispatch import (
     split_args_kwargs,
     unpad_output,
 )
+from sc_dispatch.testing import FakeWorkerGroup
 from sc_protocol import (
     DataProto,
     DataProtoAdapter,
@@ -33,31 +35,6 @@ from sc_protocol import (
     TensorDictAdapter,
 )
 from tensordict import TensorDict, TensorDictBase
-
-
-class FakeWorkerGroup:
-    """Just enough of a worker group for dispatch functions: a world size and mesh info."""
-
-    def __init__(self, world_size: int, dp_ranks: list[int] | None = None) -> None:
-        self._world_size = world_size
-        self._dp_ranks = dp_ranks if dp_ranks is not None else list(range(world_size))
-        self._dispatch_info: dict[str, list[int]] = {}
-        self._collect_info: dict[str, list[bool]] = {}
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
-        return list(self._dp_ranks)
-
-    def _query_collect_info(self, mesh_name: str) -> list[bool]:
-        seen: set[int] = set()
-        flags = []
-        for d in self._dp_ranks:
-            flags.append(d not in seen)
-            seen.add(d)
-        return flags
 
 
 def run_call(
@@ -258,7 +235,7 @@ def test_with_func_and_nd_dispatch() -> None:
     args, _ = dispatch_dp_compute_data_proto_with_func(wg, len, make_dp(4))
     assert args[0] == [len, len]
     assert [len(p) for p in args[1]] == [2, 2]
-    mesh_wg = FakeWorkerGroup(4, dp_ranks=[0, 0, 1, 1])
+    mesh_wg = FakeWorkerGroup(4, {"actor": MeshLayout.from_sizes(dp_size=2, tp_size=2)})
     mode = make_nd_compute_dataproto_dispatch_fn("actor")
     out = run_call(mesh_wg, mode, double_ids, make_dp(6))
     assert out.batch["ids"][:, 0].tolist() == [i * 6 for i in range(6)]

@@ -12,26 +12,19 @@ from typing import Any
 import pytest
 from _workers_helpers import actor_config, critic_config
 from sc_dispatch import MeshLayoutError, mesh_layout
+from sc_dispatch.testing import FakeWorkerGroup
 from sc_workers import ActorRolloutRefWorker, ConfigError, CriticWorker
 
 
-class _Group:
-    """The part of a worker group that ``sc_dispatch.mesh_layout`` uses."""
-
-    def __init__(self, workers: list[Any]) -> None:
-        self.workers = workers
-        self._dispatch_info: dict[str, list[int]] = {}
-        self._collect_info: dict[str, list[bool]] = {}
-
-    @property
-    def world_size(self) -> int:
-        return len(self.workers)
-
-    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
-        return [w._query_dispatch_info(mesh_name) for w in self.workers]
-
-    def _query_collect_info(self, mesh_name: str) -> list[bool]:
-        return [w._query_collect_info(mesh_name) for w in self.workers]
+def _group(workers: list[Any], mesh: str) -> FakeWorkerGroup:
+    """A worker group over ``workers`` as far as ``mesh`` goes: each rank answers what its
+    worker registered (``None`` for a mesh it did not register)."""
+    tables = [w.get_dispatch_collect() for w in workers]
+    answers = (
+        [t["dispatch_dp_rank"].get(mesh) for t in tables],
+        [t["collect_dp_rank"].get(mesh) for t in tables],
+    )
+    return FakeWorkerGroup(len(workers), {mesh: answers})
 
 
 def _build(monkeypatch: pytest.MonkeyPatch, world: int, make: Any) -> list[Any]:
@@ -47,22 +40,19 @@ def test_tp2_dp2_registers_dp_ranks_and_collect_flags(monkeypatch: pytest.Monkey
     cfg = actor_config("megatron", tp=2, mini=4)
     actors = _build(monkeypatch, 4, lambda: ActorRolloutRefWorker(cfg, "actor_rollout_ref"))
     critics = _build(monkeypatch, 4, lambda: CriticWorker(critic_config("megatron", tp=2)))
-    for group, meshes in (
-        (_Group(actors), ("actor", "rollout", "ref")),
-        (_Group(critics), ("critic",)),
-    ):
+    for workers, meshes in ((actors, ("actor", "rollout", "ref")), (critics, ("critic",))):
         for mesh in meshes:
-            assert mesh_layout(group, mesh) == ([0, 0, 1, 1], [True, False, True, False])
+            layout = mesh_layout(_group(workers, mesh), mesh)
+            assert layout == ([0, 0, 1, 1], [True, False, True, False])
 
 
 def test_fsdp_registers_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     actors = _build(monkeypatch, 2, lambda: ActorRolloutRefWorker(actor_config(), "actor"))
-    assert mesh_layout(_Group(actors), "actor") == ([0, 1], [True, True])
+    assert mesh_layout(_group(actors, "actor"), "actor") == ([0, 1], [True, True])
     # the role decides which meshes exist
     assert set(actors[0].get_dispatch_collect()["dispatch_dp_rank"]) == {"actor"}
-    expected = "did not register the mesh 'rollout'.*never registered"
-    with pytest.raises(MeshLayoutError, match=expected):
-        mesh_layout(_Group(actors), "rollout")
+    with pytest.raises(MeshLayoutError, match="no rank registered the mesh 'rollout'"):
+        mesh_layout(_group(actors, "rollout"), "rollout")
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from sc_dispatch import MAGIC_ATTR, get_register_attrs
 from . import _context
 from ._binding import MethodProxy, rebound
 from ._errors import ColocationError, ConfigTypeError, MethodCollisionError, UnknownRoleError
+from ._meshes import MeshCache
 from ._methods import MethodTable
 from ._resource import ClassWithInitArgs
 from ._runtime import GroupLike
@@ -231,8 +232,7 @@ def shallow_copy(group: WG) -> WG:
     for name in group._sc_methods:
         attributes.pop(name, None)
     new._sc_methods = MethodTable(new)
-    new._dispatch_info = {}
-    new._collect_info = {}
+    new._mesh_cache = MeshCache()
     new.wg_dict = None
     new._spawned_from = group
     group._sc_runtime.views.add(new)

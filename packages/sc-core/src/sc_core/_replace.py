@@ -101,8 +101,7 @@ def replace_ranks(
     runtime.liveness.revive(chosen)
     runtime.master_addr, runtime.master_port = result.master_addr, result.master_port
     for view in list(runtime.views):
-        view._dispatch_info.clear()
-        view._collect_info.clear()
+        view._mesh_cache.clear()
     root.execute_all_sync(REFORM_METHOD, result.master_addr, result.master_port, tuple(chosen))
     logger.warning(
         "worker group %s: replaced ranks %s in %.2f s; the group re-forms at %s:%s",

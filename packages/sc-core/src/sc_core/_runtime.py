@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from ._backend import Backend
 from ._liveness import Liveness
+from ._meshes import MeshCache
 from ._methods import MethodTable
 from ._resource import ResourcePool
 
@@ -87,8 +88,7 @@ class GroupLike(Protocol):
     _user_defined_cls: type | None
     _fused_role: str | None
     _spawned_from: Any
-    _dispatch_info: dict[str, list[int]]
-    _collect_info: dict[str, list[bool]]
+    _mesh_cache: MeshCache
 
     @property
     def world_size(self) -> int: ...

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
-from sc_dispatch import RegisteredMethod
+from sc_dispatch import MeshLayout, RegisteredMethod
 
 from . import _colocate, _faults, _fused, _replace
 from ._backend import Backend
@@ -36,6 +36,7 @@ from ._errors import (
     WorkerGroupError,
 )
 from ._faults import FaultAction
+from ._meshes import MeshCache
 from ._methods import MethodTable
 from ._resource import ResourcePool
 from ._runtime import GroupRuntime, Shared
@@ -111,8 +112,7 @@ class WorkerGroup(Generic[W]):
             if default_timeout is not None
             else CALL_TIMEOUT.get()
         )
-        self._dispatch_info: dict[str, list[int]] = {}
-        self._collect_info: dict[str, list[bool]] = {}
+        self._mesh_cache = MeshCache()  # query_mesh's layouts (see _meshes.py)
         self._user_defined_cls: type | None = None
         # The role of a group made by spawn_fused: its calls go through _fuw_execute.
         self._fused_role: str | None = None
@@ -181,6 +181,12 @@ class WorkerGroup(Generic[W]):
     @property
     def worker_names(self) -> list[str]:
         return list(self._sc_runtime.worker_names)
+
+    def query_mesh(self, mesh_name: str) -> MeshLayout:
+        """The layout of mesh ``mesh_name`` (each rank's dp rank and collect flag), asked of
+        the workers once and cached; a rank that never registered it is a
+        :class:`~sc_dispatch.MeshLayoutError` naming the ranks. What N-d dispatch reads."""
+        return self._mesh_cache.layout(self, mesh_name)
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start ``method_name`` on every rank and return one backend handle per rank. When

@@ -27,6 +27,7 @@ from ._errors import (
     SettingValueError,
     UnknownDispatchModeError,
 )
+from ._mesh import MeshLayout, ask_mesh_layout
 from ._modes import (
     KeyRouter,
     PlannedDispatchFnDict,
@@ -145,6 +146,7 @@ __all__ = [
     "PlannedDispatchFnDict",
     "KeyRouter",
     "MeshDispatchFnDict",
+    "MeshLayout",
     "MeshLayoutError",
     "MeshModeName",
     "NbytesFn",
@@ -163,6 +165,7 @@ __all__ = [
     "SizedShardAdapter",
     "UnknownDispatchModeError",
     "__version__",
+    "ask_mesh_layout",
     "chunk_sizes",
     "rank_slots",
     "mesh_slots",

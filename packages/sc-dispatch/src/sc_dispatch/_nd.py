@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NewType, TypeVar
+from typing import Any, NewType
 
 from ._errors import DispatchArgumentError, MeshLayoutError
+from ._mesh import MeshLayout, ask_mesh, check_mesh_name
 from ._plan import Slot, WorkPlan, even_plan
 from ._protocols import DispatchWorkerGroup
 from ._shard import PADDING_SIZE_KEY, concat_outputs, split_args_kwargs
@@ -41,97 +42,30 @@ class MeshDispatchFnDict(DispatchFnDict):
     plan_fn: PlanFnField
 
 
-T = TypeVar("T")
-
-
-def _ask(query: Callable[[str], Sequence[T]], mesh_name: str, mode: str, world: int) -> list[T]:
-    """One answer per rank from the group's mesh query. A rank that never registered the
-    mesh raises a ``KeyError`` in the worker (sc-core's ``UnknownMeshError``, arriving as its
-    ``WorkerError``, which names the first failing rank and the others); that is one
-    :class:`~sc_dispatch.MeshLayoutError` on the driver."""
-    try:
-        return list(query(mesh_name))
-    except KeyError as exc:
-        first = getattr(exc, "rank", None)
-        failed = sorted({first, *getattr(exc, "other_failed_ranks", ())} - {None})
-        which = (
-            "no rank registered"
-            if len(failed) == world
-            else f"ranks {failed} did not register"
-            if failed
-            else "some rank did not register"
-        )
-        reason = getattr(exc, "error_message", None) or str(exc)
-        raise MeshLayoutError(
-            f"{mode}: {which} the mesh {mesh_name!r} (a worker registers it with "
-            f"_register_dispatch_collect_info before the first call that dispatches on it); "
-            f"check the mesh name. The worker said: {reason}"
-        ) from exc
-
-
 def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list[int], list[bool]]:
-    """Each rank's dp rank and collect flag on ``mesh_name``, validated and cached.
+    """Each rank's dp rank and collect flag on ``mesh_name``: the group's
+    ``query_mesh(mesh_name)`` (which asks the workers once per mesh and caches the answer),
+    checked against the group's world size.
 
-    The worker group is asked once per mesh (``_query_dispatch_info`` and
-    ``_query_collect_info``, one answer per rank, ``None`` for a rank that never registered
-    the mesh); valid answers are kept in its ``_dispatch_info`` and ``_collect_info``
-    caches. A mesh some rank never registered is a :class:`~sc_dispatch.MeshLayoutError`
-    naming the mesh and the ranks.
+    A mesh some rank never registered is a :class:`~sc_dispatch.MeshLayoutError` naming the
+    mesh and the ranks (a ``KeyError`` from ``query_mesh`` included), and so is a layout with
+    a number of ranks other than the group's ``world_size``.
     """
+    check_mesh_name("mesh_layout", mesh_name)
     mode = f"nd dispatch on mesh {mesh_name!r}"
-    dispatch_info = worker_group._dispatch_info
-    collect_info = worker_group._collect_info
     world = worker_group.world_size
-    raw_dp: list[int | None] = list(
-        dispatch_info[mesh_name]
-        if mesh_name in dispatch_info
-        else _ask(worker_group._query_dispatch_info, mesh_name, mode, world)
-    )
-    raw_collect: list[bool | None] = list(
-        collect_info[mesh_name]
-        if mesh_name in collect_info
-        else _ask(worker_group._query_collect_info, mesh_name, mode, world)
-    )
-    if len(raw_dp) != world or len(raw_collect) != world:
+    layout: object = ask_mesh(worker_group.query_mesh, mesh_name, world)
+    if not isinstance(layout, MeshLayout):
+        raise MeshLayoutError(
+            f"{mode}: {type(worker_group).__qualname__}.query_mesh must return a "
+            f"sc_dispatch.MeshLayout, got {type(layout).__qualname__}"
+        )
+    if layout.world_size != world:
         raise MeshLayoutError(
             f"{mode}: expected one dp rank and one collect flag per rank (world size {world}), "
-            f"got {len(raw_dp)} dp ranks and {len(raw_collect)} collect flags"
+            f"got {layout.world_size} dp ranks and {len(layout.collect)} collect flags"
         )
-    missing = [
-        r
-        for r, (d, c) in enumerate(zip(raw_dp, raw_collect, strict=True))
-        if d is None or c is None
-    ]
-    if missing:
-        which = (
-            "no rank registered" if len(missing) == world else f"ranks {missing} did not register"
-        )
-        raise MeshLayoutError(
-            f"{mode}: {which} the mesh {mesh_name!r} (a worker registers it with "
-            "_register_dispatch_collect_info before the first call that dispatches on it); "
-            "check the mesh name"
-        )
-    dp_ranks = [int(d) for d in raw_dp if d is not None]
-    collect = [bool(c) for c in raw_collect if c is not None]
-    if not dp_ranks:
-        raise MeshLayoutError(f"{mode}: the mesh has no ranks")
-    dp_size = max(dp_ranks) + 1
-    if sorted(set(dp_ranks)) != list(range(dp_size)) or min(dp_ranks) < 0:
-        raise MeshLayoutError(f"{mode}: dp ranks must be exactly 0..{dp_size - 1}, got {dp_ranks}")
-    collectors: dict[int, list[int]] = {d: [] for d in range(dp_size)}
-    for rank, (dp, flag) in enumerate(zip(dp_ranks, collect, strict=True)):
-        if flag:
-            collectors[dp].append(rank)
-    bad = {d: ranks for d, ranks in collectors.items() if len(ranks) != 1}
-    if bad:
-        detail = ", ".join(f"dp rank {d}: collect ranks {r}" for d, r in sorted(bad.items()))
-        raise MeshLayoutError(
-            f"{mode}: every dp group needs exactly one collect rank; {detail} "
-            f"(dp ranks {dp_ranks}, collect flags {collect})"
-        )
-    dispatch_info[mesh_name] = dp_ranks
-    collect_info[mesh_name] = collect
-    return dp_ranks, collect
+    return list(layout.dp_ranks), list(layout.collect)
 
 
 def mesh_slots(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[Slot, ...]:
@@ -154,8 +88,7 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
     are collected from each group's collect rank, in dp order. Use it as
     ``@register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))``.
     """
-    if not isinstance(mesh_name, str) or not mesh_name:
-        raise DispatchArgumentError(f"mesh_name must be a non-empty string, got {mesh_name!r}")
+    check_mesh_name("make_nd_compute_dataproto_dispatch_fn", mesh_name)
     mode = f"nd dispatch on mesh {mesh_name!r}"
 
     def nd_dispatch_fn(

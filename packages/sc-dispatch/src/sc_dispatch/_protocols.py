@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from ._mesh import MeshLayout
+
 __all__ = ["DispatchWorkerGroup", "FutureLike", "ShardAdapter", "SizedShardAdapter"]
 
 T = TypeVar("T")
@@ -21,21 +23,20 @@ T = TypeVar("T")
 class DispatchWorkerGroup(Protocol):
     """What dispatch and collect functions need from a worker group.
 
-    ``_dispatch_info`` and ``_collect_info`` are per-mesh caches that the N-d dispatch
-    fills on first use from ``_query_dispatch_info`` / ``_query_collect_info``, which ask
-    every worker for its data-parallel rank and collect flag on that mesh (``None`` from a
-    worker that never registered the mesh).
+    ``world_size`` is the number of ranks. ``query_mesh(mesh_name)`` returns the
+    :class:`~sc_dispatch.MeshLayout` of a named device mesh (each rank's dp rank and collect
+    flag) for N-d dispatch; the group asks its workers once per mesh and caches the answer
+    (:func:`~sc_dispatch.ask_mesh_layout` builds it from verl's two per-rank queries). A mesh
+    some rank never registered is a :class:`~sc_dispatch.MeshLayoutError` naming the ranks (a
+    ``KeyError`` from ``query_mesh`` is turned into one). A group may also have
+    ``dead_ranks`` (a list of ranks), which the balanced and sticky modes avoid.
+    ``sc_dispatch.testing.FakeWorkerGroup`` is a ready-made one for tests.
     """
-
-    _dispatch_info: dict[str, list[int]]
-    _collect_info: dict[str, list[bool]]
 
     @property
     def world_size(self) -> int: ...
 
-    def _query_dispatch_info(self, mesh_name: str) -> list[int] | list[int | None]: ...
-
-    def _query_collect_info(self, mesh_name: str) -> list[bool] | list[bool | None]: ...
+    def query_mesh(self, mesh_name: str) -> MeshLayout: ...
 
 
 class ShardAdapter(Protocol[T]):

@@ -6,9 +6,10 @@
 * sc-core: a ``ray.remote`` class unwraps to the user's class (so that ``LocalWorkerGroup``
   and colocation accept it).
 
-This module imports both :mod:`sc_ray._futures` and (lazily) :mod:`sc_ray._proto_futures`,
-which depends on ``_futures``: the registrations live here so that neither imports the other
-back.
+This module imports both :mod:`sc_ray._futures` and :mod:`sc_ray._proto_futures` (which
+builds the sc-protocol future classes on first use, so that importing ``sc_ray`` imports
+neither sc-protocol nor torch), and ``_proto_futures`` depends on ``_futures``: the
+registrations live here so that neither imports the other back.
 """
 
 from __future__ import annotations
@@ -21,44 +22,31 @@ from sc_dispatch import register_future_resolver, register_future_type, register
 
 from . import _ray_api as rapi
 from ._futures import RayFuture, resolve_refs
+from ._proto_futures import auto_padding, join_rank_futures, raw_future
 
 __all__ = ["register_adapters"]
-
-
-def _to_proto(parts: Sequence[RayFuture]) -> Any:
-    from ._proto_futures import RayDataProtoFuture
-
-    return RayDataProtoFuture.from_rank_futures(list(parts))
 
 
 class _RayFutureAdapter:
     """Joining per-rank futures gives one DataProtoFuture; nothing is fetched."""
 
     def length(self, obj: RayFuture) -> int:
-        return len(_to_proto([obj]))
+        return len(join_rank_futures([obj]))
 
     def chunk(self, obj: RayFuture, chunks: int) -> list[Any]:
-        return list(_to_proto([obj]).chunk(chunks))
+        return list(join_rank_futures([obj]).chunk(chunks))
 
     def concat(self, parts: Sequence[RayFuture]) -> Any:
-        return _to_proto(parts)
+        return join_rank_futures(parts)
 
     def pad(self, obj: RayFuture, pad_size: int) -> Any:
-        return _to_proto([obj]).pad(pad_size)
+        return join_rank_futures([obj]).pad(pad_size)
 
     def unpad(self, obj: RayFuture, pad_size: int) -> Any:
-        return _to_proto([obj]).unpad(pad_size)
+        return join_rank_futures([obj]).unpad(pad_size)
 
     def auto_padding(self, obj: RayFuture) -> bool:
-        from sc_protocol import DataProtoConfig
-
-        return bool(DataProtoConfig.auto_padding)
-
-
-def _raw_future(refs: Sequence[Any]) -> Any:
-    from sc_protocol import DataProtoFuture
-
-    return DataProtoFuture(futures=list(refs))
+        return auto_padding()
 
 
 class _ObjectRefAdapter:
@@ -69,21 +57,19 @@ class _ObjectRefAdapter:
         return None
 
     def chunk(self, obj: rapi.ObjectRef, chunks: int) -> list[Any]:
-        return list(_raw_future([obj]).chunk(chunks))
+        return list(raw_future([obj]).chunk(chunks))
 
     def concat(self, parts: Sequence[rapi.ObjectRef]) -> Any:
-        return _raw_future(parts)
+        return raw_future(parts)
 
     def pad(self, obj: rapi.ObjectRef, pad_size: int) -> Any:
-        return _raw_future([obj]).pad(pad_size)
+        return raw_future([obj]).pad(pad_size)
 
     def unpad(self, obj: rapi.ObjectRef, pad_size: int) -> Any:
-        return _raw_future([obj]).unpad(pad_size)
+        return raw_future([obj]).unpad(pad_size)
 
     def auto_padding(self, obj: rapi.ObjectRef) -> bool:
-        from sc_protocol import DataProtoConfig
-
-        return bool(DataProtoConfig.auto_padding)
+        return auto_padding()
 
 
 def register_adapters() -> None:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ._base import ActorHandle, ObjectRef, PlacementGroup, RemoteClass, _pg_mod, ray
+from ._base import (
+    ActorHandle,
+    ObjectRef,
+    PlacementGroup,
+    RemoteClass,
+    _pg_mod,
+    _raylet,
+    _state,
+    ray,
+)
 
 # --- actors ------------------------------------------------------------------------------
 
@@ -65,8 +75,6 @@ class ActorState:
 
 def actor_states() -> dict[str, ActorState]:
     """Every actor this cluster has known, keyed by hex id (``ALIVE``, ``DEAD``, ...)."""
-    from ray._private import state as _state
-
     out: dict[str, ActorState] = {}
     for key, raw in cast("dict[Any, dict[str, Any]]", _state.actors()).items():
         out[str(key)] = ActorState(
@@ -117,14 +125,11 @@ def actor_placement_group(actor: ActorHandle, timeout_s: float | None) -> Placem
     hex_id = ray.get(ref, timeout=timeout_s)
     if not hex_id:
         return None
-    from ray._raylet import PlacementGroupID
-
-    return cast("PlacementGroup", _pg_mod.PlacementGroup(PlacementGroupID(bytes.fromhex(hex_id))))
+    group_id = _raylet.PlacementGroupID(bytes.fromhex(hex_id))
+    return cast("PlacementGroup", _pg_mod.PlacementGroup(group_id))
 
 
 def _probe_actor(instance: object) -> tuple[str, str | None]:
-    import os
-
     return str(ray.get_runtime_context().get_node_id()), os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
@@ -144,8 +149,6 @@ def call_in_actor(
 
 def actor_state(actor: ActorHandle) -> str:
     """``ALIVE``, ``PENDING_CREATION``, ``RESTARTING``, ``DEAD`` (or ``UNKNOWN``)."""
-    from ray._private import state as _state
-
     try:
         raw = cast("dict[str, Any]", _state.actors(actor_id=actor_id(actor)))
     except Exception:

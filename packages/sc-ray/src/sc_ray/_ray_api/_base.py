@@ -12,6 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import ray as _ray
+import ray._private.ray_constants as _ray_constants
+import ray._private.state as _ray_state
+import ray._raylet as _ray_raylet
+import ray.cluster_utils as _ray_cluster_utils
 import ray.exceptions as _ray_exceptions
 import ray.util.scheduling_strategies as _ray_strategies
 
@@ -19,6 +23,12 @@ import ray.util.scheduling_strategies as _ray_strategies
 # leaves this module through an annotated function.
 ray: Any = _ray
 _exc: Any = _ray_exceptions
+#: Ray's private modules sc-ray reads: the control store's actor table, the placement group
+#: id type, the constants (the ``uv run`` hook), and the multi-node test cluster.
+_state: Any = _ray_state
+_raylet: Any = _ray_raylet
+_constants: Any = _ray_constants
+_cluster_utils: Any = _ray_cluster_utils
 # ``ray.util.placement_group`` is both a module and, on ``ray.util``, a function.
 _pg_mod: Any = importlib.import_module("ray.util.placement_group")
 NodeAffinitySchedulingStrategy: Any = _ray_strategies.NodeAffinitySchedulingStrategy

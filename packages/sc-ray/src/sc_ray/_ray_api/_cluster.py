@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from ._base import ray
+from ._base import _cluster_utils, _constants, ray
 
 # --- cluster state -----------------------------------------------------------------------
 
@@ -110,9 +110,7 @@ def init_local(
 def disable_uv_run_propagation() -> None:
     """Switch off Ray's ``uv run`` runtime-env hook for clusters this process starts
     (same as ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`` before importing ray)."""
-    from ray._private import ray_constants
-
-    cast(Any, ray_constants).RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    _constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
 
 
 def shutdown() -> None:
@@ -124,9 +122,7 @@ class SimulatedCluster:
     """Several Ray nodes on this machine (``ray.cluster_utils.Cluster``), for tests."""
 
     def __init__(self) -> None:
-        from ray.cluster_utils import Cluster
-
-        self._cluster: Any = Cluster()
+        self._cluster: Any = _cluster_utils.Cluster()
 
     def add_node(
         self, num_cpus: int, num_gpus: int = 0, resources: Mapping[str, float] | None = None

@@ -23,7 +23,13 @@ import logging
 import uuid
 from typing import Any
 
-from sc_core import CallTimeoutError, WorkerDiedError, WorkerError, driver_span
+from sc_core import (
+    CallTimeoutError,
+    LocalWorkerGroup,
+    WorkerDiedError,
+    WorkerError,
+    driver_span,
+)
 
 from .._errors import WeightSyncError
 from ._channel import ChannelSpec
@@ -63,8 +69,6 @@ def _failed_rank(error: BaseException) -> int | None:
 
 
 def _is_in_process(group: Any) -> bool:
-    from sc_core import LocalWorkerGroup
-
     return isinstance(group, LocalWorkerGroup)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from .._errors import SyncLayoutError
 
@@ -215,8 +216,6 @@ def _region_of(param: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int,
     if local is param:
         shape = tuple(param.shape)
         return shape, (0,) * len(shape), shape
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     shape = tuple(param.shape)
     local_shape, offset = compute_local_shape_and_global_offset(
         param.shape, param.device_mesh, param.placements

@@ -42,20 +42,19 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.utils.serialization
 from sc_core import worker_environ
 
 from .._errors import CheckpointError
 from .._settings import PG_TIMEOUT
 from ..engine import Engine
 from ..models._hf import HFModelKind, copy_hf_side_files, save_hf_model
-
-if TYPE_CHECKING:
-    from ._checkpoint_background import BackgroundSave
+from ._checkpoint_background import BackgroundSave, wait_for_files
 
 __all__ = [
     "published_checkpoint",
@@ -246,7 +245,6 @@ def save_engine_checkpoint(
     source = engine.model_config.path if engine.hf_kind is not None else None
     where = f"save_checkpoint (rank {layout.rank})"
     if background:
-        from ._checkpoint_background import BackgroundSave, wait_for_files
 
         def write(cancel: threading.Event, written: threading.Event) -> None:
             _write_shard(state, tmp, layout.rank, layout.world_size)
@@ -298,8 +296,6 @@ def _without_crc32() -> Iterator[None]:
     """``torch.save`` without the CRC32 of every zip record, about two thirds of its CPU time
     on large tensors (CPU a background save takes from training): a shard's completeness
     comes from the atomic publish, and the files load as usual."""
-    import torch.utils.serialization
-
     save_config = torch.utils.serialization.config
     with _SAVE_SETTINGS_LOCK:
         before = save_config.save.compute_crc32

@@ -18,6 +18,7 @@ from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
 from ..models import save_hf_model
 from ._checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from ._checkpoint_background import BackgroundSave
+from ._sync import WeightSyncEndpoint
 
 __all__ = ["ENGINE_ATTRS", "WorkerBase"]
 
@@ -70,8 +71,6 @@ class WorkerBase(Worker):
         calls ``init_model`` again, which joins a new process group at the new address; a
         trainer restores its checkpoint after that. (The dispatch meshes a worker registers in
         its constructor depend on its rank only and stay as they are.)"""
-        from ._sync import WeightSyncEndpoint
-
         if isinstance(self, WeightSyncEndpoint):
             self._sync_forget()
         pending, self._pending_save = self._pending_save, None

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import torch
+from sc_core import Worker
 from sc_dispatch import Dispatch, register
 
 from .._errors import WeightSyncError
@@ -88,8 +89,6 @@ class WeightSyncEndpoint:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_endpoint(self) -> tuple[str, int, str]:
         """``(node address, a free port, device type)`` for a channel hosted on this rank."""
-        from sc_core import Worker
-
         engine = self._sync_engine("sync_endpoint")
         return Worker._get_node_ip(), Worker._get_free_port(), engine.device.type
 
