@@ -30,9 +30,9 @@ class SlotSpeeds:
         self._per_row: dict[int, float] = {}
         self._busy_since: dict[int, float] = {}
 
-    def started(self, slot: int) -> None:
-        """``slot`` was idle and starts a unit now."""
-        self._busy_since[slot] = time.monotonic()
+    def started(self, slot: int, at: float | None = None) -> None:
+        """``slot`` was idle and started a unit now (or at ``time.monotonic()`` ``at``)."""
+        self._busy_since[slot] = time.monotonic() if at is None else at
 
     def finished(self, slot: int, rows: int) -> None:
         """``slot`` finished a unit of ``rows`` rows (padding included)."""

@@ -167,6 +167,8 @@ class Units:
         self._done: collections.deque[tuple[WorkUnit, Any]] = collections.deque()
         self._raw: dict[int, Any] = {}
         self._speeds = SlotSpeeds()
+        self._untracked: list[WorkUnit] = []
+        self._started_at = 0.0
         self._iterated = False
         self.finished = False
         pinned = [u for u in plan.units if u.slot is not None]
@@ -192,14 +194,27 @@ class Units:
         call = self._call if ranks == self._call.ranks else self._call.part(ranks)
         rank_args = [(by_rank[r].args, by_rank[r].kwargs) for r in ranks]
         handle = start(self._site, call, self._method, rank_args, self._backend, check_alive)
-        position = {rank: i for i, rank in enumerate(ranks)}
-        for unit in pinned:
+        self._started_at = time.monotonic()
+        self._untracked = pinned
+        return handle
+
+    def _track_pinned(self) -> None:
+        """Follow the pinned units one by one (a stream, or free units beside them): each
+        gets the part of the one start's handle that holds its slot's ranks. A blocking call
+        with pinned units only never needs it: it waits for the whole handle once."""
+        if not self._untracked or self._pinned is None:
+            return
+        handle, slots = self._pinned, self._plan.slots
+        position = {rank: i for i, rank in enumerate(handle.call.ranks)}
+        for unit in self._untracked:
             index = unit.slot or 0
             mine = slots[index].ranks
-            part = CallHandle(call.part(mine), [handle.rank_handles[position[r]] for r in mine])
+            part = CallHandle(
+                handle.call.part(mine), [handle.rank_handles[position[r]] for r in mine]
+            )
             self._running[index].append(_Running(unit, index, part))
-            self._speeds.started(index)
-        return handle
+            self._speeds.started(index, self._started_at)
+        self._untracked = []
 
     def outputs(self) -> list[Any]:
         """Every unit's output, in unit order, padding included: one wait when every unit
@@ -236,6 +251,7 @@ class Units:
 
     def __next__(self) -> tuple[WorkUnit, Any]:
         self._iterated = True
+        self._track_pinned()
         while True:
             while self._done:
                 unit, output = self._done.popleft()
@@ -327,6 +343,7 @@ class Units:
     def abandon(self, exc: BaseException | None = None) -> None:
         """Stop waiting for the units still running (the group remembers the busy ranks and
         says so in ``exc``) and release every unit not done."""
+        self._track_pinned()
         running = [r for queue in self._running.values() for r in queue]
         for queue in self._running.values():
             queue.clear()
