@@ -6,14 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 from _core_fakes import Batch, group
-from sc_core import (
-    LocalWorkerGroup,
-    MeshRegistrationError,
-    UnknownMeshError,
-    Worker,
-    WorkerError,
-    worker_context,
-)
+from sc_core import LocalWorkerGroup, MeshRegistrationError, UnknownMeshError, Worker, WorkerError
+from sc_core.backend import worker_context
 from sc_dispatch import Dispatch, MeshLayoutError, make_nd_compute_dataproto_dispatch_fn, register
 
 

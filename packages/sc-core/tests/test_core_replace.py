@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from _core_fakes import Batch
 from sc_core import (
-    BackendNotImplementedError,
     ClassWithInitArgs,
     ConfigTypeError,
     InvalidConfigError,
@@ -20,6 +19,7 @@ from sc_core import (
     WorkerError,
     create_colocated_worker_cls,
 )
+from sc_core.backend import BackendNotImplementedError
 from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 
 #: (rank, replaced) of every on_group_reformed call, in order

@@ -10,6 +10,7 @@ import sc_dispatch as scd
 from _dispatch_fakes import PROPERTY, FakeWorkerGroup, run_call, unique_name
 from hypothesis import given
 from hypothesis import strategies as st
+from sc_dispatch import ext, verl
 
 
 def dispatch_uneven(worker_group: Any, items: list[int]) -> tuple[list[Any], dict[str, Any]]:
@@ -23,7 +24,7 @@ def dispatch_uneven(worker_group: Any, items: list[int]) -> tuple[list[Any], dic
 
 
 def collect_with_split(
-    worker_group: Any, outputs: Sequence[Any], *, dispatched: scd.Dispatched
+    worker_group: Any, outputs: Sequence[Any], *, dispatched: ext.Dispatched
 ) -> list[int]:
     """Put the results back where their items came from, using the dispatched hands."""
     (hands,), kwargs = dispatched
@@ -49,11 +50,11 @@ def doubled(rank: int, items: list[int], scale: int) -> list[int]:
 def test_the_flag_defaults_to_false_everywhere() -> None:
     for member in scd.Dispatch:
         try:
-            spec = scd.resolve_dispatch_mode(member)
+            spec = ext.resolve_dispatch_mode(member)
         except scd.UnknownDispatchModeError:
             continue
         assert spec.collect_sees_dispatch is False
-    spec = scd.resolve_dispatch_mode({"dispatch_fn": dispatch_uneven, "collect_fn": len})
+    spec = ext.resolve_dispatch_mode({"dispatch_fn": dispatch_uneven, "collect_fn": len})
     assert spec.collect_sees_dispatch is False
 
 
@@ -72,16 +73,16 @@ def test_register_and_update_store_the_flag() -> None:
     mode = scd.register_dispatch_mode(
         unique_name(), dispatch_uneven, collect_with_split, collect_sees_dispatch=True
     )
-    assert scd.resolve_dispatch_mode(mode).collect_sees_dispatch is True
+    assert ext.resolve_dispatch_mode(mode).collect_sees_dispatch is True
     assert run_call(FakeWorkerGroup(3), mode, doubled, [1, 2, 3, 4]) == [2, 4, 6, 8]
     scd.update_dispatch_mode(mode, dispatch_uneven, collect_with_split, unpad_output=False)
-    spec = scd.resolve_dispatch_mode(mode)
+    spec = ext.resolve_dispatch_mode(mode)
     assert spec.collect_sees_dispatch is True  # kept unless given
     assert spec.unpad_output is False
     scd.update_dispatch_mode(
-        mode, scd.dispatch_dp_compute, scd.collect_dp_compute, collect_sees_dispatch=False
+        mode, verl.dispatch_dp_compute, verl.collect_dp_compute, collect_sees_dispatch=False
     )
-    assert scd.resolve_dispatch_mode(mode).collect_sees_dispatch is False
+    assert ext.resolve_dispatch_mode(mode).collect_sees_dispatch is False
 
 
 def test_a_plain_collect_function_is_called_as_before() -> None:
@@ -91,7 +92,7 @@ def test_a_plain_collect_function_is_called_as_before() -> None:
         seen.append((worker_group, tuple(outputs)))
         return list(outputs)
 
-    spec = scd.DispatchModeSpec("PLAIN", scd.dispatch_one_to_all, collect)
+    spec = ext.DispatchModeSpec("PLAIN", verl.dispatch_one_to_all, collect)
     group = FakeWorkerGroup(2)
     assert spec.collect(group, [1, 2], (([1, 1],), {})) == [1, 2]
     assert seen == [(group, (1, 2))]
@@ -104,9 +105,9 @@ def test_the_flag_must_be_a_bool(value: Any) -> None:
             unique_name(), dispatch_uneven, collect_with_split, collect_sees_dispatch=value
         )
     with pytest.raises(scd.DispatchModeTypeError, match=rf"X: collect_sees_dispatch.*{value!r}"):
-        scd.DispatchModeSpec("X", dispatch_uneven, aware, True, False, value)
+        ext.DispatchModeSpec("X", dispatch_uneven, aware, True, False, value)
     with pytest.raises(scd.DispatchModeTypeError, match=r"collect_sees_dispatch must be a bool"):
-        scd.resolve_dispatch_mode(
+        ext.resolve_dispatch_mode(
             {
                 "dispatch_fn": dispatch_uneven,
                 "collect_fn": collect_with_split,
@@ -120,7 +121,7 @@ def test_the_flag_must_be_a_bool(value: Any) -> None:
         scd.update_dispatch_mode(
             mode, dispatch_uneven, collect_with_split, collect_sees_dispatch=value
         )
-    assert scd.resolve_dispatch_mode(mode).collect_sees_dispatch is False  # unchanged
+    assert ext.resolve_dispatch_mode(mode).collect_sees_dispatch is False  # unchanged
 
 
 def test_a_failed_registration_leaves_no_member_behind() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import sc_dispatch as scd
 from _dispatch_fakes import Batch, FakeWorkerGroup, per_rank, run_call
-from sc_dispatch import MeshLayoutError, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch import MeshLayoutError, ext, make_nd_compute_dataproto_dispatch_fn, register
 
 # 4 ranks, dp=2 x tp=2; dp rank does NOT grow with global rank, and the collect rank of
 # dp group 0 is the group's second member.
@@ -21,7 +21,7 @@ def tagged(rank: int, data: Batch) -> Batch:
 def test_mode_is_a_verl_style_mapping() -> None:
     fns = make_nd_compute_dataproto_dispatch_fn("actor")
     assert set(fns) == {"dispatch_fn", "collect_fn", "name", "joins_shards", "plan_fn"}
-    spec = scd.resolve_dispatch_mode(fns)
+    spec = ext.resolve_dispatch_mode(fns)
     assert spec.name == "nd_dispatch_fn[actor]"
     assert spec.unpad_output is True
     assert spec.joins_shards is True
@@ -31,7 +31,7 @@ def test_mode_is_a_verl_style_mapping() -> None:
         def step(self, data: Batch) -> Batch:
             return data
 
-    attrs = scd.get_register_attrs(W.step)
+    attrs = ext.get_register_attrs(W.step)
     assert attrs is not None
     assert isinstance(attrs.dispatch_mode, dict)
 
@@ -135,7 +135,7 @@ def test_prefilled_cache_is_used_without_asking() -> None:
     wg = FakeWorkerGroup(2)
     wg._dispatch_info["m"] = [0, 0]
     wg._collect_info["m"] = [False, True]
-    assert scd.mesh_layout(wg, "m") == ([0, 0], [False, True])
+    assert ext.mesh_layout(wg, "m") == ([0, 0], [False, True])
     assert not wg.dispatch_queries
     assert not wg.collect_queries
 
@@ -149,7 +149,7 @@ def test_collect_needs_one_output_per_rank() -> None:
 
 def test_metric_style_custom_collect_can_reuse_the_layout() -> None:
     wg = FakeWorkerGroup(4, {"m": SCRAMBLED})
-    dp_ranks, collect = scd.mesh_layout(wg, "m")
+    dp_ranks, collect = ext.mesh_layout(wg, "m")
     outputs: list[Any] = ["r0", "r1", "r2", "r3"]
     picked = [o for o, flag in zip(outputs, collect, strict=True) if flag]
     assert (dp_ranks, picked) == ([1, 0, 0, 1], ["r0", "r2"])

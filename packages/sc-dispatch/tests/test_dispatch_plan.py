@@ -11,18 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_dispatch import (
     DispatchArgumentError,
-    DispatchModeSpec,
     DispatchModeTypeError,
     InvalidDispatchModeError,
-    KeyRouter,
     NotShardableError,
     Rows,
+    make_sticky_dispatch_fn,
+)
+from sc_dispatch.ext import (
+    DispatchModeSpec,
+    KeyRouter,
     Slot,
     WorkPlan,
     WorkUnit,
     balanced_plan,
     even_plan,
-    make_sticky_dispatch_fn,
     rank_slots,
     resolve_dispatch_mode,
 )

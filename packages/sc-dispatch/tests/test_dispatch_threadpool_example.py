@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import sc_dispatch as scd
+from sc_dispatch import ext
 
 # --- README example begins ------------------------------------------------------------------
 
@@ -27,7 +28,7 @@ class ThreadPoolWorkerGroup:
         self._dispatch_info: dict[str, list[int]] = {}  # N-d mesh caches
         self._collect_info: dict[str, list[bool]] = {}
         for name in dir(worker_cls):
-            attrs = scd.get_register_attrs(getattr(worker_cls, name))
+            attrs = ext.get_register_attrs(getattr(worker_cls, name))
             if attrs is not None:
                 setattr(self, name, self._bind(name, attrs))
 
@@ -41,13 +42,13 @@ class ThreadPoolWorkerGroup:
     def _query_collect_info(self, mesh: str) -> list[bool]:
         return [w.is_collect[mesh] for w in self.workers]
 
-    def _bind(self, name: str, attrs: scd.RegisterAttrs) -> Callable[..., Any]:
-        spec = scd.resolve_dispatch_mode(attrs.dispatch_mode)
+    def _bind(self, name: str, attrs: ext.RegisterAttrs) -> Callable[..., Any]:
+        spec = ext.resolve_dispatch_mode(attrs.dispatch_mode)
         rank_zero = attrs.execute_mode is scd.Execute.RANK_ZERO
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
             args, kwargs = spec.dispatch_fn(self, *call_args, **call_kwargs)  # 1. dispatch
-            pad = scd.pop_padding_size(kwargs)
+            pad = ext.pop_padding_size(kwargs)
             calls: list[tuple[Any, Sequence[Any], dict[str, Any]]]
             if rank_zero:  # 2. execute
                 calls = [(self.workers[0], args, kwargs)]
@@ -66,7 +67,7 @@ class ThreadPoolWorkerGroup:
                 return futures
             outputs = [f.result() for f in futures]  # 3. wait, then collect and unpad
             out = spec.collect_fn(self, outputs[0] if rank_zero else outputs)
-            return scd.unpad_output(out, pad) if spec.unpad_output else out
+            return ext.unpad_output(out, pad) if spec.unpad_output else out
 
         return call
 
@@ -110,7 +111,7 @@ def group() -> Any:
 
 def test_binds_every_registered_method(group: Any) -> None:
     assert {"double", "whoami", "leader", "tp_double", "add"} <= set(vars(group))
-    assert isinstance(group, scd.DispatchWorkerGroup)
+    assert isinstance(group, ext.DispatchWorkerGroup)
 
 
 def test_dp_compute_proto_call(group: Any) -> None:

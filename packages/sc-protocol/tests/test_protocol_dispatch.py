@@ -11,27 +11,25 @@ from _protocol_helpers import make_dp, row_ids
 from sc_dispatch import (
     Dispatch,
     DispatchArgumentError,
-    collect_dp_compute_data_proto,
-    dispatch_dp_compute_data_proto,
-    dispatch_dp_compute_data_proto_with_func,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+from sc_dispatch.ext import (
     get_shard_adapter,
     is_future,
-    make_nd_compute_dataproto_dispatch_fn,
     materialize,
     pop_padding_size,
-    register,
     resolve_dispatch_mode,
     split_args_kwargs,
     unpad_output,
 )
-from sc_protocol import (
-    DataProto,
-    DataProtoAdapter,
-    DataProtoConfig,
-    DataProtoFuture,
-    DataProtoFutureAdapter,
-    TensorDictAdapter,
+from sc_dispatch.verl import (
+    collect_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto_with_func,
 )
+from sc_protocol import DataProto, DataProtoConfig, DataProtoFuture
+from sc_protocol.ext import DataProtoAdapter, DataProtoFutureAdapter, TensorDictAdapter
 from tensordict import TensorDict, TensorDictBase
 
 

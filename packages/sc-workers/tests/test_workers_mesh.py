@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 from _workers_helpers import actor_config, critic_config
-from sc_dispatch import MeshLayoutError, mesh_layout
+from sc_dispatch import MeshLayoutError
+from sc_dispatch.ext import mesh_layout
 from sc_workers import ActorRolloutRefWorker, ConfigError, CriticWorker
 
 
 class _Group:
-    """The part of a worker group that ``sc_dispatch.mesh_layout`` uses."""
+    """The part of a worker group that ``sc_dispatch.ext.mesh_layout`` uses."""
 
     def __init__(self, workers: list[Any]) -> None:
         self.workers = workers

@@ -16,14 +16,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from sc_dispatch import (
-    NotShardableError,
-    concat_outputs,
+from sc_dispatch import NotShardableError
+from sc_dispatch.ext import (
     get_shard_adapter,
     register_future_type,
     register_shardable,
     unpad_output,
 )
+from sc_dispatch.verl import concat_outputs
 
 __all__ = ["LazyFuture"]
 
@@ -87,7 +87,7 @@ def _adapter_for(value: object, op: str) -> Any:
     if adapter is None:
         raise NotShardableError(
             f"LazyFuture.{op}: the future's value of type {type(value).__qualname__} cannot "
-            "be split or joined; register an adapter with sc_dispatch.register_shardable"
+            "be split or joined; register an adapter with sc_dispatch.ext.register_shardable"
         )
     return adapter
 

@@ -21,7 +21,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sc_dispatch import Execute, ScDispatchError, pop_padding_size, unpad_output
+from sc_dispatch import Execute, ScDispatchError
+from sc_dispatch.ext import pop_padding_size, unpad_output
 
 from ._backend import Backend, CallHandle, RankArgs
 from ._busy import AbandonedCall, describe_busy

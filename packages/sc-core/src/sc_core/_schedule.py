@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-from sc_dispatch import WorkPlan, WorkUnit
+from sc_dispatch.ext import WorkPlan, WorkUnit
 
 from ._backend import Backend, CallHandle
 from ._call import Call

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from sc_dispatch import Execute, ScDispatchError, WorkPlan, WorkUnit
+from sc_dispatch import Execute, ScDispatchError
+from sc_dispatch.ext import WorkPlan, WorkUnit
 
 from ._errors import UnsupportedCallError
 from ._pipeline import _finish_failed, _waiting_behind, new_call, reraise_with_method

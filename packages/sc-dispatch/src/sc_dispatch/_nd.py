@@ -35,7 +35,7 @@ class MeshDispatchFnDict(DispatchFnDict):
     """The custom mode :func:`make_nd_compute_dataproto_dispatch_fn` returns: the dispatch
     and collect functions, the mode's ``name`` (``nd_dispatch_fn[<mesh>]``),
     ``joins_shards`` (``True``: the collect function joins row shards) and ``plan_fn``
-    (the same split as a :class:`~sc_dispatch.WorkPlan`, one unit per dp group, which is
+    (the same split as a :class:`~sc_dispatch.ext.WorkPlan`, one unit per dp group, which is
     what streaming a call needs)."""
 
     name: MeshModeName

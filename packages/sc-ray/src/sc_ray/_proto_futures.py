@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sc_dispatch import register_shardable
+from sc_dispatch.ext import register_shardable
 from sc_protocol import DataProtoConfig, DataProtoFuture
 
 from ._futures import RayFuture, resolver
