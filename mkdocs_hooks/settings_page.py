@@ -11,9 +11,9 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
-#: (distribution, import name) of every package that declares settings, in dependency order.
+#: (distribution, import name) of every package that declares settings, in dependency order
+#: (sc-dispatch reads none: it only provides the private framework, ``sc_dispatch._setting``).
 PACKAGES: tuple[tuple[str, str], ...] = (
-    ("sc-dispatch", "sc_dispatch"),
     ("sc-protocol", "sc_protocol"),
     ("sc-core", "sc_core"),
     ("sc-ray", "sc_ray"),

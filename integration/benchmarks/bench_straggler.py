@@ -40,7 +40,8 @@ import ray
 import torch
 from _machine import machine  # this folder: the script's own
 from sc_core import Worker
-from sc_dispatch import DEFAULT_UNITS_PER_SLOT, Dispatch, register
+from sc_dispatch import Dispatch, register
+from sc_dispatch.ext import DEFAULT_UNITS_PER_SLOT
 from sc_protocol import DataProto
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 

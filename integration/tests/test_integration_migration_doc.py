@@ -13,7 +13,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guides" / "migrating-from-verl.md"
-PACKAGES = ["sc_dispatch", "sc_protocol", "sc_core", "sc_ray", "sc_workers", "sc_integration"]
+#: the public modules: each package's top level, then the second tiers
+PACKAGES = [
+    "sc_dispatch",
+    "sc_protocol",
+    "sc_core",
+    "sc_ray",
+    "sc_workers",
+    "sc_integration",
+    "sc_dispatch.ext",
+    "sc_dispatch.verl",
+    "sc_core.backend",
+    "sc_core.ext",
+    "sc_core.verl",
+    "sc_protocol.ext",
+]
 
 
 def _table() -> list[str]:
@@ -71,7 +85,7 @@ def test_each_verl_assertion_case_has_its_row(case: str) -> None:
 
 def test_the_names_it_tells_users_to_import_exist() -> None:
     text = GUIDE.read_text(encoding="utf-8")
-    for module, names in re.findall(r"`from (sc_\w+) import ([\w, ]+)`", text):
+    for module, names in re.findall(r"`from (sc_[\w.]+) import ([\w, ]+)`", text):
         imported = importlib.import_module(module)
         for name in (n.strip() for n in names.split(",")):
             if name and name != "...":

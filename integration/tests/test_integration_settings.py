@@ -95,7 +95,7 @@ def test_no_direct_reads_of_sc_variables_outside_settings_modules() -> None:
         f"{p}:{line}: {name}" for p, name, line in found if (p, name) not in PENDING_DIRECT_READS
     ]
     assert not unexpected, (
-        "read these through the package's _settings.py Setting (sc_dispatch.Setting.get): "
+        "read these through the package's _settings.py Setting (sc_dispatch._setting.Setting.get): "
         + "; ".join(unexpected)
     )
     stale = sorted(set(PENDING_DIRECT_READS) - {(p, name) for p, name, _ in found})

@@ -9,12 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sc_dispatch import (
-    Dispatch,
-    DispatchArgumentError,
-    NotShardableError,
-    resolve_dispatch_mode,
-)
+from sc_dispatch import Dispatch, DispatchArgumentError, NotShardableError
+from sc_dispatch.ext import resolve_dispatch_mode
 from sc_dispatch.testing import FakeWorkerGroup
 from sc_ext_roundrobin import (
     ROUND_ROBIN,

@@ -1,7 +1,7 @@
 """Data-parallel load balancing: reorder a batch so each dp shard holds a similar token count.
 
 A splitting dispatch mode cuts a batch into ``dp_size`` contiguous shards (sizes from
-:func:`sc_dispatch.chunk_sizes`). When rows differ in length, the shard that happens to hold
+:func:`sc_dispatch.ext.chunk_sizes`). When rows differ in length, the shard that happens to hold
 the long rows makes every other rank wait. :func:`balanced_order` returns a permutation of the
 rows that keeps those shard sizes but spreads the tokens evenly (greedy longest-first into the
 lightest shard that still has room).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from sc_dispatch import chunk_sizes
+from sc_dispatch.ext import chunk_sizes
 
 from ._errors import TrainerConfigError
 
@@ -23,7 +23,7 @@ def balanced_order(token_counts: Sequence[int], dp_size: int) -> list[int]:
     """A permutation of ``range(len(token_counts))`` whose contiguous dp shards are balanced.
 
     Shard ``d`` of the reordered batch is rows ``order[start_d : start_d + size_d]`` with the
-    sizes of :func:`sc_dispatch.chunk_sizes`; within a shard, rows keep their original order.
+    sizes of :func:`sc_dispatch.ext.chunk_sizes`; within a shard, rows keep their original order.
     """
     n = len(token_counts)
     if dp_size < 1:

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from sc_core import FAULT_ACTIONS, FaultAction, WorkerGroup
+from sc_core import WorkerGroup
+from sc_core.ext import FAULT_ACTIONS, FaultAction
 
 from ._errors import TrainerConfigError, TrainerStateError
 

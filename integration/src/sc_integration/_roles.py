@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from sc_core import ClassWithInitArgs, ResourcePoolManager, Worker, WorkerGroup
-from sc_dispatch import get_register_attrs
+from sc_dispatch.ext import get_register_attrs
 from sc_workers import (
     ActorConfig,
     ActorRolloutRefConfig,

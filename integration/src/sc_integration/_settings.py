@@ -1,8 +1,8 @@
-"""Every environment variable sc-integration reads (see :class:`sc_dispatch.Setting`)."""
+"""Every environment variable sc-integration reads (see :class:`sc_dispatch._setting.Setting`)."""
 
 from __future__ import annotations
 
-from sc_dispatch import Setting, parse_bool
+from sc_dispatch._setting import Setting, parse_bool
 
 __all__ = ["SETTINGS", "WORKER_LOGS"]
 

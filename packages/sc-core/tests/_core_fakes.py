@@ -11,7 +11,8 @@ from typing import Any
 
 from hypothesis import settings
 from sc_core import ClassWithInitArgs, LocalWorkerGroup, ResourcePool, Worker
-from sc_dispatch import Dispatch, Execute, Rows, chunk_sizes, register, register_shardable
+from sc_dispatch import Dispatch, Execute, Rows, register
+from sc_dispatch.ext import chunk_sizes, register_shardable
 
 #: Settings for every property test: no deadline (the machine is shared), few examples.
 PROPERTY = settings(deadline=None, max_examples=15)

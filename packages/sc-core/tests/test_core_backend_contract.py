@@ -1,6 +1,6 @@
 """Minimal backends written from the contract alone, and dead-worker reporting through them.
 
-The tests that take ``make`` run on a group holding a :class:`sc_core.Backend` (the
+The tests that take ``make`` run on a group holding a :class:`sc_core.backend.Backend` (the
 contract); a group written against sc-core 0.1's hook methods, which sc no longer adapts, is
 refused with ``BackendNotImplementedError``.
 """
@@ -15,10 +15,6 @@ from typing import Any
 import pytest
 from _core_fakes import Batch, EchoWorker
 from sc_core import (
-    Backend,
-    BackendNotImplementedError,
-    Call,
-    CallHandle,
     CallTimeoutError,
     ClassWithInitArgs,
     InvalidCallOptionsError,
@@ -34,8 +30,8 @@ from sc_core import (
     WorkerGroup,
     WorkerGroupClosedError,
     WorkerGroupError,
-    worker_context,
 )
+from sc_core.backend import Backend, BackendNotImplementedError, Call, CallHandle, worker_context
 from sc_dispatch import Dispatch, register
 
 

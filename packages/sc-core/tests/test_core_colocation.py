@@ -22,15 +22,10 @@ from sc_core import (
     create_colocated_worker_cls,
     create_colocated_worker_cls_fused,
     create_colocated_worker_raw_cls,
-    register_class_unwrapper,
 )
-from sc_dispatch import (
-    Dispatch,
-    MeshLayout,
-    get_register_attrs,
-    make_nd_compute_dataproto_dispatch_fn,
-    register,
-)
+from sc_core.backend import register_class_unwrapper
+from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch.ext import MeshLayout, get_register_attrs
 
 
 class Actor(Worker):

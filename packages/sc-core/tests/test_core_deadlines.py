@@ -11,7 +11,7 @@ import threading
 import pytest
 from _core_fakes import group
 from sc_core import CallTimeoutError, LazyFuture
-from sc_dispatch import SettingValueError
+from sc_dispatch._setting import SettingValueError
 
 
 def test_a_call_past_its_deadline_raises_naming_the_pending_ranks() -> None:

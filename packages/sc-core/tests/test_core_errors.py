@@ -132,9 +132,13 @@ def _meanings(exc: type[BaseException]) -> list[type[BaseException]]:
     return [m for m in found if not any(o is not m and issubclass(o, m) for o in found)]
 
 
+#: where the errors are exported: the user's and the backend writer's tier
+ERROR_MODULES = (sc_core, sc_core.backend)
+
+
 @pytest.mark.parametrize(("name", "builtin"), sorted(ERROR_MEANINGS.items()))
 def test_every_error_subclasses_exactly_the_builtin_it_means(name: str, builtin: type) -> None:
-    cls = getattr(sc_core, name)
+    (cls,) = {getattr(m, name) for m in ERROR_MODULES if name in m.__all__}
     assert issubclass(cls, ScCoreError)
     assert _meanings(cls) == [builtin]
     assert name in (sc_core._errors.__doc__ or "")
@@ -143,9 +147,10 @@ def test_every_error_subclasses_exactly_the_builtin_it_means(name: str, builtin:
 def test_the_table_covers_every_public_error() -> None:
     public = {
         name
-        for name in sc_core.__all__
-        if isinstance(getattr(sc_core, name), type)
-        and issubclass(getattr(sc_core, name), BaseException)
+        for module in ERROR_MODULES
+        for name in module.__all__
+        if isinstance(getattr(module, name), type)
+        and issubclass(getattr(module, name), BaseException)
         and name != "ScCoreError"
     }
     assert public == set(ERROR_MEANINGS)

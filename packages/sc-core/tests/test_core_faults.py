@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from sc_core import (
-    ArmedFault,
     ClassWithInitArgs,
     ConfigTypeError,
     InjectedFaultError,
@@ -22,6 +21,7 @@ from sc_core import (
     WorkerError,
     create_colocated_worker_cls,
 )
+from sc_core.backend import ArmedFault
 from sc_dispatch import Dispatch, register
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from _core_fakes import Batch
 from sc_core import LazyFuture
-from sc_dispatch import NotShardableError, get_shard_adapter, is_future, materialize
+from sc_dispatch import NotShardableError
+from sc_dispatch.ext import get_shard_adapter, is_future, materialize
 
 
 def test_value_is_computed_once_on_first_get() -> None:

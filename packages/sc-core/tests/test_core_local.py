@@ -11,8 +11,6 @@ from typing import Any, ClassVar
 import pytest
 from _core_fakes import EchoWorker, group, make_group
 from sc_core import (
-    Call,
-    CallHandle,
     ClassWithInitArgs,
     ConfigTypeError,
     InvalidConfigError,
@@ -21,9 +19,9 @@ from sc_core import (
     ResourcePoolError,
     Worker,
     WorkerGroupError,
-    register_class_unwrapper,
     worker_environ,
 )
+from sc_core.backend import Call, CallHandle, register_class_unwrapper
 from sc_dispatch import Dispatch, Execute, register
 
 

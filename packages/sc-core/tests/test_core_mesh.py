@@ -6,22 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 from _core_fakes import Batch, group
-from sc_core import (
-    LocalWorkerGroup,
-    MeshRegistrationError,
-    UnknownMeshError,
-    Worker,
-    WorkerError,
-    worker_context,
-)
-from sc_dispatch import (
-    Dispatch,
-    DispatchWorkerGroup,
-    MeshLayout,
-    MeshLayoutError,
-    make_nd_compute_dataproto_dispatch_fn,
-    register,
-)
+from sc_core import LocalWorkerGroup, MeshRegistrationError, UnknownMeshError, Worker, WorkerError
+from sc_core.backend import worker_context
+from sc_dispatch import Dispatch, MeshLayoutError, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch.ext import DispatchWorkerGroup, MeshLayout
 
 
 class TpDpWorker(Worker):

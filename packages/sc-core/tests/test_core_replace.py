@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from _core_fakes import Batch
 from sc_core import (
-    BackendNotImplementedError,
     ClassWithInitArgs,
     ConfigTypeError,
     InvalidConfigError,
@@ -20,7 +19,9 @@ from sc_core import (
     WorkerError,
     create_colocated_worker_cls,
 )
-from sc_dispatch import Dispatch, MeshLayout, make_nd_compute_dataproto_dispatch_fn, register
+from sc_core.backend import BackendNotImplementedError
+from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch.ext import MeshLayout
 
 #: mesh "m" of a 3-rank Node group: one dp group, rank 0 collecting
 MESH_M = MeshLayout((0, 0, 0), (True, False, False))

@@ -11,15 +11,8 @@ from pathlib import Path
 
 import pytest
 from _core_fakes import Batch, group
-from sc_core import (
-    CallSpan,
-    InvalidConfigError,
-    SpanRecorder,
-    WorkerError,
-    add_span_observer,
-    driver_span,
-    remove_span_observer,
-)
+from sc_core import CallSpan, InvalidConfigError, SpanRecorder, WorkerError, driver_span
+from sc_core.ext import add_span_observer, remove_span_observer
 
 
 def test_a_blocking_call_records_one_span_per_phase(tmp_path: Path) -> None:

@@ -10,25 +10,26 @@ from typing import Any, ClassVar
 import pytest
 from _core_fakes import group, make_group
 from sc_core import (
-    RESERVED_WORKER_ATTRS,
-    DistGlobalInfo,
-    DistRankInfo,
-    InProcessRendezvous,
     MethodCollisionError,
     MissingEnvironmentError,
-    Rendezvous,
-    RendezvousError,
-    RendezvousTimeoutError,
     VisibleDevicesError,
     Worker,
     WorkerEnvironmentError,
-    current_worker_context,
-    normalize_visible_devices,
-    rendezvous_from_env,
-    worker_context,
     worker_environ,
 )
-from sc_dispatch import Dispatch, SettingValueError, register
+from sc_core.backend import (
+    InProcessRendezvous,
+    Rendezvous,
+    RendezvousError,
+    RendezvousTimeoutError,
+    current_worker_context,
+    rendezvous_from_env,
+    worker_context,
+)
+from sc_core.ext import RESERVED_WORKER_ATTRS, normalize_visible_devices
+from sc_core.verl import DistGlobalInfo, DistRankInfo
+from sc_dispatch import Dispatch, register
+from sc_dispatch._setting import SettingValueError
 
 
 def make(env: MutableMapping[str, str], rendezvous: Rendezvous | None = None) -> Worker:

@@ -13,10 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hypothesis import settings
-from sc_dispatch import (
-    Dispatch,
+from sc_dispatch import Dispatch, Execute
+from sc_dispatch.ext import (
     DispatchModeSpec,
-    Execute,
     FunctionMode,
     chunk_sizes,
     pop_padding_size,

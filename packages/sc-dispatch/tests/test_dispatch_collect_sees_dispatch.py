@@ -10,6 +10,7 @@ import sc_dispatch as scd
 from _dispatch_fakes import PROPERTY, FakeWorkerGroup, functions_of, run_call, unique_name
 from hypothesis import given
 from hypothesis import strategies as st
+from sc_dispatch import ext, verl
 
 
 def dispatch_uneven(worker_group: Any, items: list[int]) -> tuple[list[Any], dict[str, Any]]:
@@ -23,7 +24,7 @@ def dispatch_uneven(worker_group: Any, items: list[int]) -> tuple[list[Any], dic
 
 
 def collect_with_split(
-    worker_group: Any, outputs: Sequence[Any], *, dispatched: scd.Dispatched
+    worker_group: Any, outputs: Sequence[Any], *, dispatched: ext.Dispatched
 ) -> list[int]:
     """Put the results back where their items came from, using the dispatched hands."""
     (hands,), kwargs = dispatched
@@ -49,11 +50,11 @@ def doubled(rank: int, items: list[int], scale: int) -> list[int]:
 def test_the_flag_defaults_to_false_everywhere() -> None:
     for member in scd.Dispatch:
         try:
-            spec = scd.resolve_dispatch_mode(member)
+            spec = ext.resolve_dispatch_mode(member)
         except scd.UnknownDispatchModeError:
             continue
         assert functions_of(spec).collect_sees_dispatch is False
-    spec = scd.resolve_dispatch_mode({"dispatch_fn": dispatch_uneven, "collect_fn": len})
+    spec = scd.ext.resolve_dispatch_mode({"dispatch_fn": dispatch_uneven, "collect_fn": len})
     assert functions_of(spec).collect_sees_dispatch is False
 
 
@@ -78,7 +79,7 @@ def test_register_and_update_store_the_flag() -> None:
     assert functions_of(mode).collect_sees_dispatch is True  # kept unless given
     assert functions_of(mode).unpad_output is False
     scd.update_dispatch_mode(
-        mode, scd.dispatch_dp_compute, scd.collect_dp_compute, collect_sees_dispatch=False
+        mode, verl.dispatch_dp_compute, verl.collect_dp_compute, collect_sees_dispatch=False
     )
     assert functions_of(mode).collect_sees_dispatch is False
 
@@ -90,7 +91,7 @@ def test_a_plain_collect_function_is_called_as_before() -> None:
         seen.append((worker_group, tuple(outputs)))
         return list(outputs)
 
-    functions = scd.FunctionMode("PLAIN", scd.dispatch_one_to_all, collect)
+    functions = scd.ext.FunctionMode("PLAIN", scd.verl.dispatch_one_to_all, collect)
     group = FakeWorkerGroup(2)
     assert functions.plan(group, (1,), {}).join([1, 2]) == [1, 2]
     assert seen == [(group, (1, 2))]
@@ -103,9 +104,9 @@ def test_the_flag_must_be_a_bool(value: Any) -> None:
             unique_name(), dispatch_uneven, collect_with_split, collect_sees_dispatch=value
         )
     with pytest.raises(scd.DispatchModeTypeError, match=rf"X: collect_sees_dispatch.*{value!r}"):
-        scd.FunctionMode("X", dispatch_uneven, aware, True, False, value)
+        scd.ext.FunctionMode("X", dispatch_uneven, aware, True, False, value)
     with pytest.raises(scd.DispatchModeTypeError, match=r"collect_sees_dispatch must be a bool"):
-        scd.resolve_dispatch_mode(
+        ext.resolve_dispatch_mode(
             {
                 "dispatch_fn": dispatch_uneven,
                 "collect_fn": collect_with_split,

@@ -11,11 +11,11 @@ from _dispatch_fakes import unique_name
 from sc_dispatch import (
     Dispatch,
     DispatchModeExistsError,
-    DynamicEnum,
     Execute,
     InvalidDispatchModeError,
     UnknownDispatchModeError,
 )
+from sc_dispatch.verl import DynamicEnum
 
 VERL_DISPATCH = [
     "RANK_ZERO",

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import sc_dispatch as scd
 import sc_dispatch._errors as errors_module
+import sc_dispatch._setting as setting_module
 from _dispatch_fakes import Batch, FakeWorkerGroup, unique_name
 from sc_dispatch import (
     Dispatch,
@@ -18,6 +19,8 @@ from sc_dispatch import (
     NotShardableError,
     ScDispatchError,
     UnknownDispatchModeError,
+    ext,
+    verl,
 )
 
 
@@ -59,8 +62,8 @@ ALL_ERRORS = [
     (NotShardableError, TypeError),
     (MeshLayoutError, ValueError),
     (scd.DirectRolloutCallError, NotImplementedError),
-    (scd.SettingValueError, ValueError),
-    (scd.SettingDeclarationError, ValueError),
+    (errors_module.SettingValueError, ValueError),
+    (errors_module.SettingDeclarationError, ValueError),
 ]
 
 
@@ -77,13 +80,16 @@ def test_the_base_class_means_no_builtin() -> None:
     assert ScDispatchError.__bases__ == (Exception,)
 
 
-def test_every_public_error_is_in_the_table() -> None:
-    public = {
-        getattr(scd, name)
-        for name in scd.__all__
-        if isinstance(getattr(scd, name), type) and issubclass(getattr(scd, name), BaseException)
+def test_every_error_is_in_the_table() -> None:
+    # the public errors, and the two of the settings framework (private, shared by sc)
+    exported = [(module, name) for module in (scd, setting_module) for name in module.__all__]
+    errors = {
+        getattr(module, name)
+        for module, name in exported
+        if isinstance(getattr(module, name), type)
+        and issubclass(getattr(module, name), BaseException)
     }
-    assert public == {ScDispatchError, *(e for e, _ in ALL_ERRORS)}
+    assert errors == {ScDispatchError, *(e for e, _ in ALL_ERRORS)}
 
 
 def test_one_base_name() -> None:
@@ -102,8 +108,8 @@ def test_exception_tree_is_documented_in_one_docstring() -> None:
         MeshLayoutError,
         scd.DispatchModeTypeError,
         scd.DirectRolloutCallError,
-        scd.SettingValueError,
-        scd.SettingDeclarationError,
+        errors_module.SettingValueError,
+        errors_module.SettingDeclarationError,
     ):
         assert exc.__name__ in doc
 
@@ -113,26 +119,26 @@ def test_an_unknown_name_looked_up_is_a_key_error_naming_the_known_modes() -> No
     bare = Dispatch.register(unique_name("BARE"))  # a member without functions
     for unknown in ("NOT_A_MODE", 3, None, bare):
         with pytest.raises(KeyError, match=r"known: \[.*'DP_COMPUTE_PROTO'.*\]") as info:
-            scd.get_predefined_dispatch_fn(unknown)  # type: ignore[arg-type]
+            verl.get_predefined_dispatch_fn(unknown)  # type: ignore[arg-type]
         assert isinstance(info.value, UnknownDispatchModeError)
         assert repr(unknown) in str(info.value)
-        assert unknown not in scd.DISPATCH_MODE_FN_REGISTRY
+        assert unknown not in verl.DISPATCH_MODE_FN_REGISTRY
         with pytest.raises(UnknownDispatchModeError):
-            scd.DISPATCH_MODE_FN_REGISTRY[unknown]  # type: ignore[index]
-        assert scd.DISPATCH_MODE_FN_REGISTRY.get(unknown) is None  # type: ignore[arg-type]
+            verl.DISPATCH_MODE_FN_REGISTRY[unknown]  # type: ignore[index]
+        assert verl.DISPATCH_MODE_FN_REGISTRY.get(unknown) is None  # type: ignore[arg-type]
     Dispatch.remove(bare.name)
 
 
 def test_a_string_as_register_mode_is_a_type_error_naming_the_value() -> None:
     # Where a mode is configured (not looked up), a string is the wrong type.
     with pytest.raises(TypeError, match=r"str 'DP_COMPUTE'") as info:
-        scd.resolve_dispatch_mode("DP_COMPUTE")  # type: ignore[arg-type]
+        ext.resolve_dispatch_mode("DP_COMPUTE")  # type: ignore[arg-type]
     assert isinstance(info.value, scd.DispatchModeTypeError)
 
 
 def test_the_verl_registry_view_is_live_and_read_only() -> None:
-    registry = scd.DISPATCH_MODE_FN_REGISTRY
-    assert registry[Dispatch.ONE_TO_ALL] == scd.get_predefined_dispatch_fn(Dispatch.ONE_TO_ALL)
+    registry = verl.DISPATCH_MODE_FN_REGISTRY
+    assert registry[Dispatch.ONE_TO_ALL] == verl.get_predefined_dispatch_fn(Dispatch.ONE_TO_ALL)
     assert set(registry) >= {Dispatch.ONE_TO_ALL, Dispatch.DP_COMPUTE_PROTO, Dispatch.RANK_ZERO}
     before = len(registry)
     name = unique_name("VIEW")
@@ -148,7 +154,7 @@ def test_the_verl_registry_view_is_live_and_read_only() -> None:
         Dispatch.remove(name)
     with pytest.raises(TypeError):
         registry[Dispatch.ONE_TO_ALL] = {}  # type: ignore[index]
-    snapshot = scd.DISPATCH_MODE_FN_REGISTRY.copy()  # verl's fixtures copy it
+    snapshot = verl.DISPATCH_MODE_FN_REGISTRY.copy()  # verl's fixtures copy it
     assert type(snapshot) is dict
     assert snapshot == dict(registry.items())
     snapshot.clear()
@@ -168,7 +174,7 @@ def test_member_without_functions_is_unknown_and_named() -> None:
     member = Dispatch.register(name)
     try:
         with pytest.raises(KeyError, match=rf"dispatch mode {name} has no") as info:
-            scd.resolve_dispatch_mode(member)
+            ext.resolve_dispatch_mode(member)
         assert isinstance(info.value, UnknownDispatchModeError)
     finally:
         Dispatch.remove(name)
@@ -189,7 +195,7 @@ def test_an_unknown_execute_mode_is_a_key_error() -> None:
     for unknown in ("ALL", 0, None):
         expected = r"no execute mode .*known: \['ALL', 'RANK_ZERO'\]"
         with pytest.raises(KeyError, match=expected) as info:
-            scd.get_predefined_execute_fn(unknown)  # type: ignore[arg-type]
+            verl.get_predefined_execute_fn(unknown)  # type: ignore[arg-type]
         assert isinstance(info.value, UnknownDispatchModeError)
 
 
@@ -227,21 +233,21 @@ def test_updating_a_mode_that_does_not_exist() -> None:
 )
 def test_custom_mode_mapping_without_both_functions(mapping: dict[str, Any], missing: str) -> None:
     with pytest.raises(InvalidDispatchModeError, match=rf"lacks \[.*'{missing}'"):
-        scd.resolve_dispatch_mode(mapping)
+        ext.resolve_dispatch_mode(mapping)
     with pytest.raises(InvalidDispatchModeError, match=missing):
         scd.register(dispatch_mode=mapping)
 
 
 def test_custom_mode_mapping_with_non_callable_function() -> None:
     with pytest.raises(TypeError, match=r"collect_fn must be callable, got 42"):
-        scd.resolve_dispatch_mode({"dispatch_fn": _noop_dispatch, "collect_fn": 42})
+        ext.resolve_dispatch_mode({"dispatch_fn": _noop_dispatch, "collect_fn": 42})
     with pytest.raises(TypeError, match=r"dispatch_fn must be callable, got 'x'"):
         scd.register_dispatch_mode(unique_name(), "x", _noop_collect)  # type: ignore[arg-type]
 
 
 def test_custom_mode_mapping_with_unknown_key() -> None:
     with pytest.raises(InvalidDispatchModeError, match=r"unknown keys \['colect_fn'\]"):
-        scd.resolve_dispatch_mode(
+        ext.resolve_dispatch_mode(
             {"dispatch_fn": _noop_dispatch, "collect_fn": _noop_collect, "colect_fn": 1}
         )
 
@@ -253,14 +259,14 @@ def test_dp_compute_length_not_world_size() -> None:
         match=r"DP_COMPUTE: positional argument 0 has 3 "
         r"entries, expected the world size 4",
     ):
-        scd.dispatch_dp_compute(wg, [1, 2, 3])
+        verl.dispatch_dp_compute(wg, [1, 2, 3])
     with pytest.raises(DispatchArgumentError, match=r"DP_COMPUTE: keyword argument 'x' has 5"):
-        scd.dispatch_dp_compute(wg, x=(1, 2, 3, 4, 5))
+        verl.dispatch_dp_compute(wg, x=(1, 2, 3, 4, 5))
 
 
 def test_dp_compute_non_sequence_names_type_and_value() -> None:
     with pytest.raises(NotShardableError, match=r"DP_COMPUTE: positional argument 0 .* got int 7"):
-        scd.dispatch_dp_compute(FakeWorkerGroup(2), 7)
+        verl.dispatch_dp_compute(FakeWorkerGroup(2), 7)
 
 
 def test_shardable_arguments_of_different_lengths() -> None:
@@ -270,7 +276,7 @@ def test_shardable_arguments_of_different_lengths() -> None:
         match=r"DP_COMPUTE_PROTO: .*same length, got positional argument 0: 4, "
         r"keyword argument 'b': 3",
     ):
-        scd.dispatch_dp_compute_data_proto(wg, Batch([1, 2, 3, 4]), b=Batch([1, 2, 3]))
+        verl.dispatch_dp_compute_data_proto(wg, Batch([1, 2, 3, 4]), b=Batch([1, 2, 3]))
 
 
 def test_non_shardable_argument_to_a_splitting_mode() -> None:
@@ -280,9 +286,9 @@ def test_non_shardable_argument_to_a_splitting_mode() -> None:
         match=r"DP_COMPUTE_PROTO: keyword argument 'cfg' of "
         r"type dict cannot be split across 2 workers \(\{'lr': 0.1\}\)",
     ):
-        scd.dispatch_dp_compute_data_proto(wg, Batch([1, 2]), cfg={"lr": 0.1})
+        verl.dispatch_dp_compute_data_proto(wg, Batch([1, 2]), cfg={"lr": 0.1})
     with pytest.raises(TypeError):  # NotShardableError is a TypeError
-        scd.dispatch_dp_compute_data_proto(wg, "ab")
+        verl.dispatch_dp_compute_data_proto(wg, "ab")
 
 
 @pytest.mark.parametrize("value", [[1, 2, 3, 4], (1, 2, 3, 4), {"a": 1, "b": 2}])
@@ -293,7 +299,7 @@ def test_non_shardable_argument_to_a_splitting_mode() -> None:
 def test_plain_containers_are_not_batches_for_splitting_modes(value: Any, mode: Any) -> None:
     """Lists and tuples are per-rank arguments (DP_COMPUTE); a splitting mode refuses them
     with a TypeError before anything is sent, as verl does."""
-    spec = scd.resolve_dispatch_mode(mode)
+    spec = ext.resolve_dispatch_mode(mode)
     args = (len, value) if mode is Dispatch.DP_COMPUTE_PROTO_WITH_FUNC else (value,)
     with pytest.raises(NotShardableError, match=r"(DP_COMPUTE|not plain sequences|dict)") as info:
         spec.dispatch_fn(FakeWorkerGroup(2), *args)
@@ -303,19 +309,19 @@ def test_plain_containers_are_not_batches_for_splitting_modes(value: Any, mode: 
 
 
 def test_rows_is_the_stdlib_batch() -> None:
-    args, _ = scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), scd.Rows([1, 2, 3, 4]))
+    args, _ = verl.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), scd.Rows([1, 2, 3, 4]))
     assert args == [[scd.Rows([1, 2]), scd.Rows([3, 4])]]
     assert all(type(part) is scd.Rows for part in args[0])
-    joined = scd.collect_dp_compute_data_proto(FakeWorkerGroup(2), args[0])
+    joined = verl.collect_dp_compute_data_proto(FakeWorkerGroup(2), args[0])
     assert type(joined) is scd.Rows
     assert joined == [1, 2, 3, 4]
 
 
 def test_long_values_are_abbreviated_in_messages() -> None:
     with pytest.raises(NotShardableError) as info:
-        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), "x" * 500)
+        verl.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), "x" * 500)
     with pytest.raises(NotShardableError) as info:
-        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), list(range(500)))
+        verl.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), list(range(500)))
     assert "..." in str(info.value)
     assert "..." in str(info.value)
     assert len(str(info.value)) < 400
@@ -328,13 +334,13 @@ def test_mesh_dp_ranks_not_zero_to_dp_size() -> None:
         fns["dispatch_fn"](wg, Batch([1, 2]))
     wg_neg = FakeWorkerGroup(2, {"m": ([-1, 0], [True, True])})
     with pytest.raises(MeshLayoutError, match=r"got \[-1, 0\]"):
-        scd.mesh_layout(wg_neg, "m")
+        ext.mesh_layout(wg_neg, "m")
 
 
 def test_mesh_with_wrong_number_of_entries() -> None:
     wg = FakeWorkerGroup(3, {"m": ([0, 1], [True, True])})
     with pytest.raises(MeshLayoutError, match=r"mesh 'm'.*world size 3.*got 2 dp ranks"):
-        scd.mesh_layout(wg, "m")
+        ext.mesh_layout(wg, "m")
 
 
 def test_with_func_non_callable_first_argument() -> None:
@@ -344,9 +350,9 @@ def test_with_func_non_callable_first_argument() -> None:
         match=r"DP_COMPUTE_PROTO_WITH_FUNC: the first positional "
         r"argument must be callable, got list \[1, 2\]",
     ):
-        scd.dispatch_dp_compute_data_proto_with_func(wg, [1, 2], Batch([3, 4]))
+        verl.dispatch_dp_compute_data_proto_with_func(wg, [1, 2], Batch([3, 4]))
     with pytest.raises(NotShardableError, match=r"got no positional argument"):
-        scd.dispatch_dp_compute_data_proto_with_func(wg, data=Batch([3, 4]))
+        verl.dispatch_dp_compute_data_proto_with_func(wg, data=Batch([3, 4]))
 
 
 @pytest.mark.parametrize(("rows", "shards"), [(3, 4), (5, 2), (7, 4), (2, 4)])
@@ -358,12 +364,12 @@ def test_uneven_batch_without_padding_names_length_and_shards(rows: int, shards:
         match=rf"DP_COMPUTE_PROTO: a batch of {rows} rows does not divide evenly into "
         rf"{shards} shards",
     ) as info:
-        scd.dispatch_dp_compute_data_proto(wg, batch)
+        verl.dispatch_dp_compute_data_proto(wg, batch)
     assert isinstance(info.value, ValueError)
     assert "auto-padding" in str(info.value)
     # With padding on, the same batch is padded to the next multiple, as before.
-    _, kwargs = scd.dispatch_dp_compute_data_proto(wg, Batch(list(range(rows))))
-    assert kwargs[scd.PADDING_SIZE_KEY] == shards - rows % shards
+    _, kwargs = verl.dispatch_dp_compute_data_proto(wg, Batch(list(range(rows))))
+    assert kwargs[ext.PADDING_SIZE_KEY] == shards - rows % shards
 
 
 def test_uneven_batch_on_a_mesh_without_padding() -> None:
@@ -382,9 +388,9 @@ def test_empty_batch_is_rejected_even_though_it_divides_evenly() -> None:
         match=r"DP_COMPUTE_PROTO: .*empty batch \(0 rows\) "
         r"into 2 shards",
     ):
-        scd.dispatch_dp_compute_data_proto(wg, Batch([], auto_pad=False))
+        verl.dispatch_dp_compute_data_proto(wg, Batch([], auto_pad=False))
     with pytest.raises(DispatchArgumentError, match=r"empty batch"):
-        scd.dispatch_dp_compute_data_proto(wg, Batch([]))
+        verl.dispatch_dp_compute_data_proto(wg, Batch([]))
 
 
 def test_worker_group_without_world_size() -> None:
@@ -393,13 +399,13 @@ def test_worker_group_without_world_size() -> None:
         match=r"ONE_TO_ALL: worker group .* world_size "
         r"\(got None\)",
     ):
-        scd.dispatch_one_to_all(object(), 1)  # type: ignore[arg-type]
+        verl.dispatch_one_to_all(object(), 1)  # type: ignore[arg-type]
     with pytest.raises(DispatchArgumentError, match=r"DP_COMPUTE_PROTO: .*\(got 0\)"):
-        scd.dispatch_dp_compute_data_proto(SimpleNamespace(world_size=0), Batch([1]))
+        scd.verl.dispatch_dp_compute_data_proto(SimpleNamespace(world_size=0), Batch([1]))
 
 
 def test_direct_rollout_method_from_the_driver() -> None:
-    fns = scd.get_predefined_dispatch_fn(Dispatch.DIRECT_ROLLOUT_METHOD)
+    fns = verl.get_predefined_dispatch_fn(Dispatch.DIRECT_ROLLOUT_METHOD)
     with pytest.raises(NotImplementedError, match=r"DIRECT_ROLLOUT_METHOD") as info:
         fns["dispatch_fn"](FakeWorkerGroup(1))
     assert isinstance(info.value, scd.DirectRolloutCallError)
@@ -410,20 +416,20 @@ def test_direct_rollout_method_from_the_driver() -> None:
 def test_collect_errors_name_the_mode() -> None:
     wg = FakeWorkerGroup(3)
     with pytest.raises(DispatchArgumentError, match=r"DP_COMPUTE: expected 3 outputs .* got 2"):
-        scd.collect_dp_compute(wg, [1, 2])
+        verl.collect_dp_compute(wg, [1, 2])
     with pytest.raises(DispatchArgumentError, match=r"DP_COMPUTE_PROTO: no outputs"):
-        scd.collect_dp_compute_data_proto(wg, [])
+        verl.collect_dp_compute_data_proto(wg, [])
     with pytest.raises(NotShardableError, match=r"one type to be joined, got \['list', 'tuple'\]"):
-        scd.collect_dp_compute_data_proto(wg, [[1], (2,), [3]])
+        verl.collect_dp_compute_data_proto(wg, [[1], (2,), [3]])
     with pytest.raises(NotShardableError, match=r"outputs of type int cannot be joined"):
-        scd.collect_dp_compute_data_proto(wg, [1, 2, 3])
+        verl.collect_dp_compute_data_proto(wg, [1, 2, 3])
 
 
 def test_register_shardable_and_future_type_need_classes() -> None:
     with pytest.raises(NotShardableError, match=r"register_shardable: expected a class, got 3"):
-        scd.register_shardable(3, object())  # type: ignore[arg-type]
+        ext.register_shardable(3, object())  # type: ignore[arg-type]
     with pytest.raises(NotShardableError, match=r"register_future_type: expected a class"):
-        scd.register_future_type("Future")  # type: ignore[arg-type]
+        ext.register_future_type("Future")  # type: ignore[arg-type]
 
 
 def test_nd_mesh_name_must_be_a_non_empty_string() -> None:

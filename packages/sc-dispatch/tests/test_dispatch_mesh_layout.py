@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import sc_dispatch as scd
-from sc_dispatch import DispatchArgumentError, MeshLayout, MeshLayoutError, ask_mesh_layout
+from sc_dispatch import DispatchArgumentError, MeshLayoutError
+from sc_dispatch.ext import MeshLayout, ask_mesh_layout
 from sc_dispatch.testing import FakeWorkerGroup
 
 
@@ -117,7 +118,7 @@ def test_the_fake_meets_the_protocol_and_caches_each_mesh() -> None:
     wg = FakeWorkerGroup(
         4, {"actor": MeshLayout.from_sizes(2, 2), "raw": ([0, 1, 2, 3], [True] * 4)}
     )
-    assert isinstance(wg, scd.DispatchWorkerGroup)
+    assert isinstance(wg, scd.ext.DispatchWorkerGroup)
     assert wg.world_size == 4
     first = wg.query_mesh("actor")
     assert first.mesh_name == "actor"
@@ -164,11 +165,11 @@ def test_the_fake_refuses_bad_arguments(
 def test_the_worker_group_protocol_has_public_members_only() -> None:
     members = {
         name
-        for name, value in vars(scd.DispatchWorkerGroup).items()
+        for name, value in vars(scd.ext.DispatchWorkerGroup).items()
         if (callable(value) or isinstance(value, property)) and not name.startswith("__")
     }
     assert members == {"world_size", "query_mesh"}
-    assert not vars(scd.DispatchWorkerGroup).get("__annotations__")
+    assert not vars(scd.ext.DispatchWorkerGroup).get("__annotations__")
 
 
 def test_sc_dispatch_never_reads_verls_private_mesh_protocol() -> None:

@@ -15,7 +15,8 @@ from _dispatch_fakes import (
     run_call,
     unique_name,
 )
-from sc_dispatch import PADDING_SIZE_KEY, Dispatch, Execute
+from sc_dispatch import Dispatch, Execute, ext, verl
+from sc_dispatch.ext import PADDING_SIZE_KEY
 
 
 def echo(rank: int, *args: Any, **kwargs: Any) -> tuple[int, tuple[Any, ...], dict[str, Any]]:
@@ -29,24 +30,24 @@ def identity(rank: int, data: Any) -> Any:
 # --- the predefined table -------------------------------------------------------------------
 
 PREDEFINED = {
-    "RANK_ZERO": (scd.dispatch_rank_zero, scd.collect_rank_zero, True),
-    "ONE_TO_ALL": (scd.dispatch_one_to_all, scd.collect_all_to_all, True),
-    "ALL_TO_ALL": (scd.dispatch_all_to_all, scd.collect_all_to_all, True),
-    "DP_COMPUTE": (scd.dispatch_dp_compute, scd.collect_dp_compute, True),
+    "RANK_ZERO": (verl.dispatch_rank_zero, verl.collect_rank_zero, True),
+    "ONE_TO_ALL": (verl.dispatch_one_to_all, verl.collect_all_to_all, True),
+    "ALL_TO_ALL": (verl.dispatch_all_to_all, verl.collect_all_to_all, True),
+    "DP_COMPUTE": (verl.dispatch_dp_compute, verl.collect_dp_compute, True),
     "DP_COMPUTE_PROTO": (
-        scd.dispatch_dp_compute_data_proto,
-        scd.collect_dp_compute_data_proto,
+        verl.dispatch_dp_compute_data_proto,
+        verl.collect_dp_compute_data_proto,
         True,
     ),
     "DP_COMPUTE_PROTO_WITH_FUNC": (
-        scd.dispatch_dp_compute_data_proto_with_func,
-        scd.collect_dp_compute_data_proto,
+        verl.dispatch_dp_compute_data_proto_with_func,
+        verl.collect_dp_compute_data_proto,
         True,
     ),
-    "DP_COMPUTE_METRIC": (scd.dispatch_dp_compute_data_proto, scd.collect_dp_compute, False),
+    "DP_COMPUTE_METRIC": (verl.dispatch_dp_compute_data_proto, verl.collect_dp_compute, False),
     "DIRECT_ROLLOUT_METHOD": (
-        scd.dispatch_direct_rollout_method,
-        scd.collect_direct_rollout_method,
+        verl.dispatch_direct_rollout_method,
+        verl.collect_direct_rollout_method,
         True,
     ),
 }
@@ -57,11 +58,11 @@ def test_every_predefined_mode_is_registered(name: str) -> None:
     dispatch_fn, collect_fn, unpad = PREDEFINED[name]
     member = Dispatch.from_name(name)
     assert member is not None
-    assert scd.get_predefined_dispatch_fn(member) == {
+    assert verl.get_predefined_dispatch_fn(member) == {
         "dispatch_fn": dispatch_fn,
         "collect_fn": collect_fn,
     }
-    spec = scd.resolve_dispatch_mode(member)
+    spec = scd.ext.resolve_dispatch_mode(member)
     assert (spec.name, spec.dispatch_fn, spec.collect_fn, functions_of(spec).unpad_output) == (
         name,
         dispatch_fn,
@@ -71,15 +72,15 @@ def test_every_predefined_mode_is_registered(name: str) -> None:
 
 
 def test_execute_fns() -> None:
-    assert scd.get_predefined_execute_fn(Execute.ALL) == {"execute_fn_name": "execute_all"}
-    assert scd.get_predefined_execute_fn(Execute.RANK_ZERO) == {
+    assert verl.get_predefined_execute_fn(Execute.ALL) == {"execute_fn_name": "execute_all"}
+    assert verl.get_predefined_execute_fn(Execute.RANK_ZERO) == {
         "execute_fn_name": "execute_rank_zero"
     }
     name = unique_name("EXEC")
     member = Execute.register(name)
     try:
         with pytest.raises(scd.UnknownDispatchModeError, match=rf"<Execute.{name}: \d+>"):
-            scd.get_predefined_execute_fn(member)
+            verl.get_predefined_execute_fn(member)
     finally:
         Execute.remove(name)
 
@@ -111,7 +112,7 @@ def test_one_to_all_sends_the_same_objects_to_every_rank() -> None:
 def test_all_to_all_passes_arguments_through() -> None:
     wg = FakeWorkerGroup(2)
     marker = object()
-    d_args, d_kwargs = scd.dispatch_all_to_all(wg, marker, k=marker)
+    d_args, d_kwargs = verl.dispatch_all_to_all(wg, marker, k=marker)
     assert d_args == (marker,)
     assert d_kwargs == {"k": marker}
     assert run_call(wg, Dispatch.ALL_TO_ALL, lambda r, v: (r, v), ["a", "b"]) == [
@@ -119,7 +120,7 @@ def test_all_to_all_passes_arguments_through() -> None:
         (1, "b"),
     ]
     outs = ["x", "y"]
-    assert scd.collect_all_to_all(wg, outs) is outs
+    assert verl.collect_all_to_all(wg, outs) is outs
 
 
 @pytest.mark.parametrize("kind", [list, tuple])
@@ -184,12 +185,12 @@ def test_padding_pads_every_argument_of_the_call() -> None:
 
 def test_padding_size_travels_in_kwargs_and_is_popped() -> None:
     wg = FakeWorkerGroup(2)
-    _, d_kwargs = scd.dispatch_dp_compute_data_proto(wg, Batch([1, 2, 3]))
+    _, d_kwargs = verl.dispatch_dp_compute_data_proto(wg, Batch([1, 2, 3]))
     assert d_kwargs == {PADDING_SIZE_KEY: 1}
-    assert scd.pop_padding_size(d_kwargs) == 1
+    assert ext.pop_padding_size(d_kwargs) == 1
     assert d_kwargs == {}
-    assert scd.pop_padding_size(d_kwargs) == 0
-    _, even_kwargs = scd.dispatch_dp_compute_data_proto(wg, Batch([1, 2]))
+    assert ext.pop_padding_size(d_kwargs) == 0
+    _, even_kwargs = verl.dispatch_dp_compute_data_proto(wg, Batch([1, 2]))
     assert PADDING_SIZE_KEY not in even_kwargs
 
 
@@ -256,14 +257,14 @@ def test_dp_compute_metric_outputs_that_are_lists_are_not_truncated() -> None:
 
 def test_collect_dp_compute_proto_joins_tuples_and_batches() -> None:
     wg = FakeWorkerGroup(2)
-    assert scd.collect_dp_compute_data_proto(wg, [(1, 2), (3,)]) == (1, 2, 3)
-    assert scd.collect_dp_compute_data_proto(wg, [Batch([1]), Batch([2])]) == Batch([1, 2])
-    assert scd.concat_outputs("X", [[1], [2, 3]]) == [1, 2, 3]
+    assert verl.collect_dp_compute_data_proto(wg, [(1, 2), (3,)]) == (1, 2, 3)
+    assert verl.collect_dp_compute_data_proto(wg, [Batch([1]), Batch([2])]) == Batch([1, 2])
+    assert ext.concat_outputs("X", [[1], [2, 3]]) == [1, 2, 3]
 
 
 def test_splitting_with_no_arguments_calls_every_rank() -> None:
     wg = FakeWorkerGroup(3)
-    assert scd.dispatch_dp_compute_data_proto(wg) == ([], {})
+    assert verl.dispatch_dp_compute_data_proto(wg) == ([], {})
     assert run_call(wg, Dispatch.DP_COMPUTE, lambda r: r) == [0, 1, 2]
 
 
@@ -285,7 +286,7 @@ def test_register_dispatch_mode_adds_a_member_and_works() -> None:
     try:
         assert member is Dispatch.from_name(name)
         assert getattr(Dispatch, name) is member
-        assert scd.get_predefined_dispatch_fn(member) == {
+        assert verl.get_predefined_dispatch_fn(member) == {
             "dispatch_fn": _split_evens,
             "collect_fn": _join,
         }
@@ -313,33 +314,33 @@ def test_update_dispatch_mode_replaces_functions_and_keeps_flag() -> None:
     name = unique_name()
     member = scd.register_dispatch_mode(name, _split_evens, _join, unpad_output=False)
     try:
-        scd.update_dispatch_mode(member, scd.dispatch_one_to_all, scd.collect_all_to_all)
-        spec = scd.resolve_dispatch_mode(member)
+        scd.update_dispatch_mode(member, scd.verl.dispatch_one_to_all, scd.verl.collect_all_to_all)
+        spec = scd.ext.resolve_dispatch_mode(member)
         assert (spec.name, spec.dispatch_fn, spec.collect_fn, functions_of(spec).unpad_output) == (
             name,
-            scd.dispatch_one_to_all,
-            scd.collect_all_to_all,
+            verl.dispatch_one_to_all,
+            verl.collect_all_to_all,
             False,
         )
         scd.update_dispatch_mode(member, _split_evens, _join, unpad_output=True)
         assert functions_of(member).unpad_output is True
         with pytest.raises(scd.DispatchModeTypeError, match=rf"{name}: collect_fn .* None"):
             scd.update_dispatch_mode(member, _split_evens, None)  # type: ignore[arg-type]
-        assert scd.resolve_dispatch_mode(member).collect_fn is _join
+        assert ext.resolve_dispatch_mode(member).collect_fn is _join
     finally:
         Dispatch.remove(name)
 
 
 def test_update_predefined_mode_and_restore() -> None:
-    original = scd.get_predefined_dispatch_fn(Dispatch.ALL_TO_ALL)
+    original = verl.get_predefined_dispatch_fn(Dispatch.ALL_TO_ALL)
     try:
         scd.update_dispatch_mode(Dispatch.ALL_TO_ALL, _split_evens, _join)
-        assert scd.get_predefined_dispatch_fn(Dispatch.ALL_TO_ALL)["collect_fn"] is _join
+        assert verl.get_predefined_dispatch_fn(Dispatch.ALL_TO_ALL)["collect_fn"] is _join
     finally:
         scd.update_dispatch_mode(
             Dispatch.ALL_TO_ALL, original["dispatch_fn"], original["collect_fn"]
         )
-    assert scd.get_predefined_dispatch_fn(Dispatch.ALL_TO_ALL) == original
+    assert verl.get_predefined_dispatch_fn(Dispatch.ALL_TO_ALL) == original
 
 
 def test_failed_registration_leaves_no_member() -> None:
@@ -350,5 +351,5 @@ def test_failed_registration_leaves_no_member() -> None:
 
 
 def test_worker_group_fake_meets_the_protocol() -> None:
-    assert isinstance(FakeWorkerGroup(1), scd.DispatchWorkerGroup)
-    assert not isinstance(object(), scd.DispatchWorkerGroup)
+    assert isinstance(FakeWorkerGroup(1), ext.DispatchWorkerGroup)
+    assert not isinstance(object(), ext.DispatchWorkerGroup)

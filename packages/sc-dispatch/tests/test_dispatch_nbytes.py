@@ -11,6 +11,7 @@ import sc_dispatch as scd
 from _dispatch_fakes import BATCH_ADAPTER, PROPERTY, Batch
 from hypothesis import given
 from hypothesis import strategies as st
+from sc_dispatch import ext
 
 
 class Blob:
@@ -36,7 +37,7 @@ class SizedAdapter:
         return obj.rows
 
     def chunk(self, obj: Sized, chunks: int) -> list[Sized]:
-        return [Sized(n) for n in scd.chunk_sizes(obj.rows, chunks)]
+        return [Sized(n) for n in ext.chunk_sizes(obj.rows, chunks)]
 
     def concat(self, parts: Sequence[Sized]) -> Sized:
         return Sized(sum(p.rows for p in parts))
@@ -54,9 +55,9 @@ class SizedAdapter:
         return 8 * obj.rows
 
 
-SIZED: scd.SizedShardAdapter[Sized] = SizedAdapter()
-scd.register_shardable(Sized, SIZED)
-scd.register_nbytes(Blob, lambda blob: blob.size)
+SIZED: ext.SizedShardAdapter[Sized] = SizedAdapter()
+ext.register_shardable(Sized, SIZED)
+ext.register_nbytes(Blob, lambda blob: blob.size)
 
 
 def _view(data: bytes) -> memoryview:
@@ -73,14 +74,14 @@ bytes_likes = st.one_of(
 @PROPERTY
 @given(data=bytes_likes)
 def test_bytes_likes_weigh_their_length(data: bytes | bytearray | memoryview) -> None:
-    assert scd.payload_nbytes(data) == len(data)
+    assert ext.payload_nbytes(data) == len(data)
 
 
 def test_a_memoryview_weighs_its_bytes_not_its_items() -> None:
     view = memoryview(array.array("d", [1.0, 2.0, 3.0]))
     assert len(view) == 3
-    assert scd.payload_nbytes(view) == 24
-    assert scd.payload_nbytes(view[1:]) == 16  # a slice weighs only what it sees
+    assert ext.payload_nbytes(view) == 24
+    assert ext.payload_nbytes(view[1:]) == 16  # a slice weighs only what it sees
 
 
 payloads = st.recursive(
@@ -112,13 +113,13 @@ def expected(obj: Any, depth: int) -> int:
 @PROPERTY
 @given(obj=payloads, depth=st.integers(0, 6))
 def test_containers_add_up_their_items_down_to_the_depth(obj: Any, depth: int) -> None:
-    assert scd.payload_nbytes(obj, max_depth=depth) == expected(obj, depth)
+    assert ext.payload_nbytes(obj, max_depth=depth) == expected(obj, depth)
 
 
 @PROPERTY
 @given(obj=payloads)
 def test_the_estimate_is_never_negative_and_depth_only_adds(obj: Any) -> None:
-    sizes = [scd.payload_nbytes(obj, max_depth=d) for d in range(6)]
+    sizes = [ext.payload_nbytes(obj, max_depth=d) for d in range(6)]
     assert all(s >= 0 for s in sizes)
     assert sizes == sorted(sizes)
 
@@ -127,62 +128,62 @@ def test_the_estimate_is_never_negative_and_depth_only_adds(obj: Any) -> None:
     "obj", [None, 0, 3.5, True, "a long string", object(), {1, 2}, Batch([1, 2]), 1j]
 )
 def test_unknown_objects_weigh_nothing(obj: Any) -> None:
-    assert scd.payload_nbytes(obj) == 0
+    assert ext.payload_nbytes(obj) == 0
 
 
 def test_an_adapter_without_nbytes_is_not_used() -> None:
     assert not hasattr(BATCH_ADAPTER, "nbytes")
-    assert scd.get_nbytes_fn(Batch([1])) is None
-    assert scd.get_nbytes_fn(Sized(1)) is not None
+    assert ext.get_nbytes_fn(Batch([1])) is None
+    assert ext.get_nbytes_fn(Sized(1)) is not None
 
 
 def test_rows_and_plain_sequences_are_entered() -> None:
-    assert scd.payload_nbytes(scd.Rows([b"ab", b"cde"])) == 5
-    assert scd.payload_nbytes([Blob(10), (Blob(5), {"k": b"xy"})]) == 17
+    assert ext.payload_nbytes(scd.Rows([b"ab", b"cde"])) == 5
+    assert ext.payload_nbytes([Blob(10), (Blob(5), {"k": b"xy"})]) == 17
 
 
 def test_hooks_are_inherited_and_the_nearest_class_wins() -> None:
-    assert scd.payload_nbytes(SubBlob(7)) == 7
+    assert ext.payload_nbytes(SubBlob(7)) == 7
     try:
-        scd.register_nbytes(SubBlob, lambda blob: 2 * blob.size)
-        assert scd.payload_nbytes(SubBlob(7)) == 14
-        assert scd.payload_nbytes(Blob(7)) == 7
+        ext.register_nbytes(SubBlob, lambda blob: 2 * blob.size)
+        assert ext.payload_nbytes(SubBlob(7)) == 14
+        assert ext.payload_nbytes(Blob(7)) == 7
     finally:
-        scd.register_nbytes(SubBlob, lambda blob: blob.size)
+        ext.register_nbytes(SubBlob, lambda blob: blob.size)
 
 
 def test_a_hook_wins_over_the_adapter_of_the_same_class() -> None:
     class Special(Sized):
         pass
 
-    scd.register_shardable(Special, SIZED)
-    assert scd.payload_nbytes(Special(3)) == 24
-    scd.register_nbytes(Special, lambda obj: 1)
-    assert scd.payload_nbytes(Special(3)) == 1
+    ext.register_shardable(Special, SIZED)
+    assert ext.payload_nbytes(Special(3)) == 24
+    ext.register_nbytes(Special, lambda obj: 1)
+    assert ext.payload_nbytes(Special(3)) == 1
 
 
 def test_a_sized_list_subclass_uses_its_hook_not_its_items() -> None:
     class Packed(list[bytes]):
         pass
 
-    scd.register_nbytes(Packed, lambda obj: 1000)
-    assert scd.payload_nbytes(Packed([b"a"])) == 1000
-    assert scd.payload_nbytes([Packed([b"a"]), b"bc"]) == 1002
+    ext.register_nbytes(Packed, lambda obj: 1000)
+    assert ext.payload_nbytes(Packed([b"a"])) == 1000
+    assert ext.payload_nbytes([Packed([b"a"]), b"bc"]) == 1002
 
 
 def test_cycles_stop_at_the_depth_bound() -> None:
     loop: list[Any] = [b"abc"]
     loop.append(loop)
-    assert scd.payload_nbytes(loop, max_depth=3) == 9
+    assert ext.payload_nbytes(loop, max_depth=3) == 9
 
 
 def test_long_containers_are_scaled_from_their_first_items() -> None:
     from sc_dispatch._nbytes import MAX_ITEMS
 
     chunk = [b"x" * 4] * MAX_ITEMS
-    assert scd.payload_nbytes(chunk) == 4 * MAX_ITEMS
-    assert scd.payload_nbytes(chunk * 3) == 12 * MAX_ITEMS
-    assert scd.payload_nbytes(dict(enumerate(chunk * 2))) == 8 * MAX_ITEMS
+    assert ext.payload_nbytes(chunk) == 4 * MAX_ITEMS
+    assert ext.payload_nbytes(chunk * 3) == 12 * MAX_ITEMS
+    assert ext.payload_nbytes(dict(enumerate(chunk * 2))) == 8 * MAX_ITEMS
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True, None, "9"])
@@ -190,19 +191,19 @@ def test_a_hook_must_return_a_non_negative_int(bad: Any) -> None:
     class Broken:
         pass
 
-    scd.register_nbytes(Broken, lambda obj: bad)
+    ext.register_nbytes(Broken, lambda obj: bad)
     with pytest.raises(scd.DispatchArgumentError, match=rf"nbytes of .*Broken returned {bad!r}"):
-        scd.payload_nbytes([Broken()])
+        ext.payload_nbytes([Broken()])
 
 
 @pytest.mark.parametrize("depth", [-1, 1.0, True, None])
 def test_max_depth_must_be_a_non_negative_int(depth: Any) -> None:
     with pytest.raises(scd.DispatchArgumentError, match=r"max_depth must be a non-negative int"):
-        scd.payload_nbytes([b"a"], max_depth=depth)
+        ext.payload_nbytes([b"a"], max_depth=depth)
 
 
 def test_register_nbytes_checks_its_arguments() -> None:
     with pytest.raises(scd.NotShardableError, match=r"register_nbytes: expected a class"):
-        scd.register_nbytes(Blob(1), len)  # type: ignore[arg-type]
+        ext.register_nbytes(Blob(1), len)  # type: ignore[arg-type]
     with pytest.raises(scd.NotShardableError, match=r"hook for Blob must be callable"):
-        scd.register_nbytes(Blob, 5)  # type: ignore[arg-type]
+        ext.register_nbytes(Blob, 5)  # type: ignore[arg-type]

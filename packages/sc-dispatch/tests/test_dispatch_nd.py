@@ -7,12 +7,8 @@ from typing import Any
 import pytest
 import sc_dispatch as scd
 from _dispatch_fakes import Batch, FakeWorkerGroup, functions_of, per_rank, run_call
-from sc_dispatch import (
-    MeshLayout,
-    MeshLayoutError,
-    make_nd_compute_dataproto_dispatch_fn,
-    register,
-)
+from sc_dispatch import MeshLayoutError, ext, make_nd_compute_dataproto_dispatch_fn, register
+from sc_dispatch.ext import MeshLayout
 
 # 4 ranks, dp=2 x tp=2; dp rank does NOT grow with global rank, and the collect rank of
 # dp group 0 is the group's second member.
@@ -26,7 +22,7 @@ def tagged(rank: int, data: Batch) -> Batch:
 def test_mode_is_a_verl_style_mapping() -> None:
     fns = make_nd_compute_dataproto_dispatch_fn("actor")
     assert set(fns) == {"dispatch_fn", "collect_fn", "name", "joins_shards", "plan_fn"}
-    spec = scd.resolve_dispatch_mode(fns)
+    spec = ext.resolve_dispatch_mode(fns)
     assert spec.name == "nd_dispatch_fn[actor]"
     assert functions_of(spec).unpad_output is True
     assert spec.row_aligned is True
@@ -36,7 +32,7 @@ def test_mode_is_a_verl_style_mapping() -> None:
         def step(self, data: Batch) -> Batch:
             return data
 
-    attrs = scd.get_register_attrs(W.step)
+    attrs = ext.get_register_attrs(W.step)
     assert attrs is not None
     assert isinstance(attrs.dispatch_mode, dict)
 
@@ -141,7 +137,7 @@ def test_asks_the_worker_group_once_per_mesh() -> None:
 def test_prefilled_cache_is_used_without_asking() -> None:
     wg = FakeWorkerGroup(2)
     wg.mesh_cache["m"] = MeshLayout((0, 0), (False, True))
-    assert scd.mesh_layout(wg, "m") == ([0, 0], [False, True])
+    assert scd.ext.mesh_layout(wg, "m") == ([0, 0], [False, True])
     assert not wg.mesh_queries
 
 
@@ -151,7 +147,7 @@ def test_an_unregistered_mesh_names_the_mesh_and_is_not_cached() -> None:
     with pytest.raises(MeshLayoutError, match=r"ranks \[1\] did not register the mesh 'm'"):
         fns["dispatch_fn"](wg, Batch([1, 2]))
     with pytest.raises(MeshLayoutError, match=r"no rank registered the mesh 'x'"):
-        scd.mesh_layout(wg, "x")
+        scd.ext.mesh_layout(wg, "x")
     assert wg.mesh_cache == {}
     assert wg.mesh_queries == {"m": 1, "x": 1}
 
@@ -173,7 +169,7 @@ class _RaisingGroup:
 
 def test_a_key_error_from_query_mesh_is_a_mesh_layout_error_naming_the_ranks() -> None:
     with pytest.raises(MeshLayoutError) as info:
-        scd.mesh_layout(_RaisingGroup(), "m")
+        scd.ext.mesh_layout(_RaisingGroup(), "m")
     text = str(info.value)
     assert "ranks [0, 2] did not register the mesh 'm'" in text
     assert "The worker said: mesh 'm' was never registered" in text
@@ -188,7 +184,7 @@ def test_a_query_mesh_that_returns_something_else_is_an_error() -> None:
             return ([0, 1], [True, True])
 
     with pytest.raises(MeshLayoutError, match=r"Wrong.query_mesh must return a sc_dispatch.Mesh"):
-        scd.mesh_layout(Wrong(), "m")
+        scd.ext.mesh_layout(Wrong(), "m")
 
 
 def test_collect_needs_one_output_per_rank() -> None:
@@ -200,7 +196,7 @@ def test_collect_needs_one_output_per_rank() -> None:
 
 def test_metric_style_custom_collect_can_reuse_the_layout() -> None:
     wg = FakeWorkerGroup(4, {"m": SCRAMBLED})
-    dp_ranks, collect = scd.mesh_layout(wg, "m")
+    dp_ranks, collect = ext.mesh_layout(wg, "m")
     outputs: list[Any] = ["r0", "r1", "r2", "r3"]
     picked = [o for o, flag in zip(outputs, collect, strict=True) if flag]
     assert (dp_ranks, picked) == ([1, 0, 0, 1], ["r0", "r2"])

@@ -12,18 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_dispatch import (
     DispatchArgumentError,
-    DispatchModeSpec,
     DispatchModeTypeError,
-    KeyRouter,
-    MeshLayout,
     NotShardableError,
     Rows,
+    make_sticky_dispatch_fn,
+)
+from sc_dispatch.ext import (
+    DispatchModeSpec,
+    KeyRouter,
+    MeshLayout,
     Slot,
     WorkPlan,
     WorkUnit,
     balanced_plan,
     even_plan,
-    make_sticky_dispatch_fn,
     mesh_slots,
     rank_slots,
     resolve_dispatch_mode,

@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 import sc_dispatch as scd
 from _dispatch_fakes import FakeFuture, FakeWorkerGroup, UnregisteredFuture, functions_of, run_call
-from sc_dispatch import (
-    MAGIC_ATTR,
-    Dispatch,
-    Execute,
-    InvalidDispatchModeError,
-    RegisterAttrs,
-    get_register_attrs,
-    register,
-)
+from sc_dispatch import Dispatch, Execute, InvalidDispatchModeError, ext, register
+from sc_dispatch.ext import MAGIC_ATTR, RegisterAttrs, get_register_attrs
 
 
 def _dispatch_twice(worker_group: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
@@ -171,25 +164,25 @@ def test_materialize_futures_false_passes_futures_through() -> None:
 
 def test_only_registered_future_types_are_resolved() -> None:
     lookalike = UnregisteredFuture()
-    assert isinstance(lookalike, scd.FutureLike)
-    assert not scd.is_future(lookalike)
-    assert scd.is_future(FakeFuture(0))
+    assert isinstance(lookalike, ext.FutureLike)
+    assert not ext.is_future(lookalike)
+    assert ext.is_future(FakeFuture(0))
     assert Worker().echo(lookalike) is lookalike
 
 
 def test_materialize_function() -> None:
     fut = FakeFuture("v")
-    args, kwargs = scd.materialize((fut, 1), {"k": fut, "j": [fut]})
+    args, kwargs = ext.materialize((fut, 1), {"k": fut, "j": [fut]})
     assert args == ("v", 1)
     assert kwargs["k"] == "v"
     assert kwargs["j"] == [fut]  # only top-level arguments are resolved
 
 
 def test_registering_a_future_type_twice_is_harmless() -> None:
-    scd.register_future_type(FakeFuture)
-    scd.register_future_type(FakeFuture)
-    assert scd.is_future(FakeFuture(0))
-    assert not scd.is_future(0)
+    ext.register_future_type(FakeFuture)
+    ext.register_future_type(FakeFuture)
+    assert ext.is_future(FakeFuture(0))
+    assert not ext.is_future(0)
 
 
 def test_rank_zero_defaults_to_execute_rank_zero_and_rejects_all() -> None:
@@ -248,7 +241,7 @@ def test_mapping_custom_mode() -> None:
     attrs = get_register_attrs(Worker.custom)
     assert attrs is not None
     assert isinstance(attrs.dispatch_mode, dict)
-    spec = scd.resolve_dispatch_mode(attrs.dispatch_mode)
+    spec = ext.resolve_dispatch_mode(attrs.dispatch_mode)
     assert spec.dispatch_fn is _dispatch_twice
     assert spec.collect_fn is _collect_sum
     assert spec.name == "_dispatch_twice"
@@ -260,7 +253,7 @@ def test_mapping_custom_mode() -> None:
 
 
 def test_mapping_custom_mode_name_and_unpad_flag() -> None:
-    spec = scd.resolve_dispatch_mode(
+    spec = ext.resolve_dispatch_mode(
         {
             "dispatch_fn": _dispatch_twice,
             "collect_fn": _collect_sum,

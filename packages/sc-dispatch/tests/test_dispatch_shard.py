@@ -10,6 +10,7 @@ import sc_dispatch as scd
 from _dispatch_fakes import BATCH_ADAPTER, PROPERTY, Batch, FakeWorkerGroup, run_call
 from hypothesis import given
 from hypothesis import strategies as st
+from sc_dispatch import ext, verl
 
 
 class SubBatch(Batch):
@@ -28,7 +29,7 @@ class RowsAdapter:
         return len(obj.rows)
 
     def chunk(self, obj: Rows, chunks: int) -> list[Rows]:
-        sizes = scd.chunk_sizes(len(obj.rows), chunks)
+        sizes = ext.chunk_sizes(len(obj.rows), chunks)
         starts = [sum(sizes[:i]) for i in range(chunks)]
         return [Rows(obj.rows[s : s + n]) for s, n in zip(starts, sizes, strict=True)]
 
@@ -51,15 +52,15 @@ class BrokenAdapter(RowsAdapter):
 
 
 def test_chunk_sizes_examples() -> None:
-    assert scd.chunk_sizes(7, 3) == [3, 2, 2]
-    assert scd.chunk_sizes(6, 3) == [2, 2, 2]
-    assert scd.chunk_sizes(2, 4) == [1, 1, 0, 0]
+    assert ext.chunk_sizes(7, 3) == [3, 2, 2]
+    assert ext.chunk_sizes(6, 3) == [2, 2, 2]
+    assert ext.chunk_sizes(2, 4) == [1, 1, 0, 0]
 
 
 @PROPERTY
 @given(st.integers(0, 200), st.integers(1, 32))
 def test_chunk_sizes_are_balanced_and_front_loaded(length: int, chunks: int) -> None:
-    sizes = scd.chunk_sizes(length, chunks)
+    sizes = ext.chunk_sizes(length, chunks)
     assert len(sizes) == chunks
     assert sum(sizes) == length
     assert max(sizes) - min(sizes) <= 1
@@ -67,40 +68,40 @@ def test_chunk_sizes_are_balanced_and_front_loaded(length: int, chunks: int) -> 
 
 
 def test_builtin_adapters() -> None:
-    assert scd.is_shardable([1])
-    assert scd.is_shardable(())
-    assert not scd.is_shardable("abc")
-    assert not scd.is_shardable({"a": 1})
-    assert scd.get_shard_adapter(Batch([])) is BATCH_ADAPTER
-    assert scd.get_shard_adapter(SubBatch([])) is BATCH_ADAPTER  # found through the MRO
-    assert scd.get_shard_adapter(3) is None
+    assert ext.is_shardable([1])
+    assert ext.is_shardable(())
+    assert not ext.is_shardable("abc")
+    assert not ext.is_shardable({"a": 1})
+    assert ext.get_shard_adapter(Batch([])) is BATCH_ADAPTER
+    assert ext.get_shard_adapter(SubBatch([])) is BATCH_ADAPTER  # found through the MRO
+    assert ext.get_shard_adapter(3) is None
 
 
 def test_register_shardable_teaches_splitting_modes_and_replaces() -> None:
-    assert not scd.is_shardable(Rows([]))
+    assert not ext.is_shardable(Rows([]))
     with pytest.raises(scd.NotShardableError, match=r"type Rows cannot be split"):
-        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), Rows([1, 2]))
+        verl.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), Rows([1, 2]))
     adapter = RowsAdapter()
-    scd.register_shardable(Rows, adapter)
-    assert scd.get_shard_adapter(Rows([])) is adapter
+    ext.register_shardable(Rows, adapter)
+    assert ext.get_shard_adapter(Rows([])) is adapter
     out = run_call(
         FakeWorkerGroup(2), scd.Dispatch.DP_COMPUTE_PROTO, lambda r, d: d, Rows([1, 2, 3])
     )
     assert out.rows == [1, 2, 3]
     broken = BrokenAdapter()
-    scd.register_shardable(Rows, broken)
-    assert scd.get_shard_adapter(Rows([])) is broken
+    ext.register_shardable(Rows, broken)
+    assert ext.get_shard_adapter(Rows([])) is broken
     with pytest.raises(
         scd.DispatchArgumentError,
         match=r"adapter for Rows returned 1 shards, "
         r"expected 2",
     ):
-        scd.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), Rows([1, 2]))
+        verl.dispatch_dp_compute_data_proto(FakeWorkerGroup(2), Rows([1, 2]))
 
 
 def test_sequence_padding_cycles_and_keeps_type() -> None:
-    adapter = scd.get_shard_adapter([])
-    tuple_adapter = scd.get_shard_adapter(())
+    adapter = ext.get_shard_adapter([])
+    tuple_adapter = ext.get_shard_adapter(())
     assert adapter is not None
     assert tuple_adapter is not None
     assert adapter.pad([1, 2], 5) == [1, 2, 1, 2, 1, 2, 1]
@@ -119,45 +120,45 @@ def test_sequence_padding_cycles_and_keeps_type() -> None:
 
 
 def test_split_args_kwargs_directly() -> None:
-    args, kwargs, pad = scd.split_args_kwargs(
+    args, kwargs, pad = ext.split_args_kwargs(
         "MODE", 2, (Batch([1, 2, 3]),), {"x": scd.Rows([4, 5, 6])}
     )
     assert pad == 1
     assert [b.rows for b in args[0]] == [(1, 2), (3, 1)]
     assert kwargs == {"x": [[4, 5], [6, 4]]}
-    assert scd.split_args_kwargs("MODE", 3, (), {}) == ([], {}, 0)
+    assert ext.split_args_kwargs("MODE", 3, (), {}) == ([], {}, 0)
     with pytest.raises(scd.NotShardableError, match=r"keyword argument 'x' is a list"):
-        scd.split_args_kwargs("MODE", 2, (Batch([1, 2]),), {"x": [4, 5]})
-    args, kwargs, _ = scd.split_args_kwargs(
+        ext.split_args_kwargs("MODE", 2, (Batch([1, 2]),), {"x": [4, 5]})
+    args, kwargs, _ = ext.split_args_kwargs(
         "MODE", 2, (Batch([1, 2]),), {"x": [4, 5]}, allow_sequences=True
     )
     assert kwargs == {"x": [[4], [5]]}
 
 
 def test_split_args_kwargs_allow_padding_false() -> None:
-    args, _, pad = scd.split_args_kwargs("MODE", 2, (Batch([1, 2, 3, 4]),), {}, allow_padding=False)
+    args, _, pad = ext.split_args_kwargs("MODE", 2, (Batch([1, 2, 3, 4]),), {}, allow_padding=False)
     assert pad == 0
     assert [b.rows for b in args[0]] == [(1, 2), (3, 4)]
     with pytest.raises(scd.DispatchArgumentError, match=r"MODE: a batch of 3 rows does not"):
-        scd.split_args_kwargs("MODE", 2, (Batch([1, 2, 3]),), {}, allow_padding=False)
+        ext.split_args_kwargs("MODE", 2, (Batch([1, 2, 3]),), {}, allow_padding=False)
 
 
 def test_one_auto_padding_argument_pads_the_whole_call() -> None:
     no_pad = Batch([1, 2, 3], auto_pad=False)
-    args, _, pad = scd.split_args_kwargs("MODE", 2, (no_pad, Batch([4, 5, 6])), {})
+    args, _, pad = ext.split_args_kwargs("MODE", 2, (no_pad, Batch([4, 5, 6])), {})
     assert pad == 1
     assert [b.rows for b in args[0]] == [(1, 2), (3, 1)]
     with pytest.raises(scd.DispatchArgumentError, match=r"3 rows does not divide evenly into 2"):
-        scd.split_args_kwargs("MODE", 2, (no_pad, scd.Rows([4, 5, 6])), {})
+        ext.split_args_kwargs("MODE", 2, (no_pad, scd.Rows([4, 5, 6])), {})
 
 
 def test_unpad_output() -> None:
-    assert scd.unpad_output([1, 2, 3], 1) == [1, 2]
-    assert scd.unpad_output(Batch([1, 2, 3]), 2) == Batch([1])
+    assert ext.unpad_output([1, 2, 3], 1) == [1, 2]
+    assert ext.unpad_output(Batch([1, 2, 3]), 2) == Batch([1])
     marker: dict[str, Any] = {"loss": 1.0}
-    assert scd.unpad_output(marker, 2) is marker  # not shardable: left alone
+    assert ext.unpad_output(marker, 2) is marker  # not shardable: left alone
     same = [1, 2]
-    assert scd.unpad_output(same, 0) is same
+    assert ext.unpad_output(same, 0) is same
 
 
 class Pending:
@@ -188,17 +189,17 @@ class PendingAdapter:
         return False
 
 
-scd.register_shardable(Pending, PendingAdapter())
+ext.register_shardable(Pending, PendingAdapter())
 
 
 def test_unknown_length_is_split_lazily_into_any_number_of_shards() -> None:
-    args, _, pad = scd.split_args_kwargs("MODE", 5, (Pending(),), {})
+    args, _, pad = ext.split_args_kwargs("MODE", 5, (Pending(),), {})
     assert pad == 0
     assert [p.parts for p in args[0]] == [5] * 5
 
 
 def test_unknown_length_is_padded_with_the_known_arguments() -> None:
-    args, kwargs, pad = scd.split_args_kwargs("MODE", 2, (Pending(),), {"b": Batch([1, 2, 3])})
+    args, kwargs, pad = ext.split_args_kwargs("MODE", 2, (Pending(),), {"b": Batch([1, 2, 3])})
     assert pad == 1
     assert [p.pad for p in args[0]] == [1, 1]
     assert [b.rows for b in kwargs["b"]] == [(1, 2), (3, 1)]
@@ -207,6 +208,6 @@ def test_unknown_length_is_padded_with_the_known_arguments() -> None:
         match=r"same length, got positional argument "
         r"0: None, keyword argument 'b': 3, keyword argument 'c': 2",
     ):
-        scd.split_args_kwargs(
+        ext.split_args_kwargs(
             "MODE", 2, (Pending(),), {"b": Batch([1, 2, 3]), "c": scd.Rows([1, 2])}
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import sc_dispatch as scd
+from sc_dispatch import ext
 
 # --- README example begins ------------------------------------------------------------------
 
@@ -24,9 +25,9 @@ class ThreadPoolWorkerGroup:
     def __init__(self, worker_cls: type, world_size: int) -> None:
         self.workers = [worker_cls(rank) for rank in range(world_size)]
         self.pool = ThreadPoolExecutor(max_workers=world_size)
-        self.meshes: dict[str, scd.MeshLayout] = {}  # N-d dispatch asks on every call
+        self.meshes: dict[str, ext.MeshLayout] = {}  # N-d dispatch asks on every call
         for name in dir(worker_cls):
-            attrs = scd.get_register_attrs(getattr(worker_cls, name))
+            attrs = ext.get_register_attrs(getattr(worker_cls, name))
             if attrs is not None:
                 setattr(self, name, self._bind(name, attrs))
 
@@ -34,17 +35,17 @@ class ThreadPoolWorkerGroup:
     def world_size(self) -> int:
         return len(self.workers)
 
-    def query_mesh(self, mesh: str) -> scd.MeshLayout:
+    def query_mesh(self, mesh: str) -> ext.MeshLayout:
         if mesh not in self.meshes:  # a KeyError (unregistered mesh) is a MeshLayoutError
-            self.meshes[mesh] = scd.MeshLayout(
+            self.meshes[mesh] = ext.MeshLayout(
                 tuple(w.dp_rank[mesh] for w in self.workers),
                 tuple(w.is_collect[mesh] for w in self.workers),
                 mesh_name=mesh,
             )
         return self.meshes[mesh]
 
-    def _bind(self, name: str, attrs: scd.RegisterAttrs) -> Callable[..., Any]:
-        spec = scd.resolve_dispatch_mode(attrs.dispatch_mode)
+    def _bind(self, name: str, attrs: ext.RegisterAttrs) -> Callable[..., Any]:
+        spec = ext.resolve_dispatch_mode(attrs.dispatch_mode)
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
             plan = spec.plan(self, attrs.execute_mode, call_args, call_kwargs)  # 1. plan
@@ -102,7 +103,7 @@ def group() -> Any:
 
 def test_binds_every_registered_method(group: Any) -> None:
     assert {"double", "whoami", "leader", "tp_double", "add"} <= set(vars(group))
-    assert isinstance(group, scd.DispatchWorkerGroup)
+    assert isinstance(group, ext.DispatchWorkerGroup)
 
 
 def test_dp_compute_proto_call(group: Any) -> None:
@@ -120,7 +121,7 @@ def test_all_to_all_call(group: Any) -> None:
 
 def test_nd_call(group: Any) -> None:
     assert group.tp_double(scd.Rows([1, 2, 3, 4])) == [2, 4, 6, 8]
-    assert group.meshes == {"tp2": scd.MeshLayout.from_sizes(2, 2)}
+    assert group.meshes == {"tp2": ext.MeshLayout.from_sizes(2, 2)}
 
 
 def test_runs_on_pool_threads() -> None:

@@ -12,28 +12,26 @@ from sc_dispatch import (
     Dispatch,
     DispatchArgumentError,
     Execute,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+from sc_dispatch.ext import (
     MeshLayout,
-    collect_dp_compute_data_proto,
-    dispatch_dp_compute_data_proto,
-    dispatch_dp_compute_data_proto_with_func,
     get_shard_adapter,
     is_future,
-    make_nd_compute_dataproto_dispatch_fn,
     materialize,
-    register,
     resolve_dispatch_mode,
     split_args_kwargs,
     unpad_output,
 )
 from sc_dispatch.testing import FakeWorkerGroup
-from sc_protocol import (
-    DataProto,
-    DataProtoAdapter,
-    DataProtoConfig,
-    DataProtoFuture,
-    DataProtoFutureAdapter,
-    TensorDictAdapter,
+from sc_dispatch.verl import (
+    collect_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto_with_func,
 )
+from sc_protocol import DataProto, DataProtoConfig, DataProtoFuture
+from sc_protocol.ext import DataProtoAdapter, DataProtoFutureAdapter, TensorDictAdapter
 from tensordict import TensorDict, TensorDictBase
 
 

@@ -10,7 +10,7 @@ import pytest
 import sc_protocol._errors as errors_module
 import torch
 from _protocol_helpers import make_dp
-from sc_dispatch import SettingValueError
+from sc_dispatch._setting import SettingValueError
 from sc_protocol import (
     BatchSizeMismatchError,
     DataProto,

@@ -9,17 +9,16 @@ from typing import Any
 import pytest
 import torch
 from _protocol_helpers import make_dp, row_ids
+from sc_dispatch.ext import register_future_resolver
 from sc_protocol import (
     DataProto,
     DataProtoFuture,
     FutureError,
     InvalidSizeError,
     ProtocolTypeError,
-    ShardSlice,
     UnknownRowCountError,
-    plan_shard_slices,
-    register_future_resolver,
 )
+from sc_protocol.ext import ShardSlice, plan_shard_slices
 from tensordict import TensorDict
 
 

@@ -1,4 +1,4 @@
-"""sc_dispatch.payload_nbytes on sc-protocol's types: DataProto, TensorDict, futures,
+"""sc_dispatch.ext.payload_nbytes on sc-protocol's types: DataProto, TensorDict, futures,
 tensors and numpy arrays, told by the registered adapters and hooks (no name sniffing)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from _protocol_helpers import PROPERTY, make_dp
 from hypothesis import given
 from hypothesis import strategies as st
-from sc_dispatch import get_nbytes_fn, get_shard_adapter, payload_nbytes
+from sc_dispatch.ext import get_nbytes_fn, get_shard_adapter, payload_nbytes
 from sc_protocol import DataProto, DataProtoFuture, DataProtoItem
 from tensordict import TensorDict
 

@@ -12,7 +12,8 @@ import pytest
 import ray
 import sc_core
 from sc_core import UnknownRoleError, Worker
-from sc_dispatch import Dispatch, SettingValueError, register
+from sc_dispatch import Dispatch, register
+from sc_dispatch._setting import SettingValueError
 from sc_ray import (
     InsufficientResourcesError,
     PlacementTimeoutError,

@@ -11,7 +11,7 @@ import sc_core
 import sc_ray._errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sc_dispatch import SettingValueError
+from sc_dispatch._setting import SettingValueError
 from sc_ray import (
     RESERVED_ENV_VARS,
     DetachedWorkerError,

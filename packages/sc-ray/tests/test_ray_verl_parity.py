@@ -163,7 +163,7 @@ def test_non_blocking_splitting_and_nd_calls_return_data_proto_futures(wg: RayWo
     assert _x(nd.get()) == [0.0, 1.0, 2.0, 3.0]
     # Collecting plain references with a splitting mode's collect function (verl's
     # collect_fn receives references) gives a DataProtoFuture too.
-    from sc_dispatch import collect_dp_compute_data_proto
+    from sc_dispatch.verl import collect_dp_compute_data_proto
 
     refs = [ray.put(_batch(1)), ray.put(_batch(1))]
     assert isinstance(collect_dp_compute_data_proto(wg, refs), DataProtoFuture)

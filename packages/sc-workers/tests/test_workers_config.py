@@ -208,7 +208,7 @@ def test_parallel_layout() -> None:
 def test_process_group_timeout_from_the_workers_environment(
     monkeypatch: pytest.MonkeyPatch, raw: str, expected: float | str
 ) -> None:
-    from sc_dispatch import SettingValueError
+    from sc_dispatch._setting import SettingValueError
     from sc_workers._settings import PG_TIMEOUT
 
     # The worker's own mapping is read, not the driver's os.environ.

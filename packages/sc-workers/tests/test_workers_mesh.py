@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from _workers_helpers import actor_config, critic_config
-from sc_dispatch import MeshLayoutError, mesh_layout
+from sc_dispatch import MeshLayoutError
+from sc_dispatch.ext import mesh_layout
 from sc_dispatch.testing import FakeWorkerGroup
 from sc_workers import ActorRolloutRefWorker, ConfigError, CriticWorker
 

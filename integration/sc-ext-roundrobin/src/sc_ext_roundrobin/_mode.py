@@ -27,12 +27,10 @@ from sc_core import LazyFuture
 from sc_dispatch import (
     CollectsResult,
     DispatchArgumentError,
-    Dispatched,
-    DispatchWorkerGroup,
     NotShardableError,
-    is_future,
     register_dispatch_mode,
 )
+from sc_dispatch.ext import Dispatched, DispatchWorkerGroup, is_future
 
 __all__ = ["ROUND_ROBIN", "collect_round_robin", "deal", "dispatch_round_robin", "undeal"]
 

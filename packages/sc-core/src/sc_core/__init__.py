@@ -4,9 +4,19 @@ A :class:`Worker` subclass declares methods with :func:`sc_dispatch.register`; a
 group (:class:`LocalWorkerGroup` here, ``sc_ray.RayWorkerGroup`` on Ray) builds one
 instance per rank and binds each registered method as a distributed call:
 ``wg.compute(batch)`` splits ``batch``, runs ``compute`` on every worker and joins the
-results. :class:`WorkerGroup` is the base class of every backend; its module docstring is
-the backend contract. :class:`ResourcePoolManager` keeps named pools for a trainer's roles.
-Depends on sc-dispatch only.
+results. :class:`ResourcePoolManager` keeps named pools for a trainer's roles;
+:class:`SpanRecorder` records every call for a trace. Depends on sc-dispatch only.
+
+This module holds what a user of worker groups writes. The other public modules:
+
+* :mod:`sc_core.backend`, the backend contract: what a worker group's backend implements
+  (:class:`~sc_core.backend.Backend`, the :class:`~sc_core.backend.Call` it is handed) and
+  the worker-side context and rendezvous it sets up; :class:`WorkerGroup` is the base class
+  of every backend's group;
+* :mod:`sc_core.ext`, the rest of the extender tier: span observers and the records they
+  read, the fault-injection actions, the rules a worker class follows;
+* :mod:`sc_core.verl`, verl's worker helpers (``DistRankInfo``, ``DistGlobalInfo``,
+  ``WorkerHelper``).
 """
 
 from __future__ import annotations
@@ -14,22 +24,12 @@ from __future__ import annotations
 import atexit
 import logging
 
-from ._backend import Backend, CallHandle, RankArgs, ReplacedWorkers, ReplacingBackend
-from ._busy import AbandonedCall
-from ._call import Call, CallOptions
+from sc_dispatch import _public
+
 from ._call_path import CallStream
-from ._colocate import create_colocated_worker_cls, register_class_unwrapper
-from ._context import (
-    InProcessRendezvous,
-    Rendezvous,
-    WorkerContext,
-    current_worker_context,
-    rendezvous_from_env,
-    worker_context,
-    worker_environ,
-)
+from ._colocate import create_colocated_worker_cls
+from ._context import worker_environ
 from ._errors import (
-    BackendNotImplementedError,
     CallTimeoutError,
     ColocationError,
     ConfigTypeError,
@@ -39,8 +39,6 @@ from ._errors import (
     MeshRegistrationError,
     MethodCollisionError,
     MissingEnvironmentError,
-    RendezvousError,
-    RendezvousTimeoutError,
     ResourcePoolError,
     ScCoreError,
     UnknownMeshError,
@@ -54,112 +52,64 @@ from ._errors import (
     WorkerGroupClosedError,
     WorkerGroupError,
 )
-from ._faults import FAULT_ACTIONS, ArmedFault, FaultAction, take_fault
 from ._fused import create_colocated_worker_cls_fused, create_colocated_worker_raw_cls
 from ._future import LazyFuture
-from ._local import LocalBackend, LocalHandle, LocalWorkerGroup
+from ._local import LocalWorkerGroup
 from ._pool_manager import ResourcePoolManager
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._settings import SETTINGS, TRACE_FILE
-from ._spans import (
-    CallSpan,
-    PhaseRecord,
-    PhaseStats,
-    SpanObserver,
-    SpanRecorder,
-    add_span_observer,
-    driver_span,
-    remove_span_observer,
-)
-from ._units import StreamingBackend
-from ._worker import (
-    RESERVED_WORKER_ATTRS,
-    DistGlobalInfo,
-    DistRankInfo,
-    Worker,
-    WorkerHelper,
-    normalize_visible_devices,
-)
+from ._spans import CallSpan, SpanRecorder, driver_span
+from ._worker import Worker
 from ._worker_group import MethodProxy, WorkerGroup
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "SETTINGS",
-    "RESERVED_WORKER_ATTRS",
-    "FAULT_ACTIONS",
-    "AbandonedCall",
-    "ArmedFault",
-    "Backend",
-    "BackendNotImplementedError",
-    "Call",
-    "CallOptions",
-    "CallStream",
     "CallSpan",
-    "CallHandle",
+    "CallStream",
     "CallTimeoutError",
     "ClassWithInitArgs",
     "ColocationError",
     "ConfigTypeError",
-    "DistGlobalInfo",
-    "DistRankInfo",
-    "FaultAction",
-    "InProcessRendezvous",
     "InjectedFaultError",
     "InvalidCallOptionsError",
     "InvalidConfigError",
     "LazyFuture",
-    "LocalBackend",
-    "LocalHandle",
     "LocalWorkerGroup",
     "MeshRegistrationError",
     "MethodCollisionError",
     "MethodProxy",
-    "StreamingBackend",
     "MissingEnvironmentError",
-    "PhaseRecord",
-    "PhaseStats",
-    "RankArgs",
-    "ReplacedWorkers",
-    "ReplacingBackend",
-    "Rendezvous",
-    "RendezvousError",
-    "RendezvousTimeoutError",
     "ResourcePool",
     "ResourcePoolError",
     "ResourcePoolManager",
+    "SETTINGS",
     "ScCoreError",
-    "SpanObserver",
     "SpanRecorder",
     "UnknownMeshError",
     "UnknownMethodError",
-    "UnsupportedCallError",
     "UnknownRoleError",
+    "UnsupportedCallError",
     "VisibleDevicesError",
     "Worker",
-    "WorkerContext",
     "WorkerDiedError",
     "WorkerEnvironmentError",
     "WorkerError",
     "WorkerGroup",
     "WorkerGroupClosedError",
     "WorkerGroupError",
-    "WorkerHelper",
     "__version__",
-    "add_span_observer",
-    "driver_span",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
     "create_colocated_worker_raw_cls",
-    "current_worker_context",
-    "normalize_visible_devices",
-    "register_class_unwrapper",
-    "remove_span_observer",
-    "rendezvous_from_env",
-    "take_fault",
-    "worker_context",
+    "driver_span",
     "worker_environ",
 ]
+
+_public.publish(globals())
+
+# The second tier, imported here so that its names report their public module from the start.
+from . import backend, ext, verl  # noqa: E402, F401
 
 
 def _install_trace_file_recorder() -> None:

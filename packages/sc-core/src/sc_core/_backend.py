@@ -6,7 +6,7 @@ explicitly, as a :class:`~sc_core.Call` (ranks, deadline, span), and gets back o
 :class:`CallHandle` that carries everything the wait or pending step needs: no state travels
 beside the call.
 
-The flow of one call (see ``_pipeline.py``)::
+The backend's part in one call (see ``_call_path.py``)::
 
     handle = backend.start(call, method_name, rank_args)   # returns at once
     values = backend.wait(handle)                          # blocking calls

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
-from sc_dispatch import (
+from sc_dispatch.ext import (
     DispatchModeSpec,
     RegisterAttrs,
-    get_predefined_execute_fn,
     get_register_attrs,
     resolve_dispatch_mode,
 )
+from sc_dispatch.verl import get_predefined_execute_fn
 
 from ._call import CallOptions, check_timeout
 from ._call_path import CallStream, call_method

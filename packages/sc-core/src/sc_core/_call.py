@@ -93,7 +93,7 @@ class Call:
 
     def part(self, ranks: tuple[int, ...]) -> Call:
         """The same call on ``ranks`` only, sharing this call's deadline and span: one unit
-        of a planned call (see ``_schedule.py``)."""
+        of a call (see ``_units.py``)."""
         part = object.__new__(Call)
         for name in Call.__slots__:
             setattr(part, name, getattr(self, name))

@@ -28,11 +28,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
-from sc_dispatch import (
+from sc_dispatch import Execute, ScDispatchError
+from sc_dispatch.ext import (
     DispatchModeSpec,
-    Execute,
     RegisterAttrs,
-    ScDispatchError,
     WorkPlan,
     WorkUnit,
     rank_plan,

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from sc_dispatch import MAGIC_ATTR, get_register_attrs
+from sc_dispatch.ext import MAGIC_ATTR, get_register_attrs
 
 # Referenced through its module, never imported by name: a colocated class is built at run
 # time, and Ray ships it by value with the globals its methods use. A module pickles by

@@ -47,7 +47,7 @@ class Rendezvous(abc.ABC):
     A backend implements both methods; ``publish`` is called once, by rank 0, and ``wait``
     by every other rank that does not already know the address. ``wait`` returns the
     published mapping (at least ``MASTER_ADDR`` and ``MASTER_PORT``) or raises
-    :class:`~sc_core.RendezvousTimeoutError` after ``timeout`` seconds (``None``: no limit).
+    :class:`~sc_core.backend.RendezvousTimeoutError` after ``timeout`` seconds (``None``: no limit).
     """
 
     @abc.abstractmethod

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from sc_dispatch import (
-    NotShardableError,
+from sc_dispatch import NotShardableError
+from sc_dispatch.ext import (
     concat_outputs,
     get_shard_adapter,
     register_future_type,
@@ -87,7 +87,7 @@ def _adapter_for(value: object, op: str) -> Any:
     if adapter is None:
         raise NotShardableError(
             f"LazyFuture.{op}: the future's value of type {type(value).__qualname__} cannot "
-            "be split or joined; register an adapter with sc_dispatch.register_shardable"
+            "be split or joined; register an adapter with sc_dispatch.ext.register_shardable"
         )
     return adapter
 

@@ -1,7 +1,7 @@
 """``LocalWorkerGroup``: the in-process backend.
 
 Every rank's worker is an ordinary object in this process, with an environment of its own
-(WORLD_SIZE, RANK, ... through :func:`~sc_core.worker_context`; ``os.environ`` is never
+(WORLD_SIZE, RANK, ... through :func:`~sc_core.backend.worker_context`; ``os.environ`` is never
 written). Each rank has a daemon thread that builds its worker and runs its calls in order,
 with an asyncio event loop of its own for ``async def`` methods. By default the ranks take
 turns: a call runs on rank 0, then rank 1, ... and one call finishes before the next starts,
@@ -49,7 +49,7 @@ logger = logging.getLogger("sc_core.local")
 
 
 class LocalBackend:
-    """The in-process :class:`~sc_core.Backend`: one thread (or the calling thread, inline)
+    """The in-process :class:`~sc_core.backend.Backend`: one thread (or the calling thread, inline)
     per rank, each with the rank's environment."""
 
     def __init__(
@@ -284,7 +284,7 @@ class LocalWorkerGroup(WorkerGroup[W]):
     ``LocalWorkerGroup(resource_pool, ClassWithInitArgs(MyWorker, ...))`` builds
     ``resource_pool.world_size`` workers, rank by rank, and binds their registered methods
     like any worker group. A backend's wrapped class (``ray.remote``, unwrapped through
-    :func:`~sc_core.register_class_unwrapper`) and a backend's subclass of
+    :func:`~sc_core.backend.register_class_unwrapper`) and a backend's subclass of
     ``ClassWithInitArgs`` (``RayClassWithInitArgs``) are accepted: only the class and its
     arguments are used.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from sc_dispatch import MeshLayout, ask_mesh_layout
+from sc_dispatch.ext import MeshLayout, ask_mesh_layout
 
 __all__ = ["MeshCache", "MeshSource"]
 

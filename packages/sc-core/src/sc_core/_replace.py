@@ -3,7 +3,7 @@
 A torch.distributed group cannot outlive one of its members, so replacing any rank re-forms
 the collective state of the whole group, in three steps:
 
-1. the backend (a :class:`~sc_core.ReplacingBackend`) stops what is left of each replaced
+1. the backend (a :class:`~sc_core.backend.ReplacingBackend`) stops what is left of each replaced
    rank's worker and starts a new one with the same rank, world size, placement and
    environment, except a new rendezvous address (MASTER_ADDR / MASTER_PORT), and waits for
    its constructor;
@@ -73,7 +73,7 @@ def replace_ranks(
     if not isinstance(backend, ReplacingBackend):
         raise BackendNotImplementedError(
             f"{where}: its backend {type(backend).__qualname__} cannot replace workers "
-            "(it implements no sc_core.ReplacingBackend.replace)"
+            "(it implements no sc_core.backend.ReplacingBackend.replace)"
         )
     if ranks is None:
         root.check_worker_aliveness()

@@ -1,4 +1,4 @@
-"""Every environment variable sc-core reads, declared once (see :class:`sc_dispatch.Setting`).
+"""Every environment variable sc-core reads, declared once (see ``sc_dispatch._setting``).
 
 Worker-side variables (the rendezvous ones) are read from the worker's own environment
 (:func:`sc_core.worker_environ`); the others from the driver's ``os.environ``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sc_dispatch import Setting, parse_bool, parse_path, parse_seconds, parse_str
+from sc_dispatch._setting import Setting, parse_bool, parse_path, parse_seconds, parse_str
 
 __all__ = [
     "ABORT_ON_WORKER_DEATH",

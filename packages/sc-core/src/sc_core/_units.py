@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from sc_dispatch import WorkPlan, WorkUnit
+from sc_dispatch.ext import WorkPlan, WorkUnit
 
 from ._backend import Backend, CallHandle, RankArgs
 from ._busy import describe_busy

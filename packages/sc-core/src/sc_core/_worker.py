@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sc_dispatch import Dispatch, Execute, SettingValueError, register
+from sc_dispatch import Dispatch, Execute, register
+from sc_dispatch._setting import SettingValueError
 
 from ._context import (
     MASTER_KEYS,
@@ -197,7 +198,7 @@ class Worker(WorkerHelper):
             raise MethodCollisionError(
                 f"worker class {cls.__qualname__} defines {taken}, which "
                 f"{'is a name' if len(taken) == 1 else 'are names'} sc-core reserves for the "
-                f"framework (sc_core.RESERVED_WORKER_ATTRS, and every name starting with "
+                f"framework (sc_core.ext.RESERVED_WORKER_ATTRS, and every name starting with "
                 f"{RESERVED_WORKER_PREFIX!r}); rename {'it' if len(taken) == 1 else 'them'}"
             )
 

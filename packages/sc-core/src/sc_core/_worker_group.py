@@ -19,7 +19,8 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
-from sc_dispatch import MeshLayout, RegisteredMethod
+from sc_dispatch import RegisteredMethod
+from sc_dispatch.ext import MeshLayout
 
 from . import _colocate, _faults, _fused, _replace
 from ._backend import Backend

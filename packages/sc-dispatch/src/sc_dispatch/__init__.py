@@ -1,16 +1,24 @@
 """sc-dispatch: how a call on a worker group is split across workers and joined back.
 
-Standard library only. A worker method declares its dispatch mode with :func:`register`; a
-worker group (sc-core, or your own RPC layer) looks the mode up with
-:func:`resolve_dispatch_mode`, runs ``dispatch_fn`` on the driver, sends one call per worker,
-and joins the outputs with ``collect_fn``.
+Standard library only. This module holds what a user of worker groups writes: a worker
+method declares its dispatch mode with :func:`register` (``Dispatch.DP_COMPUTE_PROTO``, a
+mode made by one of the ``make_*_dispatch_fn`` factories, or one registered with
+:func:`register_dispatch_mode`), and the errors to catch. Two more public modules hold the
+rest:
+
+* :mod:`sc_dispatch.ext`, the extender tier: for people writing a worker group or RPC
+  layer, a shardable container's adapter, a future type, or a dispatch mode from parts
+  (work plans, the mode lookup :func:`~sc_dispatch.ext.resolve_dispatch_mode`, the protocols
+  a worker group and a container must meet);
+* :mod:`sc_dispatch.verl`, verl's names: the predefined ``dispatch_*`` / ``collect_*``
+  functions, ``get_predefined_dispatch_fn``, ``DISPATCH_MODE_FN_REGISTRY``, ``DynamicEnum``.
 """
 
+from . import _public
 from ._enums import (
     CollectsList,
     CollectsResult,
     Dispatch,
-    DynamicEnum,
     Execute,
     PerRankCollectsList,
 )
@@ -23,198 +31,46 @@ from ._errors import (
     MeshLayoutError,
     NotShardableError,
     ScDispatchError,
-    SettingDeclarationError,
-    SettingValueError,
     UnknownDispatchModeError,
 )
-from ._mesh import MeshLayout, ask_mesh_layout
-from ._modes import (
-    KeyRouter,
-    PlannedDispatchFnDict,
-    make_balanced_dispatch_fn,
-    make_sticky_dispatch_fn,
-)
-from ._nbytes import NbytesFn, get_nbytes_fn, payload_nbytes, register_nbytes
-from ._nd import (
-    MeshDispatchFnDict,
-    MeshModeName,
-    make_nd_compute_dataproto_dispatch_fn,
-    mesh_layout,
-    mesh_slots,
-)
-from ._plan import (
-    DEFAULT_UNITS_PER_SLOT,
-    PlanFn,
-    Slot,
-    WorkPlan,
-    WorkUnit,
-    balanced_plan,
-    even_plan,
-    rank_plan,
-    rank_slots,
-    rank_zero_plan,
-)
-from ._predefined import (
-    collect_all_to_all,
-    collect_direct_rollout_method,
-    collect_dp_compute,
-    collect_dp_compute_data_proto,
-    collect_rank_zero,
-    dispatch_all_to_all,
-    dispatch_direct_rollout_method,
-    dispatch_dp_compute,
-    dispatch_dp_compute_data_proto,
-    dispatch_dp_compute_data_proto_with_func,
-    dispatch_one_to_all,
-    dispatch_rank_zero,
-)
-from ._protocols import DispatchWorkerGroup, FutureLike, ShardAdapter, SizedShardAdapter
-from ._register import MAGIC_ATTR, RegisterAttrs, get_register_attrs, materialize, register
-from ._registry import (
-    DISPATCH_MODE_FN_REGISTRY,
-    get_predefined_dispatch_fn,
-    get_predefined_execute_fn,
-    register_dispatch_mode,
-    resolve_dispatch_mode,
-    update_dispatch_mode,
-)
-from ._setting import Setting, parse_bool, parse_int, parse_path, parse_seconds, parse_str
-from ._shard import (
-    PADDING_SIZE_KEY,
-    Resolver,
-    Rows,
-    chunk_sizes,
-    concat_outputs,
-    get_future_resolver,
-    get_shard_adapter,
-    is_future,
-    is_shardable,
-    per_rank_arguments,
-    pop_padding_size,
-    register_future_resolver,
-    register_future_type,
-    register_shardable,
-    split_args_kwargs,
-    unpad_output,
-)
-from ._spec import (
-    CollectFn,
-    DispatchAwareCollectFn,
-    Dispatched,
-    DispatchFn,
-    DispatchFnDict,
-    DispatchModeSpec,
-    ExecuteFnDict,
-    FunctionMode,
-)
+from ._modes import make_balanced_dispatch_fn, make_sticky_dispatch_fn
+from ._nd import make_nd_compute_dataproto_dispatch_fn
+from ._register import register
+from ._registry import register_dispatch_mode, update_dispatch_mode
+from ._shard import Rows
+from ._spec import DispatchFnDict
 from ._typed import RegisteredMethod
 
 __version__ = "0.1.0"
 
-SETTINGS: tuple[Setting[object], ...] = ()
-"""Every environment variable sc-dispatch reads: none (it provides :class:`Setting`)."""
-
 __all__ = [
-    "DEFAULT_UNITS_PER_SLOT",
-    "DISPATCH_MODE_FN_REGISTRY",
-    "MAGIC_ATTR",
-    "PADDING_SIZE_KEY",
-    "CollectFn",
     "CollectsList",
     "CollectsResult",
-    "Dispatch",
     "DirectRolloutCallError",
+    "Dispatch",
     "DispatchArgumentError",
-    "DispatchAwareCollectFn",
-    "DispatchFn",
     "DispatchFnDict",
     "DispatchModeExistsError",
     "DispatchModeTypeError",
-    "DispatchModeSpec",
-    "DispatchWorkerGroup",
-    "Dispatched",
-    "DynamicEnum",
     "Execute",
-    "ExecuteFnDict",
-    "FunctionMode",
-    "FutureLike",
     "InvalidDispatchModeError",
-    "WorkUnit",
-    "WorkPlan",
-    "Slot",
-    "PlanFn",
-    "PlannedDispatchFnDict",
-    "KeyRouter",
-    "MeshDispatchFnDict",
-    "MeshLayout",
     "MeshLayoutError",
-    "MeshModeName",
-    "NbytesFn",
     "NotShardableError",
     "PerRankCollectsList",
-    "RegisterAttrs",
     "RegisteredMethod",
-    "Resolver",
     "Rows",
-    "SETTINGS",
     "ScDispatchError",
-    "Setting",
-    "SettingDeclarationError",
-    "SettingValueError",
-    "ShardAdapter",
-    "SizedShardAdapter",
     "UnknownDispatchModeError",
     "__version__",
-    "ask_mesh_layout",
-    "chunk_sizes",
-    "rank_slots",
-    "mesh_slots",
-    "make_sticky_dispatch_fn",
     "make_balanced_dispatch_fn",
-    "even_plan",
-    "rank_plan",
-    "rank_zero_plan",
-    "per_rank_arguments",
-    "balanced_plan",
-    "collect_all_to_all",
-    "collect_dp_compute",
-    "collect_dp_compute_data_proto",
-    "collect_direct_rollout_method",
-    "collect_rank_zero",
-    "concat_outputs",
-    "dispatch_all_to_all",
-    "dispatch_direct_rollout_method",
-    "dispatch_dp_compute",
-    "dispatch_dp_compute_data_proto",
-    "dispatch_dp_compute_data_proto_with_func",
-    "dispatch_one_to_all",
-    "dispatch_rank_zero",
-    "get_predefined_dispatch_fn",
-    "get_predefined_execute_fn",
-    "get_register_attrs",
-    "get_future_resolver",
-    "get_nbytes_fn",
-    "get_shard_adapter",
-    "is_future",
-    "is_shardable",
-    "parse_bool",
-    "parse_int",
-    "parse_path",
-    "parse_seconds",
-    "parse_str",
     "make_nd_compute_dataproto_dispatch_fn",
-    "materialize",
-    "mesh_layout",
-    "payload_nbytes",
-    "pop_padding_size",
+    "make_sticky_dispatch_fn",
     "register",
     "register_dispatch_mode",
-    "register_future_resolver",
-    "register_future_type",
-    "register_nbytes",
-    "register_shardable",
-    "resolve_dispatch_mode",
-    "split_args_kwargs",
-    "unpad_output",
     "update_dispatch_mode",
 ]
+
+_public.publish(globals())
+
+# The second tier, imported here so that its names report their public module from the start.
+from . import ext, verl  # noqa: E402, F401

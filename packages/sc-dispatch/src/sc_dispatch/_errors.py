@@ -28,8 +28,11 @@ so callers may catch either::
     │   (NotImplementedError)                  through a worker group
     ├── SettingValueError (ValueError)         an ``SC_*`` environment variable whose value
     │                                          does not parse (names the variable and value)
-    └── SettingDeclarationError (ValueError)   a :class:`Setting` declared with a bad name, a
+    └── SettingDeclarationError (ValueError)   a ``Setting`` declared with a bad name, a
                                                duration not named ``..._S``, no doc
+
+The two setting errors belong to the private settings framework (``sc_dispatch._setting``,
+which re-exports them); catch a bad value of an environment variable as a ``ValueError``.
 
 Messages name the dispatch mode (or variable) and the offending value.
 """
@@ -97,4 +100,4 @@ class SettingValueError(ScDispatchError, ValueError):
 
 
 class SettingDeclarationError(ScDispatchError, ValueError):
-    """A :class:`~sc_dispatch.Setting` declared with a value it cannot work with."""
+    """A :class:`~sc_dispatch._setting.Setting` declared with a value it cannot work with."""

@@ -8,8 +8,8 @@ argument into an object store once) without knowing the types it carries: it ask
    registered for that class with :func:`register_nbytes` (for types that are not shardable,
    such as tensors and arrays: sc-protocol registers ``torch.Tensor`` and ``numpy.ndarray``),
    else the ``nbytes(obj)`` method of the shard adapter registered for that class, if the
-   adapter has one (an optional part of the :class:`~sc_dispatch.ShardAdapter` protocol,
-   spelled out by :class:`~sc_dispatch.SizedShardAdapter`);
+   adapter has one (an optional part of the :class:`~sc_dispatch.ext.ShardAdapter` protocol,
+   spelled out by :class:`~sc_dispatch.ext.SizedShardAdapter`);
 2. ``bytes`` and ``bytearray`` (their length) and ``memoryview`` (its ``nbytes``);
 3. lists, tuples and mappings: the sum over their items (a mapping's values), down to a
    bounded depth; a container scans at most its first ``MAX_ITEMS`` (10,000) items and

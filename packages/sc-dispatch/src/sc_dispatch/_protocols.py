@@ -2,7 +2,7 @@
 
 * :class:`DispatchWorkerGroup` is what a dispatch function may ask of a worker group.
 * :class:`ShardAdapter` tells sc-dispatch how to split, join and pad one container type;
-  adapters are registered per type with :func:`sc_dispatch.register_shardable`. An adapter
+  adapters are registered per type with :func:`sc_dispatch.ext.register_shardable`. An adapter
   that also tells the payload size of its objects meets :class:`SizedShardAdapter`.
 * :class:`FutureLike` is what ``@register(materialize_futures=True)`` resolves.
 """
@@ -48,7 +48,7 @@ class ShardAdapter(Protocol[T]):
     ``pad`` and ``unpad`` return new objects (or views) and never mutate their argument.
 
     An adapter may also define ``nbytes(obj) -> int``, the payload bytes of ``obj`` counted
-    without copying; :func:`sc_dispatch.payload_nbytes` then uses it (see
+    without copying; :func:`sc_dispatch.ext.payload_nbytes` then uses it (see
     :class:`SizedShardAdapter`). And ``take(obj, positions) -> T``, the rows at
     ``positions`` (a list of ints) in that order: the sticky mode routes rows with it.
     """

@@ -1,5 +1,10 @@
 """Typed declarations of environment variables, shared by every sc package.
 
+Private: this module is shared by the sc distributions only (each declares its variables
+with it, importing ``sc_dispatch._setting``); it is not public API, and code outside sc does
+not import it. A package lists its declarations in its public ``SETTINGS`` tuple, from which the
+documentation's table of environment variables is generated (sc-dispatch reads none).
+
 Each package declares every variable it reads once, in its private ``_settings.py``, as a
 :class:`Setting`: the name, one parser from this module, the default, a line of
 documentation and the former names it still accepts. Code then reads a value with
@@ -9,7 +14,7 @@ type and one place that knows each variable's spelling.
 
 Names follow ``SC_<PACKAGE>_<NAME>``; durations are seconds and end in ``_S``. A value that
 is empty or only whitespace counts as unset. A value that does not parse raises
-:class:`~sc_dispatch.SettingValueError` naming the variable and the value. A variable read
+:class:`SettingValueError` (a ``ValueError``) naming the variable and the value. A variable read
 through a deprecated name works and logs one warning per name and process.
 """
 
@@ -29,6 +34,8 @@ from ._errors import SettingDeclarationError, SettingValueError
 
 __all__ = [
     "Setting",
+    "SettingDeclarationError",
+    "SettingValueError",
     "parse_bool",
     "parse_int",
     "parse_path",
@@ -175,7 +182,7 @@ class Setting(Generic[T_co]):
     def get(self, env: Mapping[str, str] | None = None) -> T_co:
         """The parsed value from ``env`` (default ``os.environ``), or ``default`` when unset.
 
-        Raises :class:`~sc_dispatch.SettingValueError` naming the variable and its value when
+        Raises :class:`SettingValueError` (a ``ValueError``) naming the variable and its value when
         the value does not parse.
         """
         found = self.raw(env)

@@ -225,7 +225,7 @@ def split_args_kwargs(
             raise NotShardableError(
                 f"{mode}: {label} of type {type(value).__qualname__} cannot be split across "
                 f"{chunks} workers ({_describe(value)}); pass a DataProto or TensorDict, "
-                "or register an adapter with sc_dispatch.register_shardable"
+                "or register an adapter with sc_dispatch.ext.register_shardable"
             )
         adapters.append(adapter)
         lengths.append(adapter.length(value))

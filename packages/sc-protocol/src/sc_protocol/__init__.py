@@ -6,17 +6,16 @@ The exception tree is drawn in :mod:`sc_protocol._errors`; serialization is desc
 :mod:`sc_protocol._serialize` (pickling) and :mod:`sc_protocol._disk` (files). tensordict is
 imported first, without ``torch._dynamo`` (:mod:`sc_protocol._tensordict`), which keeps the
 start-up of a worker process short.
+
+This module holds what a user writes; :mod:`sc_protocol.ext` holds what a backend or a
+dispatch mode needs beyond it (the shard adapters, row plans of futures, the pickled state
+of a TensorDict).
 """
 
-from sc_dispatch import register_future_resolver
+from sc_dispatch import _public
 
 from . import _tensordict  # noqa: F401  (first: tensordict without torch._dynamo)
-from ._adapters import (
-    DataProtoAdapter,
-    DataProtoFutureAdapter,
-    TensorDictAdapter,
-    register_adapters,
-)
+from ._adapters import register_adapters
 from ._codec import (
     deserialize_single_tensor,
     deserialize_tensordict,
@@ -44,9 +43,6 @@ from ._fold import fold_batch_dim, unfold_batch_dim
 from ._future import DataProtoFuture
 from ._item import DataProtoItem
 from ._padding import pad_dataproto_to_divisor, unpad_dataproto
-from ._plan import ShardSlice, plan_shard_slices
-from ._resolve import Resolver
-from ._serialize import rebuild_tensordict, tensordict_state
 from ._settings import SETTINGS
 from ._union import union_numpy_dict, union_tensor_dict
 
@@ -55,13 +51,10 @@ __version__ = "0.1.0"
 register_adapters()
 
 __all__ = [
-    "SETTINGS",
     "BatchSizeMismatchError",
     "DataProto",
-    "DataProtoAdapter",
     "DataProtoConfig",
     "DataProtoFuture",
-    "DataProtoFutureAdapter",
     "DataProtoItem",
     "FutureError",
     "IndexLike",
@@ -71,11 +64,9 @@ __all__ = [
     "KeyMismatchError",
     "MissingKeyError",
     "ProtocolTypeError",
+    "SETTINGS",
     "ScProtocolError",
-    "Resolver",
     "SerializationError",
-    "ShardSlice",
-    "TensorDictAdapter",
     "UnknownRowCountError",
     "__version__",
     "collate_fn",
@@ -83,15 +74,15 @@ __all__ = [
     "deserialize_tensordict",
     "fold_batch_dim",
     "pad_dataproto_to_divisor",
-    "plan_shard_slices",
-    "register_adapters",
-    "rebuild_tensordict",
-    "unfold_batch_dim",
-    "register_future_resolver",
-    "tensordict_state",
-    "union_numpy_dict",
     "serialize_single_tensor",
     "serialize_tensordict",
+    "unfold_batch_dim",
+    "union_numpy_dict",
     "union_tensor_dict",
     "unpad_dataproto",
 ]
+
+_public.publish(globals())
+
+# The second tier, imported here so that its names report their public module from the start.
+from . import ext  # noqa: E402, F401

@@ -1,6 +1,6 @@
 """The shard adapters that let sc-dispatch split, join, pad and size DataProto, TensorDict
 and DataProtoFuture, and the byte-size hooks for tensors and numpy arrays; registered when
-:mod:`sc_protocol` is imported, so that :func:`sc_dispatch.payload_nbytes` sizes any call
+:mod:`sc_protocol` is imported, so that :func:`sc_dispatch.ext.payload_nbytes` sizes any call
 argument that holds them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from sc_dispatch import chunk_sizes, register_future_type, register_nbytes, register_shardable
+from sc_dispatch.ext import chunk_sizes, register_future_type, register_nbytes, register_shardable
 from tensordict import TensorDictBase
 
 from ._columns import _tensor_nbytes, cat_tensordicts

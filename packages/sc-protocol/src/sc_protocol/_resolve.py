@@ -1,7 +1,7 @@
 """Turning shard handles into DataProtos: the default resolver of a DataProtoFuture.
 
 A backend that makes its own handle type registers a resolver for it with
-:func:`sc_dispatch.register_future_resolver` (sc-ray does so for Ray object references);
+:func:`sc_dispatch.ext.register_future_resolver` (sc-ray does so for Ray object references);
 :func:`resolve_local` groups the handles of a future by their resolver and calls each once,
 in bulk.
 """
@@ -12,7 +12,7 @@ import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sc_dispatch import get_future_resolver
+from sc_dispatch.ext import get_future_resolver
 from tensordict import TensorDictBase
 
 from ._data_proto import DataProto
@@ -22,7 +22,7 @@ __all__ = ["Resolver", "resolve_local"]
 
 #: Turns a list of shard handles into the list of their DataProtos (e.g. ``ray.get``);
 #: resolvers for a backend's handle type are registered with
-#: :func:`sc_dispatch.register_future_resolver` (re-exported by sc_protocol).
+#: :func:`sc_dispatch.ext.register_future_resolver`.
 Resolver = Callable[[list[Any]], Sequence[Any]]
 
 

@@ -1,8 +1,8 @@
-"""Every environment variable sc-protocol reads, declared once (:class:`sc_dispatch.Setting`)."""
+"""Every environment variable sc-protocol reads, declared once (see ``sc_dispatch._setting``)."""
 
 from __future__ import annotations
 
-from sc_dispatch import Setting, parse_bool
+from sc_dispatch._setting import Setting, parse_bool
 
 __all__ = ["AUTO_PADDING", "COPY_READONLY_BUFFERS", "EAGER_DYNAMO", "SETTINGS"]
 

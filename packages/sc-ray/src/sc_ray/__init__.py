@@ -9,6 +9,8 @@ Ray's loosely typed API is confined to one private module; importing ``sc_ray`` 
 import torch or sc-protocol (they are imported when a DataProto is handled).
 """
 
+from sc_dispatch import _public
+
 from ._adapters import register_adapters
 from ._class_with_init import RayClassWithInitArgs
 from ._colocate import (
@@ -40,19 +42,19 @@ ResourcePoolManager = RayResourcePoolManager
 __version__ = "0.1.0"
 
 __all__ = [
-    "PLACEMENT_TIMEOUT_ENV",
-    "RESERVED_ENV_VARS",
-    "SETTINGS",
     "DetachedWorkerError",
     "InsufficientResourcesError",
+    "PLACEMENT_TIMEOUT_ENV",
     "PlacementTimeoutError",
+    "RESERVED_ENV_VARS",
     "RayClassWithInitArgs",
     "RayFuture",
     "RayResourcePool",
+    "RayResourcePoolError",
     "RayResourcePoolManager",
     "RayWorkerGroup",
-    "RayResourcePoolError",
     "ResourcePoolManager",
+    "SETTINGS",
     "ScRayError",
     "SubRayResourcePool",
     "WorkerEnvError",
@@ -65,3 +67,5 @@ __all__ = [
     "sort_placement_group_by_node_ip",
     "split_resource_pool",
 ]
+
+_public.publish(globals())

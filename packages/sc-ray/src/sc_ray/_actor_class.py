@@ -32,8 +32,9 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from sc_core import WorkerError, take_fault
-from sc_dispatch import get_register_attrs
+from sc_core import WorkerError
+from sc_core.backend import take_fault
+from sc_dispatch.ext import get_register_attrs
 
 from ._futures import row_meta
 from ._wire import ensure_tensordict_wire, is_tensordict

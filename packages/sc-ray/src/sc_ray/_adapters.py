@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sc_core import register_class_unwrapper
-from sc_dispatch import register_future_resolver, register_future_type, register_shardable
+from sc_core.backend import register_class_unwrapper
+from sc_dispatch.ext import register_future_resolver, register_future_type, register_shardable
 
 from . import _ray_api as rapi
 from ._futures import RayFuture, resolve_refs

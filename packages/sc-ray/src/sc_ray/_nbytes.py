@@ -3,7 +3,7 @@
 Types are told apart with ``isinstance`` against the classes of modules already loaded in
 this process (``sys.modules``): a process that never imported torch holds no tensor, so
 ``import sc_ray`` imports neither torch, numpy nor sc-protocol. Byte counts (for call spans)
-come from sc-dispatch's registry (:func:`sc_dispatch.payload_nbytes`): no type names are
+come from sc-dispatch's registry (:func:`sc_dispatch.ext.payload_nbytes`): no type names are
 inspected.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from sc_dispatch import payload_nbytes
+from sc_dispatch.ext import payload_nbytes
 
 from ._wire import is_data_proto, is_tensordict
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from sc_dispatch import register_shardable
+from sc_dispatch.ext import register_shardable
 
 from ._futures import RayFuture, resolver
 

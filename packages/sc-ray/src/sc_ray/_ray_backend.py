@@ -1,4 +1,4 @@
-"""``RayBackend``: sc-core's :class:`~sc_core.Backend` over one Ray actor per rank.
+"""``RayBackend``: sc-core's :class:`~sc_core.backend.Backend` over one Ray actor per rank.
 
 :meth:`RayBackend.start` puts each distinct large argument (a DataProto, a tensor, an
 array...) into the object store once, in parallel, gives every rank that receives it the same
@@ -18,17 +18,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sc_core import (
-    Call,
-    CallHandle,
-    CallTimeoutError,
-    RankArgs,
-    ReplacedWorkers,
-    WorkerDiedError,
-    WorkerError,
-    WorkerGroupError,
-)
-from sc_dispatch import is_future
+from sc_core import CallTimeoutError, WorkerDiedError, WorkerError, WorkerGroupError
+from sc_core.backend import Call, CallHandle, RankArgs, ReplacedWorkers
+from sc_dispatch.ext import is_future
 
 from . import _ray_api as rapi
 from ._actor_class import CALL_METHOD, META_METHOD, TAKE_OVER_METHOD, TWIN_PREFIX

@@ -1,4 +1,4 @@
-"""Every environment variable sc-ray reads, declared once (see :class:`sc_dispatch.Setting`).
+"""Every environment variable sc-ray reads, declared once (see ``sc_dispatch._setting``).
 
 sc-ray also honours sc-core's (``sc_core.SETTINGS``): the call deadline, the aliveness check.
 """
@@ -6,7 +6,7 @@ sc-ray also honours sc-core's (``sc_core.SETTINGS``): the call deadline, the ali
 from __future__ import annotations
 
 import sc_core
-from sc_dispatch import Setting, parse_seconds
+from sc_dispatch._setting import Setting, parse_seconds
 
 __all__ = ["CORE_RENDEZVOUS", "PLACEMENT_TIMEOUT", "SETTINGS", "WORKER_START_TIMEOUT"]
 

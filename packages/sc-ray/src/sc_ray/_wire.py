@@ -47,7 +47,7 @@ def ensure_tensordict_wire() -> None:
     with _lock:
         if _registered.is_set():
             return
-        from sc_protocol import rebuild_tensordict, tensordict_state
+        from sc_protocol.ext import rebuild_tensordict, tensordict_state
         from tensordict import TensorDict
 
         rapi.register_serializer(

@@ -15,6 +15,8 @@ Exceptions are described in :mod:`sc_workers._errors`. ``transformers`` is impor
 when a Hugging Face model is loaded (extra ``sc-workers[hf]``).
 """
 
+from sc_dispatch import _public
+
 from ._config import (
     LOSS_AGG_MODES,
     ActorConfig,
@@ -59,9 +61,6 @@ from .workers import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "LOSS_AGG_MODES",
-    "ROLES",
-    "SETTINGS",
     "ActorConfig",
     "ActorRolloutRefConfig",
     "ActorRolloutRefWorker",
@@ -72,13 +71,13 @@ __all__ = [
     "ConfigError",
     "CriticConfig",
     "CriticWorker",
-    "RolloutWorker",
     "DistributedError",
     "Engine",
     "FSDPConfig",
     "FSDPEngine",
     "HFCausalLM",
     "HFValueModel",
+    "LOSS_AGG_MODES",
     "MegatronConfig",
     "MegatronEngine",
     "MissingBatchKeyError",
@@ -87,19 +86,24 @@ __all__ = [
     "OptimConfig",
     "OptionalDependencyError",
     "ParallelLayout",
+    "ROLES",
     "RefConfig",
     "RolloutConfig",
-    "TinyCausalLM",
-    "UnsupportedParallelismError",
+    "RolloutWorker",
+    "SETTINGS",
     "ScWorkersError",
     "SyncLayoutError",
+    "TinyCausalLM",
+    "UnsupportedParallelismError",
     "WeightSync",
     "WeightSyncError",
     "__version__",
     "export_hf_checkpoint",
-    "published_step",
     "hf_model_config",
     "hf_worker_configs",
     "load_hf_tokenizer",
     "make_engine",
+    "published_step",
 ]
+
+_public.publish(globals())

@@ -1,11 +1,11 @@
-"""Every environment variable sc-workers reads, declared once (see :class:`sc_dispatch.Setting`).
+"""Every environment variable sc-workers reads, declared once (see ``sc_dispatch._setting``).
 
 Both are read on the worker, from the worker's own environment (:func:`sc_core.worker_environ`).
 """
 
 from __future__ import annotations
 
-from sc_dispatch import Setting, parse_seconds, parse_str
+from sc_dispatch._setting import Setting, parse_seconds, parse_str
 
 __all__ = ["DEVICE", "PG_TIMEOUT", "SETTINGS"]
 

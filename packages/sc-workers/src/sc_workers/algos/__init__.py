@@ -1,5 +1,7 @@
 """RL math: advantage estimators, PPO losses, KL penalties and masked statistics."""
 
+from sc_dispatch import _public
+
 from ._core import (
     AdaptiveKLController,
     FixedKLController,
@@ -37,3 +39,5 @@ __all__ = [
     "masked_var",
     "masked_whiten",
 ]
+
+_public.publish(globals())

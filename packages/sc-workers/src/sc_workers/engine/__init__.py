@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import torch
+from sc_dispatch import _public
 
 from .._config import FSDPConfig, ModelConfig, OptimConfig
 from .._errors import ConfigError
@@ -30,8 +31,8 @@ __all__ = [
     "Engine",
     "FSDPEngine",
     "MegatronEngine",
-    "ReplicatedTPEngine",
     "ParallelLayout",
+    "ReplicatedTPEngine",
     "block_modules",
     "decoder_layer_plan",
     "init_distributed",
@@ -61,3 +62,6 @@ def make_engine(
     else:
         raise ConfigError(f"strategy must be 'fsdp', 'fsdp2' or 'megatron', got {strategy!r}")
     return cls(model_config, fsdp_config, layout, device, optim_config, value_head)
+
+
+_public.publish(globals())

@@ -1,5 +1,7 @@
 """Models: the built-in causal transformer and the optional Hugging Face adapters."""
 
+from sc_dispatch import _public
+
 from ._hf import (
     HFCache,
     HFCausalLM,
@@ -24,3 +26,5 @@ __all__ = [
     "load_hf_tokenizer",
     "save_hf_model",
 ]
+
+_public.publish(globals())

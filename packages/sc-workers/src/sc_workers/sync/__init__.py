@@ -13,6 +13,8 @@
 * :mod:`._controller` — :class:`WeightSync`, the controller's side (plan, channel, versions).
 """
 
+from sc_dispatch import _public
+
 from ._channel import Channel, ChannelSpec, InMemoryChannel, ProcessGroupChannel, open_channel
 from ._controller import WeightSync
 from ._layout import ModelLayout, Region, module_regions
@@ -40,3 +42,5 @@ __all__ = [
     "receive_weights",
     "send_weights",
 ]
+
+_public.publish(globals())

@@ -1,5 +1,7 @@
 """Workers: the actor/rollout/reference worker, the critic worker and the rollout worker."""
 
+from sc_dispatch import _public
+
 from ._actor import ROLES, ActorRolloutRefWorker
 from ._checkpoint import export_hf_checkpoint, published_step
 from ._critic import CriticWorker
@@ -7,12 +9,14 @@ from ._rollout import RolloutWorker
 from ._sampling import SamplingParams, filter_logits
 
 __all__ = [
-    "ROLES",
     "ActorRolloutRefWorker",
     "CriticWorker",
+    "ROLES",
     "RolloutWorker",
     "SamplingParams",
     "export_hf_checkpoint",
-    "published_step",
     "filter_logits",
+    "published_step",
 ]
+
+_public.publish(globals())

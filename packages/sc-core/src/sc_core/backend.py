@@ -1,0 +1,73 @@
+"""sc-core's backend contract: what runs the workers of a worker group.
+
+For people who write a backend (sc-ray's is one) or a test double of one; a user of worker
+groups needs none of it. A :class:`~sc_core.WorkerGroup` binds methods, dispatches and
+collects; it holds a :class:`Backend` that runs the workers and hands it each call as a
+:class:`Call`::
+
+    handle = backend.start(call, method_name, rank_args)   # a CallHandle, at once
+    values = backend.wait(handle)                          # blocking calls
+    futures = backend.pending(handle)                      # non-blocking calls
+
+* The contract: :class:`Backend`, :class:`CallHandle`, :data:`RankArgs`, :class:`Call` and
+  its :class:`CallOptions`; the optional :class:`StreamingBackend` (wait for the first of
+  several calls) and :class:`ReplacingBackend` (start a worker in place of a dead one,
+  answering :class:`ReplacedWorkers`); :class:`AbandonedCall`, a call a rank still runs
+  after the group gave up on it; :class:`BackendNotImplementedError`, raised when a group
+  lacks what a call needs.
+* The in-process backend, :class:`LocalBackend` with its :class:`LocalHandle`.
+* A worker's side: the :class:`WorkerContext` a backend gives each worker
+  (:func:`worker_context`, :func:`current_worker_context`), the :class:`Rendezvous` through
+  which rank 0 publishes its address (:class:`InProcessRendezvous`,
+  :func:`rendezvous_from_env`; failures are :class:`RendezvousError` and
+  :class:`RendezvousTimeoutError`), the fault a rank is armed with
+  (:func:`take_fault`, :class:`ArmedFault`), and :func:`register_class_unwrapper`, which
+  lets colocation see the worker class inside a backend's wrapper class.
+"""
+
+from sc_dispatch import _public
+
+from ._backend import Backend, CallHandle, RankArgs, ReplacedWorkers, ReplacingBackend
+from ._busy import AbandonedCall
+from ._call import Call, CallOptions
+from ._colocate import register_class_unwrapper
+from ._context import (
+    InProcessRendezvous,
+    Rendezvous,
+    WorkerContext,
+    current_worker_context,
+    rendezvous_from_env,
+    worker_context,
+)
+from ._errors import BackendNotImplementedError, RendezvousError, RendezvousTimeoutError
+from ._faults import ArmedFault, take_fault
+from ._local import LocalBackend, LocalHandle
+from ._units import StreamingBackend
+
+__all__ = [
+    "AbandonedCall",
+    "ArmedFault",
+    "Backend",
+    "BackendNotImplementedError",
+    "Call",
+    "CallHandle",
+    "CallOptions",
+    "InProcessRendezvous",
+    "LocalBackend",
+    "LocalHandle",
+    "RankArgs",
+    "Rendezvous",
+    "RendezvousError",
+    "RendezvousTimeoutError",
+    "ReplacedWorkers",
+    "ReplacingBackend",
+    "StreamingBackend",
+    "WorkerContext",
+    "current_worker_context",
+    "register_class_unwrapper",
+    "rendezvous_from_env",
+    "take_fault",
+    "worker_context",
+]
+
+_public.publish(globals())
