@@ -181,12 +181,13 @@ def call_raw(
         plan = rank_plan(method_name, len(call.ranks), args, kwargs)
     scope = _Scope(site, call, backend)
     try:
-        units = Units(site, call, plan, method_name, backend, check_alive=blocking)
+        with call.span.phase("execute"):
+            units = Units(site, call, plan, method_name, backend, check_alive=blocking)
         if blocking:
             with call.span.phase("wait"):
                 result: Any = units.outputs()
         else:
-            result = units._pinned.rank_handles if units._pinned is not None else []
+            result = units.handles()
     except BaseException as exc:
         scope.fail(exc)
         raise

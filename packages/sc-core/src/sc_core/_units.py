@@ -231,6 +231,11 @@ class Units:
             pass
         return [self._raw[u.index] for u in plan.units]
 
+    def handles(self) -> list[Any]:
+        """The backend's handle of every rank the pinned units started on, in rank order
+        (verl's ``execute_all_async`` returns them)."""
+        return [] if self._pinned is None else list(self._pinned.rank_handles)
+
     def pending(self) -> list[Any]:
         """The backend's futures of every unit (a non-blocking call: every unit pinned, and
         no router waiting to hear when units finish)."""
