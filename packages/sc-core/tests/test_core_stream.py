@@ -386,6 +386,18 @@ def test_sticky_keeps_each_key_on_its_rank_and_returns_input_order() -> None:
             assert _owners(out) == owners
 
 
+def test_a_sticky_mode_has_no_non_blocking_form_and_starts_nothing() -> None:
+    """Its router must hear when each unit finishes: a non-blocking call is refused before
+    any rank starts, and the rows it routed are no one's to do."""
+    with group((2,), SessionWorker) as g:
+        with pytest.raises(
+            UnsupportedCallError, match=r"turn: sticky_dispatch_fn.*no non-blocking"
+        ):
+            g.turn.options(blocking=False)(Batch([("a", 0), ("b", 0)]))
+        assert [w.sessions for w in g.workers] == [set(), set()]
+        assert next(iter(g._sc_key_routers.values())).outstanding == [0, 0]
+
+
 def test_sticky_moves_the_keys_of_a_dead_rank_only() -> None:
     with group((3,), SessionWorker) as g:
         batch = Batch([(f"s{i}", 0) for i in range(6)])

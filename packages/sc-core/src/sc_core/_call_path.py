@@ -42,7 +42,7 @@ from ._backend import Backend
 from ._busy import AbandonedCall, describe_busy
 from ._call import Call, CallOptions
 from ._errors import CallTimeoutError, UnsupportedCallError
-from ._units import CallSite, Units, add_note
+from ._units import CallSite, Units, add_note, check_non_blocking
 
 __all__ = ["CallStream", "call_method", "call_raw"]
 
@@ -141,6 +141,8 @@ def call_method(
     try:
         with span.phase("dispatch"):
             plan = _plan(proxy, site, args, kwargs)
+            if not blocking:
+                check_non_blocking(plan, proxy.__qualname__)
         with span.phase("execute"):
             units = Units(site, call, plan, proxy.method_name, backend)
         if blocking:

@@ -33,7 +33,16 @@ from ._errors import (
 from ._runtime import GroupRuntime
 from ._slots import SlotSpeeds
 
-__all__ = ["CallSite", "StreamingBackend", "Units", "add_note", "give_up", "start", "wait"]
+__all__ = [
+    "CallSite",
+    "StreamingBackend",
+    "Units",
+    "add_note",
+    "check_non_blocking",
+    "give_up",
+    "start",
+    "wait",
+]
 
 logger = logging.getLogger("sc_core.worker_group")
 
@@ -128,6 +137,21 @@ def give_up(
             sorted(still),
             describe_busy(still),
         )
+
+
+def check_non_blocking(plan: WorkPlan, where: str) -> None:
+    """Refuse a non-blocking call of ``plan``, before anything starts, when the driver must
+    schedule its units (free units) or a router must hear when each finishes; its units
+    are released."""
+    if all(u.slot is not None for u in plan.units) and plan.release is None:
+        return
+    for unit in plan.units:
+        if plan.release is not None:
+            plan.release(unit)
+    raise UnsupportedCallError(
+        f"{where}: {plan.mode} schedules its units from the driver and has no non-blocking "
+        "form; call it blocking, or stream it with .stream(...)"
+    )
 
 
 def add_note(exc: BaseException, note: str) -> None:
@@ -237,14 +261,11 @@ class Units:
         return [] if self._pinned is None else list(self._pinned.rank_handles)
 
     def pending(self) -> list[Any]:
-        """The backend's futures of every unit (a non-blocking call: every unit pinned, and
-        no router waiting to hear when units finish)."""
+        """The backend's futures of every unit (a non-blocking call, which
+        :func:`check_non_blocking` allowed)."""
         plan = self._plan
-        if self._pinned is None or self._free or plan.release is not None:
-            raise UnsupportedCallError(
-                f"{self._call.method_name}: {plan.mode} schedules its units from the driver "
-                "and has no non-blocking form; call it blocking, or stream it with .stream(...)"
-            )
+        if self._pinned is None:
+            return []
         futures = dict(
             zip(self._pinned.call.ranks, self._backend.pending(self._pinned), strict=True)
         )
