@@ -185,17 +185,17 @@ class Units:
     ) -> None:
         self._site, self._call, self._plan = site, call, plan
         self._method, self._backend = method_name, backend
-        self._wait_any = getattr(backend, "wait_any", None)
+        pinned = [u for u in plan.units if u.slot is not None]
         self._free = collections.deque(u for u in plan.units if u.slot is None)
-        self._running: dict[int, list[_Running]] = {i: [] for i in range(len(plan.slots))}
-        self._done: collections.deque[tuple[WorkUnit, Any]] = collections.deque()
-        self._raw: dict[int, Any] = {}
-        self._speeds = SlotSpeeds()
         self._untracked: list[WorkUnit] = []
         self._started_at = 0.0
         self._iterated = False
         self.finished = False
-        pinned = [u for u in plan.units if u.slot is not None]
+        # what following units one by one needs (a stream, free units): made on first use
+        self._running: dict[int, list[_Running]] = {}
+        self._done: collections.deque[tuple[WorkUnit, Any]]
+        self._raw: dict[int, Any]
+        self._speeds: SlotSpeeds
         try:
             self._pinned = self._start_pinned(pinned, check_alive) if pinned else None
         except BaseException:
@@ -210,10 +210,7 @@ class Units:
     def _start_pinned(self, pinned: list[WorkUnit], check_alive: bool) -> CallHandle:
         """Start every pinned unit in one backend call over all their ranks."""
         slots = self._plan.slots
-        by_rank: dict[int, WorkUnit] = {}
-        for unit in pinned:
-            for rank in slots[unit.slot or 0].ranks:
-                by_rank[rank] = unit
+        by_rank = {rank: unit for unit in pinned for rank in slots[unit.slot or 0].ranks}
         ranks = tuple(sorted(by_rank))
         call = self._call if ranks == self._call.ranks else self._call.part(ranks)
         rank_args = [(by_rank[r].args, by_rank[r].kwargs) for r in ranks]
@@ -226,6 +223,9 @@ class Units:
         """Follow the pinned units one by one (a stream, or free units beside them): each
         gets the part of the one start's handle that holds its slot's ranks. A blocking call
         with pinned units only never needs it: it waits for the whole handle once."""
+        if not self._running:
+            self._running = {i: [] for i in range(len(self._plan.slots))}
+            self._done, self._raw, self._speeds = collections.deque(), {}, SlotSpeeds()
         if not self._untracked or self._pinned is None:
             return
         handle, slots = self._pinned, self._plan.slots
@@ -247,8 +247,9 @@ class Units:
         if self._pinned is not None and not self._free and not self._iterated:
             values = wait(self._site, self._pinned, self._backend)
             by_rank = dict(zip(self._pinned.call.ranks, values, strict=True))
-            for unit in plan.units:
-                self._release(unit)
+            if plan.release is not None:
+                for unit in plan.units:
+                    plan.release(unit)
             self.finished = True
             return [by_rank[plan.slots[u.slot or 0].collect_rank] for u in plan.units]
         for _ in self:
@@ -328,9 +329,10 @@ class Units:
         handles = [h for r in entries for h in r.handle.rank_handles]
         owners = [r for r in entries for _ in r.handle.rank_handles]
         call = self._call
+        wait_any = getattr(self._backend, "wait_any", None)
         while True:
-            if self._wait_any is not None:
-                done = self._wait_any(handles, call.remaining())
+            if wait_any is not None:
+                done = wait_any(handles, call.remaining())
             else:
                 done = [i for i, h in enumerate(handles) if self._backend.is_done(h)]
                 if not done and not call.expired():

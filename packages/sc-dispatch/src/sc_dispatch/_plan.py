@@ -23,6 +23,7 @@ nothing but the registered shard adapters.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,14 +68,16 @@ class Slot:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class WorkUnit:
     """One piece of a planned call.
 
     ``rows`` are the input rows (positions in the call's batch, padding excluded) that the
     unit's output holds, in the output's order; ``pad`` padding rows follow them in the
     output and are dropped before it is handed on. ``slot`` is the index of the slot the
-    unit must run on, or ``None`` for any slot.
+    unit must run on, or ``None`` for any slot. Treat a unit as immutable once its plan is
+    made (it is not frozen: every call makes one per rank, and a frozen dataclass costs
+    three times as much to build).
     """
 
     index: int
@@ -106,6 +109,11 @@ class WorkPlan:
     collect: Callable[[list[Any]], Any] | None = field(default=None)
 
     def __post_init__(self) -> None:
+        slots = [u.slot for u in self.units if u.slot is not None]
+        if not slots or (
+            len(set(slots)) == len(slots) and min(slots) >= 0 and max(slots) < len(self.slots)
+        ):
+            return
         pinned: set[int] = set()
         for unit in self.units:
             if unit.slot is None:
@@ -201,8 +209,13 @@ def take_rows(mode: str, obj: Any, positions: Sequence[int]) -> Any:
 
 def rank_slots(worker_group: DispatchWorkerGroup) -> tuple[Slot, ...]:
     """One slot per rank (``DP_COMPUTE_PROTO`` and its relatives)."""
-    n = worker_group.world_size
-    return tuple(Slot((r,), r) for r in range(n))
+    return _rank_slots(worker_group.world_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_slots(world_size: int) -> tuple[Slot, ...]:
+    # slots are immutable: every call on a group of this size shares them
+    return tuple(Slot((r,), r) for r in range(world_size))
 
 
 def batch_length(mode: str, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
@@ -315,12 +328,9 @@ def rank_plan(
     ranks; when every argument is a list of world-size entries, rank ``i`` gets entry ``i``
     of each, otherwise every rank gets all the arguments. ``collect`` joins the outputs
     (rank order; default: the list of them)."""
-    slots = tuple(Slot((r,), r) for r in range(world_size))
-    units = tuple(
-        WorkUnit(r, (), a, k, slot=r)
-        for r, (a, k) in enumerate(per_rank_arguments(world_size, args, kwargs))
-    )
-    return WorkPlan(mode, slots, units, None, collect=collect)
+    pieces = per_rank_arguments(world_size, args, kwargs)
+    units = tuple([WorkUnit(r, (), a, k, r) for r, (a, k) in enumerate(pieces)])
+    return WorkPlan(mode, _rank_slots(world_size), units, None, collect=collect)
 
 
 def rank_zero_plan(
