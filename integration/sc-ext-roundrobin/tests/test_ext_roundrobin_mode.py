@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sc_dispatch import Dispatch, DispatchArgumentError, NotShardableError
+from sc_dispatch import Dispatch, DispatchArgumentError, Execute, NotShardableError
 from sc_dispatch.ext import resolve_dispatch_mode
 from sc_dispatch.testing import FakeWorkerGroup
 from sc_ext_roundrobin import (
@@ -29,8 +29,10 @@ def test_the_mode_is_registered_under_its_name() -> None:
     spec = resolve_dispatch_mode(ROUND_ROBIN)
     assert spec.dispatch_fn is dispatch_round_robin
     assert spec.collect_fn is collect_round_robin
-    assert spec.unpad_output is False
-    assert spec.collect_sees_dispatch is True
+    assert spec.functions is not None
+    assert spec.functions.unpad_output is False
+    assert spec.functions.collect_sees_dispatch is True
+    assert spec.row_aligned is False
 
 
 def test_deal_hands_out_like_cards() -> None:
@@ -73,11 +75,14 @@ def test_dispatch_then_collect_is_the_identity(items: list[str], world: int) -> 
 @PROPERTY
 @given(items=st.lists(st.integers(), max_size=30), world=st.integers(1, 6))
 def test_collect_through_the_spec_sees_the_deal(items: list[int], world: int) -> None:
+    """The call's plan: one unit per rank holding its hand; its join is the mode's collect
+    function, told how the call was dealt."""
     group = FakeWorkerGroup(world)
     spec = resolve_dispatch_mode(ROUND_ROBIN)
-    dispatched = spec.dispatch_fn(group, items, "tag", extra=tuple(items))
-    outputs = [[x * 2 for x in hand] for hand in dispatched[0][0]]
-    assert spec.collect(group, outputs, dispatched) == [x * 2 for x in items]
+    plan = spec.plan(group, Execute.ALL, (items, "tag"), {"extra": tuple(items)})
+    assert [u.slot for u in plan.units] == list(range(world))
+    outputs = [[x * 2 for x in unit.args[0]] for unit in plan.units]
+    assert plan.join(outputs) == [x * 2 for x in items]
 
 
 def test_the_deal_catches_counts_that_only_look_like_a_deal() -> None:
