@@ -62,7 +62,7 @@ from ._spans import CallSpan, SpanRecorder, driver_span
 from ._worker import Worker
 from ._worker_group import MethodProxy, WorkerGroup
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CallSpan",

@@ -41,7 +41,7 @@ from ._shard import Rows
 from ._spec import DispatchFnDict
 from ._typed import RegisteredMethod
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CollectsList",

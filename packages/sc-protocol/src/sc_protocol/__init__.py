@@ -46,7 +46,7 @@ from ._padding import pad_dataproto_to_divisor, unpad_dataproto
 from ._settings import SETTINGS
 from ._union import union_numpy_dict, union_tensor_dict
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 register_adapters()
 

@@ -39,7 +39,7 @@ register_adapters()
 #: verl's name: sc-ray's specialisation of :class:`sc_core.ResourcePoolManager`.
 ResourcePoolManager = RayResourcePoolManager
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DetachedWorkerError",

@@ -58,7 +58,7 @@ from .workers import (
     published_step,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ActorConfig",
