@@ -11,21 +11,6 @@ from ._errors import DirectRolloutCallError, DispatchArgumentError, NotShardable
 from ._protocols import DispatchWorkerGroup
 from ._shard import PADDING_SIZE_KEY, _describe, concat_outputs, split_args_kwargs
 
-__all__ = [
-    "collect_all_to_all",
-    "collect_direct_rollout_method",
-    "collect_dp_compute",
-    "collect_dp_compute_data_proto",
-    "collect_rank_zero",
-    "dispatch_all_to_all",
-    "dispatch_direct_rollout_method",
-    "dispatch_dp_compute",
-    "dispatch_dp_compute_data_proto",
-    "dispatch_dp_compute_data_proto_with_func",
-    "dispatch_one_to_all",
-    "dispatch_rank_zero",
-]
-
 
 def _world_size(worker_group: Any, mode: str) -> int:
     size = getattr(worker_group, "world_size", None)

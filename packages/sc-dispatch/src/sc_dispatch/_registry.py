@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from . import _predefined as fns
 from ._enums import Dispatch, Execute
 from ._errors import (
     DispatchModeExistsError,
@@ -17,20 +18,6 @@ from ._errors import (
 )
 from ._modes import plan_balanced_proto
 from ._plan import WorkPlan, even_plan, rank_slots
-from ._predefined import (
-    collect_all_to_all,
-    collect_direct_rollout_method,
-    collect_dp_compute,
-    collect_dp_compute_data_proto,
-    collect_rank_zero,
-    dispatch_all_to_all,
-    dispatch_direct_rollout_method,
-    dispatch_dp_compute,
-    dispatch_dp_compute_data_proto,
-    dispatch_dp_compute_data_proto_with_func,
-    dispatch_one_to_all,
-    dispatch_rank_zero,
-)
 from ._spec import (
     CollectFn,
     DispatchAwareCollectFn,
@@ -70,19 +57,21 @@ def _install_predefined() -> None:
     ``func_generator`` hook); the rest are verl's functions, one unit per rank."""
     split = FunctionMode(
         "DP_COMPUTE_PROTO",
-        dispatch_dp_compute_data_proto,
-        collect_dp_compute_data_proto,
+        fns.dispatch_dp_compute_data_proto,
+        fns.collect_dp_compute_data_proto,
         joins_shards=True,
     )
-    _registry[Dispatch.RANK_ZERO] = _functions("RANK_ZERO", dispatch_rank_zero, collect_rank_zero)
+    _registry[Dispatch.RANK_ZERO] = _functions(
+        "RANK_ZERO", fns.dispatch_rank_zero, fns.collect_rank_zero
+    )
     _registry[Dispatch.ONE_TO_ALL] = _functions(
-        "ONE_TO_ALL", dispatch_one_to_all, collect_all_to_all
+        "ONE_TO_ALL", fns.dispatch_one_to_all, fns.collect_all_to_all
     )
     _registry[Dispatch.ALL_TO_ALL] = _functions(
-        "ALL_TO_ALL", dispatch_all_to_all, collect_all_to_all
+        "ALL_TO_ALL", fns.dispatch_all_to_all, fns.collect_all_to_all
     )
     _registry[Dispatch.DP_COMPUTE] = _functions(
-        "DP_COMPUTE", dispatch_dp_compute, collect_dp_compute
+        "DP_COMPUTE", fns.dispatch_dp_compute, fns.collect_dp_compute
     )
     _registry[Dispatch.DP_COMPUTE_PROTO] = DispatchModeSpec(
         "DP_COMPUTE_PROTO", plan_dp_compute_proto, True, split
@@ -92,15 +81,20 @@ def _install_predefined() -> None:
     )
     _registry[Dispatch.DP_COMPUTE_PROTO_WITH_FUNC] = _functions(
         "DP_COMPUTE_PROTO_WITH_FUNC",
-        dispatch_dp_compute_data_proto_with_func,
-        collect_dp_compute_data_proto,
+        fns.dispatch_dp_compute_data_proto_with_func,
+        fns.collect_dp_compute_data_proto,
         joins_shards=True,
     )
     _registry[Dispatch.DP_COMPUTE_METRIC] = _functions(
-        "DP_COMPUTE_METRIC", dispatch_dp_compute_data_proto, collect_dp_compute, unpad_output=False
+        "DP_COMPUTE_METRIC",
+        fns.dispatch_dp_compute_data_proto,
+        fns.collect_dp_compute,
+        unpad_output=False,
     )
     _registry[Dispatch.DIRECT_ROLLOUT_METHOD] = _functions(
-        "DIRECT_ROLLOUT_METHOD", dispatch_direct_rollout_method, collect_direct_rollout_method
+        "DIRECT_ROLLOUT_METHOD",
+        fns.dispatch_direct_rollout_method,
+        fns.collect_direct_rollout_method,
     )
 
 

@@ -68,7 +68,8 @@ def proto_future_class() -> type[Any]:
 
 
 def _build() -> type[Any]:
-    from sc_protocol import DataProtoConfig, DataProtoFuture
+    from sc_protocol import DataProtoFuture
+    from sc_protocol.ext import DataProtoFutureAdapter
 
     class RayDataProtoFuture(DataProtoFuture[Any]):
         """A DataProtoFuture over per-rank Ray references whose row counts arrive lazily."""
@@ -151,24 +152,15 @@ def _build() -> type[Any]:
             state["_sc_known"] = None
             return state
 
-    class _RayDataProtoFutureAdapter:
-        def length(self, obj: RayDataProtoFuture) -> int:
+    class _RayDataProtoFutureAdapter(DataProtoFutureAdapter):
+        """sc-protocol's future adapter; a Ray future knows its length once its row counts
+        arrive, and joins the futures of known counts."""
+
+        def length(self, obj: DataProtoFuture) -> int:
             return len(obj)
 
-        def chunk(self, obj: RayDataProtoFuture, chunks: int) -> list[DataProtoFuture]:
-            return obj.chunk(chunks)
-
-        def concat(self, parts: Sequence[RayDataProtoFuture]) -> DataProtoFuture:
-            return DataProtoFuture.concat([p.known() for p in parts])
-
-        def pad(self, obj: RayDataProtoFuture, pad_size: int) -> DataProtoFuture:
-            return obj.pad(pad_size)
-
-        def unpad(self, obj: RayDataProtoFuture, pad_size: int) -> DataProtoFuture:
-            return obj.unpad(pad_size)
-
-        def auto_padding(self, obj: RayDataProtoFuture) -> bool:
-            return bool(DataProtoConfig.auto_padding)
+        def concat(self, parts: Sequence[DataProtoFuture]) -> DataProtoFuture:
+            return DataProtoFuture.concat([cast(Any, p).known() for p in parts])
 
     RayDataProtoFuture.__qualname__ = "RayDataProtoFuture"  # pickle looks it up by name
     register_shardable(cast("type[Any]", RayDataProtoFuture), _RayDataProtoFutureAdapter())
