@@ -244,6 +244,7 @@ def test_every_package_of_the_workspace_is_read() -> None:
         "sc_core",
         "sc_ray",
         "sc_workers",
+        "sc_rollout",
         "sc_integration",
         "sc_ext_roundrobin",
     }
