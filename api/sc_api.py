@@ -6,7 +6,9 @@ public API at the last release, kept in the repository because a fresh clone may
     python api/sc_api.py check sc-core
         griffe's ``find_breaking_changes`` between the baseline and ``packages/sc-core/src``;
         fails for every breaking change that the ``## Unreleased`` section of
-        ``packages/sc-core/CHANGELOG.md`` does not mention, and prints the line to add.
+        ``packages/sc-core/CHANGELOG.md`` does not mention, and prints the line to add. A
+        package never released (no baseline, and a CHANGELOG with only an Unreleased
+        section) passes: nothing of it can break yet.
 
     python api/sc_api.py baseline --ref v0.1.0 [dist ...]
         rewrites the baselines from the sources at a git ref (run at each release).
@@ -40,7 +42,7 @@ import griffe
 
 ROOT = Path(__file__).resolve().parent.parent
 API_DIR = ROOT / "api"
-PACKAGES = ("sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-workers")
+PACKAGES = ("sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-workers", "sc-rollout")
 FORMAT = 1
 
 log = logging.getLogger("sc_api")
@@ -306,12 +308,32 @@ def unreleased_bullets(changelog: Path) -> list[str] | None:
     return bullets
 
 
+def released(changelog: Path) -> list[str]:
+    """The headings of released versions in a CHANGELOG (every ``## `` heading but
+    ``## Unreleased``)."""
+    if not changelog.is_file():
+        return []
+    return [
+        line[3:].strip()
+        for line in changelog.read_text(encoding="utf-8").splitlines()
+        if line.startswith("## ") and not line[3:].strip().lower().startswith("unreleased")
+    ]
+
+
 def check(dist: str) -> int:
+    changelog = ROOT / "packages" / dist / "CHANGELOG.md"
+    if not baseline_path(dist).is_file() and not released(changelog):
+        # Nothing was released, so nothing can break: the first release writes the baseline.
+        log.info(
+            f"api({dist}): not released yet ({changelog.relative_to(ROOT)} has only an "
+            f"Unreleased section), so no baseline to compare with; at its first release: "
+            f"python api/sc_api.py baseline --ref <tag> {dist}"
+        )
+        return 0
     meta, old = load_baseline(dist)
     src = ROOT / "packages" / dist / "src"
     new = griffe.load(import_name(dist), search_paths=[str(src)])
     found = list(changes(old, new))
-    changelog = ROOT / "packages" / dist / "CHANGELOG.md"
     rel_changelog = changelog.relative_to(ROOT)
     bullets = unreleased_bullets(changelog) if changelog.is_file() else None
     since = f"{meta['version']} ({meta['ref']}, {meta['commit'][:12]})"

@@ -18,6 +18,7 @@ PACKAGES: tuple[tuple[str, str], ...] = (
     ("sc-core", "sc_core"),
     ("sc-ray", "sc_ray"),
     ("sc-workers", "sc_workers"),
+    ("sc-rollout", "sc_rollout"),
     ("sc-integration", "sc_integration"),
 )
 PAGE = "reference/settings.md"

@@ -14,6 +14,7 @@ PACKAGES = {
     "sc_core": "ScCoreError",
     "sc_ray": "ScRayError",
     "sc_workers": "ScWorkersError",
+    "sc_rollout": "ScRolloutError",
     "sc_integration": "ScIntegrationError",
 }
 

@@ -43,6 +43,7 @@ _PREFIX = {
     "sc-core": "SC_CORE_",
     "sc-ray": "SC_RAY_",
     "sc-workers": "SC_WORKERS_",
+    "sc-rollout": "SC_ROLLOUT_",
     "sc-integration": "SC_INTEGRATION_",
 }
 
@@ -133,7 +134,7 @@ def test_names_are_unique_and_follow_the_convention() -> None:
         assert (s.type_name == "seconds") == s.name.endswith("_S"), s.name
 
 
-@pytest.mark.parametrize("module", ["sc_protocol", "sc_core", "sc_ray", "sc_workers"])
+@pytest.mark.parametrize("module", ["sc_protocol", "sc_core", "sc_ray", "sc_workers", "sc_rollout"])
 def test_settings_are_public(module: str) -> None:
     mod = importlib.import_module(module)
     assert "SETTINGS" in mod.__all__

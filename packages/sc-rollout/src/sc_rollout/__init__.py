@@ -1,0 +1,100 @@
+"""sc-rollout: rollout engines behind an HTTP server, and a router over the servers.
+
+* The rollout-engine contract, :class:`RolloutEngine`: generate from token ids with
+  :class:`SamplingParams` (:class:`GenerateRequest` in, :class:`GenerateResult` out: token
+  ids, their log-probs and the weight version they ran under), abort, pause and resume,
+  load weights at a version (:class:`WeightUpdate`), health (:class:`EngineHealth`), sleep
+  and wake up.
+* :class:`RolloutServer` puts any engine behind an OpenAI-compatible token-in-token-out
+  endpoint (``POST /v1/completions`` with ``prompt`` a list of token ids) plus control
+  endpoints; :class:`ServerProcess` runs one in a process of its own (``python -m
+  sc_rollout``); :class:`RolloutClient` is a server seen as an engine.
+* :class:`Router` spreads requests over servers: sticky by session, least in flight
+  otherwise, servers added and drained at runtime, dead ones retried elsewhere, restarted
+  through the owner's hook and re-synced to the current weights.
+* :class:`ToyEngine`: the test and reference engine, a seeded sampler over a tiny
+  vocabulary with an optional delay per token. Not a model.
+
+The engines for real models (the built-in torch sampler, vLLM), their Ray placement, the
+trainer's weight push and partial rollout are not part of this release. Depends on
+sc-dispatch only (no torch, no Ray).
+"""
+
+from __future__ import annotations
+
+from sc_dispatch import _public
+
+from ._client import RolloutClient
+from ._engine import RolloutEngine
+from ._errors import (
+    DuplicateServerError,
+    EngineStateError,
+    NoLiveServerError,
+    PromptTooLongError,
+    RolloutConfigError,
+    RolloutRequestError,
+    RolloutServerError,
+    RolloutTimeoutError,
+    RolloutTypeError,
+    RouterClosedError,
+    ScRolloutError,
+    ServerUnavailableError,
+    UnknownServerError,
+    WeightLoadError,
+    WeightVersionError,
+)
+from ._process import ServerProcess
+from ._router import RestartHook, Router, ServerState, ServerStatus
+from ._server import RolloutServer
+from ._settings import SETTINGS
+from ._toy import ToyEngine, ToyEngineConfig
+from ._types import (
+    FINISH_REASONS,
+    EngineHealth,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    WeightUpdate,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DuplicateServerError",
+    "EngineHealth",
+    "EngineStateError",
+    "FINISH_REASONS",
+    "FinishReason",
+    "GenerateRequest",
+    "GenerateResult",
+    "NoLiveServerError",
+    "PromptTooLongError",
+    "RestartHook",
+    "RolloutClient",
+    "RolloutConfigError",
+    "RolloutEngine",
+    "RolloutRequestError",
+    "RolloutServer",
+    "RolloutServerError",
+    "RolloutTimeoutError",
+    "RolloutTypeError",
+    "Router",
+    "RouterClosedError",
+    "SETTINGS",
+    "SamplingParams",
+    "ScRolloutError",
+    "ServerProcess",
+    "ServerState",
+    "ServerStatus",
+    "ServerUnavailableError",
+    "ToyEngine",
+    "ToyEngineConfig",
+    "UnknownServerError",
+    "WeightLoadError",
+    "WeightUpdate",
+    "WeightVersionError",
+    "__version__",
+]
+
+_public.publish(globals())

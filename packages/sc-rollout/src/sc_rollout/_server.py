@@ -1,0 +1,287 @@
+"""``RolloutServer``: any rollout engine behind an OpenAI-compatible HTTP endpoint.
+
+Endpoints (JSON bodies, see ``_wire.py`` for the completion format)::
+
+    POST /v1/completions   token ids in, token ids and log-probs out, with the weight versions
+    GET  /v1/models        the model served and its context length
+    GET  /health           the engine's state (weight version, paused, sleeping, in flight)
+    POST /abort            {"request_id": ...} -> {"aborted": bool}
+    POST /pause, /resume   hold or release every request between two tokens
+    GET  /weights          {"weight_version": int}
+    POST /weights          {"version": int, "path": str | null} -> {"weight_version": int}
+    POST /sleep, /wake_up  {"level": 1 | 2}
+
+Errors answer with OpenAI's error body and a status (400 bad request or type, 409 a version
+or state conflict, 422 unreadable weights, 404 unknown endpoint, 500 otherwise); the error's
+class name travels in ``error.type``. Each request runs on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._engine import RolloutEngine
+from ._errors import RolloutConfigError, RolloutRequestError, RolloutTypeError, ScRolloutError
+from ._settings import HOST
+from ._types import check_int
+from ._wire import (
+    completion_body,
+    decode_body,
+    error_body,
+    error_status,
+    health_body,
+    request_from_body,
+    update_from_body,
+)
+
+__all__ = ["RolloutServer", "check_host", "server_url"]
+
+_log = logging.getLogger("sc_rollout.server")
+
+#: host names that bind every interface, which a rollout server never does
+_ALL_INTERFACES = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+
+
+def check_host(host: str | None, where: str) -> str:
+    """The address to bind: ``host``, else ``SC_ROLLOUT_HOST`` (default ``127.0.0.1``);
+    every-interface addresses are a :class:`RolloutConfigError`."""
+    chosen = HOST.get() if host is None else host
+    if not isinstance(chosen, str):
+        raise RolloutTypeError(f"{where}: host must be a str, got {chosen!r}")
+    if chosen.strip() in _ALL_INTERFACES:
+        raise RolloutConfigError(
+            f"{where}: host {chosen!r} binds every interface; give the node's address "
+            "(or 127.0.0.1)"
+        )
+    return chosen.strip()
+
+
+def server_url(host: str, port: int) -> str:
+    """``http://host:port`` (IPv6 addresses in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], engine: RolloutEngine) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.engine = engine
+        super().__init__(address, _Handler)
+        self.model = engine.health().model
+
+
+_Route = Callable[[_HTTPServer, dict[str, Any]], dict[str, Any]]
+
+
+def _completions(server: _HTTPServer, body: dict[str, Any]) -> dict[str, Any]:
+    where = "POST /v1/completions"
+    request, logprobs = request_from_body(body, where)
+    model = body.get("model")
+    if model is not None and model != server.model:
+        raise RolloutRequestError(
+            f"{where}: model {model!r} is not served here; {server.model!r} is"
+        )
+    result = server.engine.generate(request)
+    return completion_body(result, len(request.prompt_ids), server.model, logprobs)
+
+
+def _models(server: _HTTPServer, body: dict[str, Any]) -> dict[str, Any]:
+    health = server.engine.health()
+    entry = {"id": health.model, "object": "model", "max_model_len": health.context_length}
+    return {"object": "list", "data": [entry]}
+
+
+def _abort(server: _HTTPServer, body: dict[str, Any]) -> dict[str, Any]:
+    request_id = body.get("request_id")
+    if not isinstance(request_id, str):
+        raise RolloutTypeError(f"POST /abort: request_id must be a str, got {request_id!r}")
+    return {"request_id": request_id, "aborted": server.engine.abort(request_id)}
+
+
+def _pause(server: _HTTPServer, body: dict[str, Any]) -> dict[str, Any]:
+    server.engine.pause()
+    return {"paused": True}
+
+
+def _resume(server: _HTTPServer, body: dict[str, Any]) -> dict[str, Any]:
+    server.engine.resume()
+    return {"paused": False}
+
+
+def _sleep(server: _HTTPServer, body: dict[str, Any]) -> dict[str, Any]:
+    server.engine.sleep(check_int(body.get("level", 1), "POST /sleep: level"))
+    return {"sleeping": True}
+
+
+def _wake_up(server: _HTTPServer, body: dict[str, Any]) -> dict[str, Any]:
+    server.engine.wake_up()
+    return {"sleeping": False}
+
+
+_ROUTES: dict[tuple[str, str], _Route] = {
+    ("POST", "/v1/completions"): _completions,
+    ("GET", "/v1/models"): _models,
+    ("GET", "/health"): lambda server, body: health_body(server.engine.health()),
+    ("POST", "/abort"): _abort,
+    ("POST", "/pause"): _pause,
+    ("POST", "/resume"): _resume,
+    ("GET", "/weights"): lambda server, body: {"weight_version": server.engine.weight_version()},
+    ("POST", "/weights"): lambda server, body: {
+        "weight_version": server.engine.load_weights(update_from_body(body))
+    },
+    ("POST", "/sleep"): _sleep,
+    ("POST", "/wake_up"): _wake_up,
+}
+_PATHS = frozenset(path for _, path in _ROUTES)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    server_version = "sc-rollout"
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body leave in separate writes: without this, Nagle's algorithm and the
+        # peer's delayed ACK hold the body back
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _log.debug("%s %s", self.address_string(), format % args)
+
+    def _dispatch(self, method: str) -> None:
+        path = urlsplit(self.path).path
+        where = f"{method} {path}"
+        route = _ROUTES.get((method, path))
+        if route is None:
+            status = 405 if path in _PATHS else 404
+            kind = "MethodNotAllowed" if status == 405 else "NotFound"
+            self._send(status, error_body(kind, f"{where}: no such endpoint", status))
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = decode_body(self.rfile.read(length), where) if length else {}
+            answer = route(self.server, body)
+        except ScRolloutError as exc:
+            status = error_status(exc)
+            self._send(status, error_body(type(exc).__name__, str(exc), status))
+        except Exception as exc:
+            _log.exception("%s failed", where)
+            message = f"{where}: {type(exc).__name__}: {exc}"
+            self._send(500, error_body("InternalServerError", message, 500))
+        else:
+            self._send(200, answer)
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = _dumps(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError as exc:  # the client went away (a router that gave up on us)
+            _log.debug("%s: the answer could not be sent: %s", self.path, exc)
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode("utf-8")
+
+
+class RolloutServer:
+    """Serves ``engine`` over HTTP at ``host:port`` (see the module's endpoints).
+
+    ``host`` defaults to ``SC_ROLLOUT_HOST`` (``127.0.0.1``); addresses of every interface
+    (``0.0.0.0``, ``::``) are refused: on a cluster give the node's address. ``port`` 0
+    takes a free port. The socket is bound on construction (:attr:`url` is known at once);
+    :meth:`start` serves from a daemon thread, :meth:`serve_forever` from the calling
+    thread (a server process). ``with RolloutServer(engine) as server:`` starts and stops.
+    """
+
+    def __init__(self, engine: RolloutEngine, *, host: str | None = None, port: int = 0) -> None:
+        if not isinstance(engine, RolloutEngine):
+            raise RolloutTypeError(
+                f"RolloutServer(engine=...) takes a RolloutEngine, got {type(engine).__name__}"
+            )
+        bind = check_host(host, "RolloutServer")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise RolloutConfigError(
+                f"RolloutServer: port must be an int in 0..65535, got {port!r}"
+            )
+        self._engine = engine
+        self._httpd = _HTTPServer((bind, port), engine)
+        self._host = bind
+        self._port = int(self._httpd.server_address[1])
+        self._thread: threading.Thread | None = None
+        self._serving = threading.Event()
+        self._closed = False
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The engine served."""
+        return self._engine
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The bound port (the free one chosen for port 0)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return server_url(self._host, self._port)
+
+    def __repr__(self) -> str:
+        return f"RolloutServer({self.url}, model={self._httpd.model!r})"
+
+    def start(self) -> RolloutServer:
+        """Serve from a daemon thread; returns the server."""
+        if self._closed:
+            raise RolloutConfigError(f"RolloutServer {self.url}: start() after stop()")
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self.serve_forever, name=f"sc-rollout-server-{self._port}", daemon=True
+            )
+            self._thread.start()
+            self._serving.wait()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve from this thread until :meth:`stop` (from another thread)."""
+        self._serving.set()
+        self._httpd.serve_forever(poll_interval=0.1)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (requests being answered still finish)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._serving.is_set():
+            self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> RolloutServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
