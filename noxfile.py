@@ -349,7 +349,8 @@ def gpu(session: nox.Session) -> None:
     if "True" not in str(visible):
         session.skip("no CUDA device is visible (torch.cuda.is_available() is False)")
     for folder in GPU_TEST_DIRS:
-        session.run("pytest", folder, "-m", "gpu", *session.posargs)
+        # exit code 5: the folder has no test marked gpu (sc-dispatch, sc-core, sc-rollout)
+        session.run("pytest", folder, "-m", "gpu", *session.posargs, success_codes=[0, 5])
     out = os.path.join(session.create_tmp(), "sc-demo-cuda")
     session.run(
         "sc-demo",
