@@ -44,8 +44,9 @@ from ._errors import (
     WeightVersionError,
 )
 from ._process import ServerProcess
-from ._router import RestartHook, Router, ServerState, ServerStatus
+from ._router import Router
 from ._server import RolloutServer
+from ._servers import RestartHook, ServerState, ServerStatus
 from ._settings import SETTINGS
 from ._toy import ToyEngine, ToyEngineConfig
 from ._types import (

@@ -12,12 +12,10 @@ brings it back, and it takes requests again only once it holds the current weigh
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TypeVar
 
 from ._client import RolloutClient, check_timeout
@@ -34,6 +32,14 @@ from ._errors import (
     UnknownServerError,
     WeightVersionError,
 )
+from ._servers import (
+    WAITING,
+    RestartHook,
+    ServerEntry,
+    ServerState,
+    ServerStatus,
+    broadcast,
+)
 from ._sessions import SessionMap, least_loaded
 from ._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
 from ._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate, check_int
@@ -42,74 +48,6 @@ __all__ = ["RestartHook", "Router", "ServerState", "ServerStatus"]
 
 _log = logging.getLogger("sc_rollout.router")
 _T = TypeVar("_T")
-
-#: the owner's way to bring a dead server back: called with the server's name (on a thread
-#: of the router's), returns the URL the restarted server listens on (the same or a new one)
-RestartHook = Callable[[str], str]
-
-
-class ServerState(str, enum.Enum):
-    """Where a server of a router stands. Only ``LIVE`` servers take new requests."""
-
-    LIVE = "live"
-    #: added or restarted, being checked healthy and given the current weights
-    SYNCING = "syncing"
-    #: being removed: its requests in flight finish, no new ones come
-    DRAINING = "draining"
-    #: found dead; the restart hook is running
-    RESTARTING = "restarting"
-    #: found dead, and no restart hook brought it back (see ``ServerStatus.error``)
-    DEAD = "dead"
-
-
-@dataclass(frozen=True)
-class ServerStatus:
-    """One server of a router: its name and URL, state, requests in flight and answered,
-    restarts, the weight version it last reported, and its last failure (kept once it is
-    back, ``None`` if it never failed)."""
-
-    name: str
-    url: str
-    state: ServerState
-    in_flight: int
-    served: int
-    restarts: int
-    weight_version: int | None
-    error: str | None
-
-
-class _Entry:
-    """A server's record; every field is guarded by the router's lock. ``incarnation`` grows
-    each time the server is found dead or removed, so that late news about a former
-    incarnation (a failure, a finished sync) is recognised and ignored."""
-
-    def __init__(self, name: str, url: str, client: RolloutClient) -> None:
-        self.name = name
-        self.url = url
-        self.client = client
-        self.state = ServerState.SYNCING
-        self.in_flight = 0
-        self.served = 0
-        self.restarts = 0
-        self.last_pick = 0
-        self.weight_version: int | None = None
-        self.error: str | None = None
-        self.incarnation = 0
-
-    def status(self) -> ServerStatus:
-        return ServerStatus(
-            name=self.name,
-            url=self.url,
-            state=self.state,
-            in_flight=self.in_flight,
-            served=self.served,
-            restarts=self.restarts,
-            weight_version=self.weight_version,
-            error=self.error,
-        )
-
-
-_WAITING = frozenset({ServerState.SYNCING, ServerState.RESTARTING})
 
 
 class Router:
@@ -159,8 +97,8 @@ class Router:
         if health_interval_s is not None:
             interval = check_timeout(health_interval_s, 0.0, "Router health_interval_s")
         self._cond = threading.Condition()
-        self._servers: dict[str, _Entry] = {}
-        self._where: dict[str, _Entry] = {}
+        self._servers: dict[str, ServerEntry] = {}
+        self._where: dict[str, ServerEntry] = {}
         self._update: WeightUpdate | None = None
         self._picks = 0
         self._closed = False
@@ -185,7 +123,7 @@ class Router:
         name = url if name is None else name
         if not isinstance(name, str) or not name:
             raise RolloutTypeError(f"Router.add_server: name must be a non-empty str, got {name!r}")
-        entry = _Entry(name, url, self._client(url))
+        entry = ServerEntry(name, url, self._client(url))
         with self._cond:
             self._check_open()
             if name in self._servers:
@@ -287,7 +225,7 @@ class Router:
             client = None if entry is None else entry.client
         return False if client is None else client.abort(request_id)
 
-    def _acquire(self, request: GenerateRequest) -> tuple[_Entry, RolloutClient, int]:
+    def _acquire(self, request: GenerateRequest) -> tuple[ServerEntry, RolloutClient, int]:
         """A live server for ``request`` (its session's, else the least loaded), counted in
         flight; waits while servers are coming back."""
         deadline: float | None = None
@@ -298,7 +236,7 @@ class Router:
                 live = {n: e for n, e in self._servers.items() if e.state is ServerState.LIVE}
                 if live:
                     break
-                if not any(e.state in _WAITING for e in self._servers.values()):
+                if not any(e.state in WAITING for e in self._servers.values()):
                     raise NoLiveServerError(
                         f"Router.generate(request {rid}): no live server ({self._states()})"
                     )
@@ -327,7 +265,7 @@ class Router:
             self._where[rid] = entry
             return entry, entry.client, entry.incarnation
 
-    def _release(self, entry: _Entry, request_id: str, served: bool) -> None:
+    def _release(self, entry: ServerEntry, request_id: str, served: bool) -> None:
         with self._cond:
             entry.in_flight -= 1
             if served:
@@ -363,8 +301,8 @@ class Router:
                 )
             self._update = update
             targets = self._targets()
-        outcomes = self._each(targets, lambda client: client.load_weights(update))
-        refused: list[tuple[_Entry, int, ScRolloutError]] = []
+        outcomes = broadcast([c for _, c, _ in targets], lambda client: client.load_weights(update))
+        refused: list[tuple[ServerEntry, int, ScRolloutError]] = []
         loaded = 0
         for (entry, client, incarnation), outcome in zip(targets, outcomes, strict=True):
             if isinstance(outcome, (ServerUnavailableError, RolloutTimeoutError)):
@@ -397,7 +335,7 @@ class Router:
         requests again. Returns :meth:`servers`."""
         with self._cond:
             targets = self._targets()
-        outcomes = self._each(targets, lambda client: client.health())
+        outcomes = broadcast([c for _, c, _ in targets], lambda client: client.health())
         for (entry, _client, incarnation), outcome in zip(targets, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 self._mark_dead(entry, incarnation, f"health check failed: {outcome}")
@@ -422,14 +360,16 @@ class Router:
                     self._spawn(self._resync, entry, incarnation)
         return self.servers()
 
-    def _suspect(self, entry: _Entry, client: RolloutClient, incarnation: int, reason: str) -> None:
+    def _suspect(
+        self, entry: ServerEntry, client: RolloutClient, incarnation: int, reason: str
+    ) -> None:
         """A call to ``entry`` failed: check its health, and take it out if that fails too."""
         try:
             client.health()
         except ScRolloutError as exc:
             self._mark_dead(entry, incarnation, f"{reason}; then its health check: {exc}")
 
-    def _mark_dead(self, entry: _Entry, incarnation: int, reason: str) -> None:
+    def _mark_dead(self, entry: ServerEntry, incarnation: int, reason: str) -> None:
         """Take ``entry`` out (once per incarnation): cut its calls in flight, and restart it
         if there is a restart hook (a draining server is just forgotten)."""
         with self._cond:
@@ -450,7 +390,7 @@ class Router:
         _log.warning("server %s (%s) is out: %s", entry.name, entry.url, reason)
         client.close_connections()
 
-    def _recover(self, entry: _Entry, incarnation: int) -> None:
+    def _recover(self, entry: ServerEntry, incarnation: int) -> None:
         """Restart ``entry`` through the hook, then bring it up (a restarting thread)."""
         hook = self._restart
         if hook is None:
@@ -475,14 +415,14 @@ class Router:
         except Exception as exc:
             self._fail(entry, incarnation, f"restart failed: {type(exc).__name__}: {exc}")
 
-    def _resync(self, entry: _Entry, incarnation: int) -> None:
+    def _resync(self, entry: ServerEntry, incarnation: int) -> None:
         """Bring a live server that holds the wrong weights up again (a syncing thread)."""
         try:
             self._bring_up(entry, incarnation)
         except Exception as exc:
             self._fail(entry, incarnation, f"re-sync failed: {type(exc).__name__}: {exc}")
 
-    def _fail(self, entry: _Entry, incarnation: int, reason: str) -> None:
+    def _fail(self, entry: ServerEntry, incarnation: int, reason: str) -> None:
         _log.error("server %s stays out: %s", entry.name, reason)
         with self._cond:
             if entry.incarnation == incarnation and self._servers.get(entry.name) is entry:
@@ -490,7 +430,7 @@ class Router:
                 entry.error = reason
                 self._cond.notify_all()
 
-    def _bring_up(self, entry: _Entry, incarnation: int) -> bool:
+    def _bring_up(self, entry: ServerEntry, incarnation: int) -> bool:
         """Wait until ``entry`` is healthy, give it the current weights until it holds the
         version that is current when it is done, and make it live. ``False`` if the entry
         was superseded meanwhile (removed, found dead again, the router closed)."""
@@ -515,7 +455,7 @@ class Router:
             if pushed is not None:
                 version = client.load_weights(pushed)
 
-    def _wait_healthy(self, entry: _Entry, client: RolloutClient) -> EngineHealth:
+    def _wait_healthy(self, entry: ServerEntry, client: RolloutClient) -> EngineHealth:
         deadline = time.monotonic() + self._start_timeout
         pause = 0.02
         while True:
@@ -546,7 +486,7 @@ class Router:
         if self._closed:
             raise RouterClosedError("the router is closed")
 
-    def _entry(self, name: str, method: str) -> _Entry:
+    def _entry(self, name: str, method: str) -> ServerEntry:
         entry = self._servers.get(name)
         if entry is None:
             raise UnknownServerError(
@@ -555,7 +495,7 @@ class Router:
             )
         return entry
 
-    def _drop(self, entry: _Entry) -> None:
+    def _drop(self, entry: ServerEntry) -> None:
         """Forget ``entry`` (under the lock); a sync of it in progress stops."""
         if self._servers.get(entry.name) is not entry:
             return
@@ -566,7 +506,7 @@ class Router:
     def _states(self) -> str:
         return ", ".join(f"{n}: {e.state.value}" for n, e in self._servers.items()) or "none"
 
-    def _targets(self) -> list[tuple[_Entry, RolloutClient, int]]:
+    def _targets(self) -> list[tuple[ServerEntry, RolloutClient, int]]:
         """The servers a broadcast goes to (under the lock): live and draining ones."""
         return [
             (e, e.client, e.incarnation)
@@ -574,32 +514,8 @@ class Router:
             if e.state in (ServerState.LIVE, ServerState.DRAINING)
         ]
 
-    def _each(
-        self,
-        targets: list[tuple[_Entry, RolloutClient, int]],
-        call: Callable[[RolloutClient], _T],
-    ) -> list[_T | ScRolloutError]:
-        """``call`` on every target's client at once; each outcome or its sc-rollout error."""
-        outcomes: list[_T | ScRolloutError] = [ScRolloutError("not run")] * len(targets)
-
-        def run(index: int, client: RolloutClient) -> None:
-            try:
-                outcomes[index] = call(client)
-            except ScRolloutError as exc:
-                outcomes[index] = exc
-
-        threads = [
-            threading.Thread(target=run, args=(i, client), daemon=True)
-            for i, (_, client, _) in enumerate(targets)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return outcomes
-
     def _spawn(
-        self, target: Callable[[_Entry, int], None], entry: _Entry, incarnation: int
+        self, target: Callable[[ServerEntry, int], None], entry: ServerEntry, incarnation: int
     ) -> None:
         """Run ``target(entry, incarnation)`` on a thread the router joins at close."""
 
