@@ -159,16 +159,29 @@ class WorkPlan:
             )
         if self.collect is not None:
             return self.collect(list(outputs))
-        order = [r for u in self.units for r in u.rows]
-        if order == list(range(len(order))) and _padding_trails(self.units):
+        if _in_order(self.units) and _padding_trails(self.units):
             joined = concat_outputs(self.mode, list(outputs))
             return unpad_output(joined, sum(u.pad for u in self.units))
         kept = [(u, self.trim(u, o)) for u, o in zip(self.units, outputs, strict=True) if u.rows]
         joined = concat_outputs(self.mode, [o for _, o in kept])
-        order = [r for u, _ in kept for r in u.rows]
-        if order == list(range(len(order))):
+        if _in_order([u for u, _ in kept]):
             return joined
-        return take_rows(self.mode, joined, inverse(order))
+        return take_rows(self.mode, joined, inverse([r for u, _ in kept for r in u.rows]))
+
+
+def _in_order(units: Sequence[WorkUnit]) -> bool:
+    """Whether the units' rows, one unit after another, are 0, 1, 2, ... (a unit's range of
+    rows is checked by its ends, without walking it: joins are on every call's path)."""
+    position = 0
+    for unit in units:
+        rows, count = unit.rows, len(unit.rows)
+        if isinstance(rows, range):
+            if count and (rows.start != position or rows.step != 1):
+                return False
+        elif list(rows) != list(range(position, position + count)):
+            return False
+        position += count
+    return True
 
 
 def _padding_trails(units: Sequence[WorkUnit]) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict, cast
 
 from ._enums import Execute
 from ._errors import DispatchModeTypeError, InvalidDispatchModeError
@@ -123,12 +123,15 @@ class FunctionMode:
         pad = pop_padding_size(d_kwargs) if d_kwargs else 0
         dispatched: Dispatched = (tuple(d_args), d_kwargs)
 
+        # one of two signatures, told apart by collect_sees_dispatch (checked when made)
+        collect_fn: Any = self.collect_fn
+
         def collect(outputs: list[Any]) -> Any:
             joined = outputs[0] if rank_zero else outputs
             if self.collect_sees_dispatch:
-                result = self.collect_fn(worker_group, joined, dispatched=dispatched)  # type: ignore[call-arg]
+                result = collect_fn(worker_group, joined, dispatched=dispatched)
             else:
-                result = self.collect_fn(worker_group, joined)  # type: ignore[call-arg]
+                result = collect_fn(worker_group, joined)
             return unpad_output(result, pad) if pad and self.unpad_output else result
 
         if rank_zero:
@@ -207,5 +210,5 @@ class DispatchModeSpec:
     @property
     def collect_fn(self) -> CollectFn:
         """verl's collect function of the mode (for verl's ``func_generator`` hook)."""
-        collect: Any = self._verl("collect_fn").collect_fn
-        return collect  # type: ignore[no-any-return]
+        # a collect_sees_dispatch mode's function takes ``dispatched`` too (see FunctionMode)
+        return cast(CollectFn, self._verl("collect_fn").collect_fn)
