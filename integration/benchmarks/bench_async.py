@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from _machine import machine  # this folder: the script's own
+from _machine import machine, write_result  # this folder: the script's own
 from sc_core import CallSpan, SpanRecorder
 from sc_integration import TaskRunner, TrainerConfig, make_launcher
 
@@ -198,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "result": result,
     }
     print({k: v for k, v in result.items() if k != "runs"}, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, out)
     return 0
 
 

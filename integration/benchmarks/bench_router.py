@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _machine import machine  # this folder: the script's own
+from _machine import machine, write_result  # this folder: the script's own
 from sc_rollout import (
     GenerateRequest,
     GenerateResult,
@@ -137,9 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrent": conc,
     }
     print(json.dumps({"sequential": seq, "concurrent": conc}, indent=2), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, out)
     return 0
 
 

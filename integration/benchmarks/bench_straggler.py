@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 
 import ray
 import torch
-from _machine import machine  # this folder: the script's own
+from _machine import machine, write_result  # this folder: the script's own
 from sc_core import Worker
 from sc_dispatch import Dispatch, register
 from sc_dispatch.ext import DEFAULT_UNITS_PER_SLOT
@@ -169,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "result": result,
     }
     print({k: v for k, v in result.items() if k != "samples"}, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, out)
     return 0
 
 
