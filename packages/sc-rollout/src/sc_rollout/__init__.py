@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from sc_dispatch import _public
 
+from ._cli import serve
 from ._client import RolloutClient
 from ._engine import RolloutEngine
 from ._errors import (
@@ -96,6 +97,7 @@ __all__ = [
     "WeightUpdate",
     "WeightVersionError",
     "__version__",
+    "serve",
 ]
 
 _public.publish(globals())

@@ -10,13 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
+from ._engine import RolloutEngine
 from ._server import RolloutServer
 from ._toy import ToyEngine, ToyEngineConfig
 
-__all__ = ["READY_KEY", "main", "toy_argv"]
+__all__ = ["READY_KEY", "main", "serve", "toy_argv"]
 
 #: the key of the line a server process prints when it is ready
 READY_KEY = "sc_rollout_server"
@@ -64,7 +67,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         model=args.model,
     )
-    server = RolloutServer(ToyEngine(config), host=args.host, port=args.port)
+    return serve(ToyEngine(config), host=args.host, port=args.port)
+
+
+def serve(engine: RolloutEngine, *, host: str | None = None, port: int = 0) -> int:
+    """Serve ``engine`` over HTTP in this process until it is terminated (SIGTERM, or
+    Ctrl-C): the body of a server process's ``main``. Once the server accepts requests it
+    prints the ready line ``{"sc_rollout_server": "<url>"}`` on stdout, which
+    :class:`~sc_rollout.ServerProcess` waits for. SIGTERM shuts the server down in order,
+    and then the engine, if it has a ``close()`` (a vLLM engine stops its engine-core
+    processes there). Returns the exit status (0)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    server = RolloutServer(engine, host=host, port=port)
     sys.stdout.write(json.dumps({READY_KEY: server.url}) + "\n")
     sys.stdout.flush()
     try:
@@ -73,4 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     finally:
         server.stop()
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
