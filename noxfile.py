@@ -259,8 +259,9 @@ def docs(session: nox.Session) -> None:
 #: a member's tests session keeps the name docs and CI already use
 TEST_SESSION_NAMES = {"sc-integration": "integration"}
 #: pytest arguments a member's tests session adds: the integration session leaves the long
-#: fault matrix (20 trainings) to the faults session, and runs one case per kind of point
-MEMBER_TEST_ARGS = {"sc-integration": ["-m", "not fault_matrix"]}
+#: fault matrix (20 trainings) to the faults session, runs one case per kind of point, and
+#: leaves the tests on the vLLM engine to the vllm session (which makes vLLM's environment)
+MEMBER_TEST_ARGS = {"sc-integration": ["-m", "not fault_matrix and not vllm"]}
 
 
 def _member_sessions(member: str) -> None:
@@ -373,6 +374,24 @@ def faults(session: nox.Session) -> None:
     session.run(
         "pytest",
         os.path.join("integration", "tests", "test_integration_fault_matrix.py"),
+        *session.posargs,
+        env={"SC_ISOLATED_PACKAGE": "sc-integration"},
+    )
+
+
+@nox.session(tags=["vllm"])
+def vllm(session: nox.Session) -> None:
+    """The vLLM engine (docs/guides/rollout-engines.md): makes vLLM's own environment from
+    sc-rollout's pinned requirement files (seconds when it is there already, a minute or two
+    with downloads), then runs the tests marked ``vllm``; each test module starts one vLLM
+    server for all its tests."""
+    _sync(session, "--package", "sc-integration", "--group", "test")
+    session.run("python", "-m", "sc_rollout", "vllm-env", "create")
+    session.run(
+        "pytest",
+        os.path.join("integration", "tests"),
+        "-m",
+        "vllm",
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": "sc-integration"},
     )

@@ -60,10 +60,12 @@ def test_the_settings_are_declared_once_with_their_defaults(
         "SC_ROLLOUT_REQUEST_TIMEOUT_S",
         "SC_ROLLOUT_HEALTH_TIMEOUT_S",
         "SC_ROLLOUT_START_TIMEOUT_S",
+        "SC_ROLLOUT_VLLM_ENV",
+        "SC_ROLLOUT_VLLM_START_TIMEOUT_S",
     ]
     for setting in sc_rollout.SETTINGS:
         monkeypatch.delenv(setting.name, raising=False)
-    assert [s.get() for s in sc_rollout.SETTINGS] == ["127.0.0.1", 600.0, 5.0, 300.0]
+    assert [s.get() for s in sc_rollout.SETTINGS] == ["127.0.0.1", 600.0, 5.0, 300.0, "", 900.0]
     monkeypatch.setenv("SC_ROLLOUT_HEALTH_TIMEOUT_S", "-1")
     with pytest.raises(ValueError, match="SC_ROLLOUT_HEALTH_TIMEOUT_S='-1'"):
         sc_rollout.Router()

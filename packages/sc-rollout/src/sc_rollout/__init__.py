@@ -15,9 +15,12 @@
 * :class:`ToyEngine`: the test and reference engine, a seeded sampler over a tiny
   vocabulary with an optional delay per token. Not a model.
 
-The engines for real models (the built-in torch sampler, vLLM), their Ray placement, the
-trainer's weight push and partial rollout are not part of this release. Depends on
-sc-dispatch only (no torch, no Ray).
+* vLLM: :class:`VLLMEngineConfig` and ``ServerProcess.vllm(config)`` run a vLLM engine's
+  server with the interpreter of the vLLM environment, which :func:`create_vllm_env`
+  (``python -m sc_rollout vllm-env create``) makes from the pinned requirement files
+  shipped here; vLLM is never imported in the caller's environment.
+
+Depends on sc-dispatch only (no torch, no Ray, no vLLM).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ._client import RolloutClient
 from ._engine import RolloutEngine
 from ._errors import (
     DuplicateServerError,
+    EngineNotInstalledError,
     EngineStateError,
     NoLiveServerError,
     PromptTooLongError,
@@ -41,7 +45,9 @@ from ._errors import (
     ScRolloutError,
     ServerUnavailableError,
     UnknownServerError,
+    UnservableModelError,
     WeightLoadError,
+    WeightMismatchError,
     WeightVersionError,
 )
 from ._process import ServerProcess
@@ -59,12 +65,15 @@ from ._types import (
     SamplingParams,
     WeightUpdate,
 )
+from ._vllm_config import VLLMEngineConfig
+from ._vllm_env import VLLMEnv, create_vllm_env, find_vllm_env
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DuplicateServerError",
     "EngineHealth",
+    "EngineNotInstalledError",
     "EngineStateError",
     "FINISH_REASONS",
     "FinishReason",
@@ -93,10 +102,16 @@ __all__ = [
     "ToyEngine",
     "ToyEngineConfig",
     "UnknownServerError",
+    "UnservableModelError",
+    "VLLMEngineConfig",
+    "VLLMEnv",
     "WeightLoadError",
+    "WeightMismatchError",
     "WeightUpdate",
     "WeightVersionError",
     "__version__",
+    "create_vllm_env",
+    "find_vllm_env",
     "serve",
 ]
 

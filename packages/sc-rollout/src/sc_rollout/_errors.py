@@ -18,6 +18,13 @@ catch either::
     ├── WeightVersionError (ValueError)        a weight version below 0, or below the version
     │                                          the engine (or the router) already holds
     ├── WeightLoadError (OSError)              the weights at a path could not be read
+    ├── WeightMismatchError (ValueError)       a weight push whose tensor names or shapes do
+    │                                          not match the engine's model (nothing loaded)
+    ├── UnservableModelError (ValueError)      a model the engine cannot serve (its
+    │                                          architecture, head size or dtype), with the
+    │                                          engine's reason
+    ├── EngineNotInstalledError (ImportError)  an engine asked for whose environment is not
+    │                                          installed (the message names the command)
     ├── EngineStateError (RuntimeError)        a call the engine's state forbids: generate
     │                                          while it sleeps, sleep while requests run
     ├── RolloutConfigError (ValueError)        a bad constructor argument: a vocabulary of
@@ -57,7 +64,10 @@ __all__ = [
     "ScRolloutError",
     "ServerUnavailableError",
     "UnknownServerError",
+    "EngineNotInstalledError",
+    "UnservableModelError",
     "WeightLoadError",
+    "WeightMismatchError",
     "WeightVersionError",
 ]
 
@@ -85,6 +95,20 @@ class WeightVersionError(ScRolloutError, ValueError):
 
 class WeightLoadError(ScRolloutError, OSError):
     """Weights at a path that could not be read."""
+
+
+class WeightMismatchError(ScRolloutError, ValueError):
+    """A weight push whose tensor names or shapes do not match the engine's model; the
+    engine keeps the weights it had."""
+
+
+class UnservableModelError(ScRolloutError, ValueError):
+    """A model the engine cannot serve; the message carries the engine's own reason."""
+
+
+class EngineNotInstalledError(ScRolloutError, ImportError):
+    """An engine whose environment is not installed; the message names the command that
+    installs it."""
 
 
 class EngineStateError(ScRolloutError, RuntimeError):

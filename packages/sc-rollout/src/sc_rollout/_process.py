@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from ._cli import READY_KEY, toy_argv
+from ._cli import ERROR_KEY, READY_KEY, toy_argv
 from ._client import check_timeout
-from ._errors import RolloutServerError, RolloutTimeoutError, RolloutTypeError
+from ._errors import RolloutServerError, RolloutTimeoutError, RolloutTypeError, ScRolloutError
 from ._server import check_host
-from ._settings import START_TIMEOUT
+from ._settings import START_TIMEOUT, VLLM_START_TIMEOUT
 from ._toy import ToyEngineConfig
+from ._vllm_config import VLLMEngineConfig, vllm_argv, vllm_env_vars
+from ._vllm_env import Flavor, find_vllm_env
+from ._wire import ERROR_CLASSES
 
 __all__ = ["ServerProcess"]
 
@@ -79,6 +83,36 @@ class ServerProcess:
             toy_argv(config or ToyEngineConfig(), bind, port), start_timeout_s=start_timeout_s
         )
 
+    @classmethod
+    def vllm(
+        cls,
+        config: VLLMEngineConfig,
+        *,
+        host: str | None = None,
+        port: int = 0,
+        flavor: Flavor | None = None,
+        start_timeout_s: float | None = None,
+    ) -> ServerProcess:
+        """A vLLM engine's server (``python -m sc_rollout vllm``) run by the vLLM
+        environment's interpreter. :class:`EngineNotInstalledError` (naming the command that
+        makes it) when the environment is not there; the engine's own errors (a model vLLM
+        cannot serve) come back as their classes. ``start_timeout_s`` defaults to
+        ``SC_ROLLOUT_VLLM_START_TIMEOUT_S``."""
+        if not isinstance(config, VLLMEngineConfig):
+            raise RolloutTypeError(
+                f"ServerProcess.vllm: config must be a VLLMEngineConfig, got {config!r}"
+            )
+        env = find_vllm_env(flavor)
+        bind = check_host(host, "ServerProcess.vllm")
+        timeout = check_timeout(
+            start_timeout_s, VLLM_START_TIMEOUT.get(), "ServerProcess.vllm start_timeout_s"
+        )
+        return cls(
+            vllm_argv(config, str(env.python), bind, port),
+            start_timeout_s=timeout,
+            env=vllm_env_vars(config, os.environ),
+        )
+
     def _read(self) -> None:
         stdout = self._proc.stdout
         if stdout is not None:
@@ -107,11 +141,23 @@ class ServerProcess:
                 ready = json.loads(line)
             except json.JSONDecodeError:
                 ready = None
+            if isinstance(ready, dict) and isinstance(ready.get(ERROR_KEY), dict):
+                raise self._start_error(ready[ERROR_KEY])
             if isinstance(ready, dict) and isinstance(ready.get(READY_KEY), str):
                 url: str = ready[READY_KEY]
                 _log.debug("server process %d ready at %s", self._proc.pid, url)
                 return url
             _log.debug("server process %d: %s", self._proc.pid, line.rstrip())
+
+    def _start_error(self, error: dict[str, object]) -> ScRolloutError:
+        """The typed error a server process reported before it exited."""
+        self._proc.wait()
+        kind, message = error.get("type"), error.get("message")
+        cls = ERROR_CLASSES.get(kind) if isinstance(kind, str) else None
+        where = f"server process {self._argv[:4]} (pid {self._proc.pid})"
+        if cls is None:
+            return RolloutServerError(f"{where} could not start its engine: {kind}: {message}")
+        return cls(f"{where} could not start its engine: {message}")
 
     @property
     def url(self) -> str:

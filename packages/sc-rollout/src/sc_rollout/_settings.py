@@ -13,6 +13,8 @@ __all__ = [
     "REQUEST_TIMEOUT",
     "SETTINGS",
     "START_TIMEOUT",
+    "VLLM_ENV",
+    "VLLM_START_TIMEOUT",
 ]
 
 HOST: Setting[str] = Setting(
@@ -42,4 +44,26 @@ START_TIMEOUT: Setting[float] = Setting(
     "and a router request to wait for a live server",
 )
 
-SETTINGS: tuple[Setting[object], ...] = (HOST, REQUEST_TIMEOUT, HEALTH_TIMEOUT, START_TIMEOUT)
+VLLM_ENV: Setting[str] = Setting(
+    "SC_ROLLOUT_VLLM_ENV",
+    parse_str,
+    "",
+    "the folder of the vLLM environment (made by `python -m sc_rollout vllm-env create`); "
+    "empty: a folder per pin under the user's cache folder (~/.cache/sc)",
+)
+VLLM_START_TIMEOUT: Setting[float] = Setting(
+    "SC_ROLLOUT_VLLM_START_TIMEOUT_S",
+    parse_seconds,
+    900.0,
+    "how long a vLLM server process may take to be ready (vLLM imports itself in three "
+    "processes and warms up: minutes on a busy CPU)",
+)
+
+SETTINGS: tuple[Setting[object], ...] = (
+    HOST,
+    REQUEST_TIMEOUT,
+    HEALTH_TIMEOUT,
+    START_TIMEOUT,
+    VLLM_ENV,
+    VLLM_START_TIMEOUT,
+)

@@ -23,6 +23,7 @@ from ._errors import (
     RolloutTypeError,
     ScRolloutError,
     WeightLoadError,
+    WeightMismatchError,
     WeightVersionError,
 )
 from ._types import (
@@ -62,6 +63,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (WeightVersionError, 409),
     (EngineStateError, 409),
     (WeightLoadError, 422),
+    (WeightMismatchError, 422),
 )
 
 

@@ -1,0 +1,237 @@
+"""The vLLM engine against the trainer's model (the ``vllm`` nox session; marked ``vllm``).
+
+One vLLM server process serves a tiny GPT-2 built here for the whole module (vLLM takes a
+minute to start on two cores). The trainer's side is sc-workers' Hugging Face model, loaded
+through its real loading code. Checked: greedy outputs equal the trainer model's token for
+token at the initial weights and after each of three weight pushes (the trainer model is
+trained a little between pushes, so the outputs change); the log-probs of sampled tokens
+match the trainer's recomputation; an update during a request shows in its version span;
+and the errors of a bad push, a long prompt and a model vLLM cannot serve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sc_integration._tiny_gpt2 import save_tiny_gpt2
+from sc_rollout import (
+    GenerateRequest,
+    GenerateResult,
+    PromptTooLongError,
+    RolloutClient,
+    SamplingParams,
+    ServerProcess,
+    UnservableModelError,
+    VLLMEngineConfig,
+    WeightMismatchError,
+    WeightUpdate,
+)
+from sc_workers.models import load_hf_model, save_hf_model
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+log = logging.getLogger(__name__)
+
+CONTEXT = 128
+#: prompts of the digit task's tokens (3..13), different lengths
+PROMPTS = [[2, *(3 + (i * 7 + j * 3) % 10 for j in range(3 + i % 4)), 13] for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_tiny_gpt2(tmp_path_factory.mktemp("vllm") / "tiny-gpt2", context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: str) -> Iterator[ServerProcess]:
+    started = time.perf_counter()
+    with ServerProcess.vllm(VLLMEngineConfig(model=model_dir, seed=0)) as process:
+        log.warning("vLLM server ready in %.0f s", time.perf_counter() - started)
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> RolloutClient:
+    return RolloutClient(server.url)
+
+
+@pytest.fixture(scope="module")
+def trainer_model(model_dir: str) -> Any:
+    model = load_hf_model(model_dir, value_head=False, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def _logits(model: Any, ids: list[int]) -> torch.Tensor:
+    x = torch.tensor([ids])
+    mask = torch.ones_like(x)
+    pos = torch.arange(len(ids))[None, :]
+    with torch.no_grad():
+        out: torch.Tensor = model(x, mask, pos)
+    return out[0].float()
+
+
+def _greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(_logits(model, ids)[-1].argmax()))
+    return ids[len(prompt) :]
+
+
+def _engine_greedy(client: RolloutClient, prompt: list[int], n: int) -> GenerateResult:
+    sampling = SamplingParams(max_tokens=n, temperature=0.0)
+    return client.generate(GenerateRequest(prompt_ids=prompt, sampling=sampling))
+
+
+def _train_a_little(model: Any, steps: int, seed: int) -> None:
+    """A few optimizer steps towards answering each prompt with its digits reversed, so the
+    greedy outputs move."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        prompt = PROMPTS[int(torch.randint(len(PROMPTS), (1,), generator=gen))]
+        target = [*reversed(prompt[1:-1]), 1]
+        ids = prompt + target
+        logits = _logits_train(model, ids)
+        loss = torch.nn.functional.cross_entropy(logits[len(prompt) - 1 : -1], torch.tensor(target))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def _logits_train(model: Any, ids: list[int]) -> torch.Tensor:
+    x = torch.tensor([ids])
+    out: torch.Tensor = model(x, torch.ones_like(x), torch.arange(len(ids))[None, :])
+    return out[0]
+
+
+def _push(client: RolloutClient, model: Any, model_dir: str, out: Path, version: int) -> None:
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    save_hf_model(state, "causal_lm", model_dir, out)
+    assert client.load_weights(WeightUpdate(version=version, path=str(out))) == version
+
+
+def test_greedy_outputs_equal_the_trainer_models_after_three_weight_pushes(
+    client: RolloutClient, trainer_model: Any, model_dir: str, tmp_path: Path
+) -> None:
+    seen: list[list[list[int]]] = []
+    for version in range(4):
+        if version:
+            _train_a_little(trainer_model, steps=40, seed=version)
+            _push(client, trainer_model, model_dir, tmp_path / f"v{version}", version)
+        expected = [_greedy(trainer_model, p, 8) for p in PROMPTS]
+        results = [_engine_greedy(client, p, 8) for p in PROMPTS]
+        got = [list(r.token_ids) for r in results]
+        assert got == expected, f"version {version}"
+        assert {r.weight_version for r in results} == {version}
+        seen.append(got)
+    assert len({json.dumps(s) for s in seen}) == 4, "every push changed the greedy outputs"
+
+
+def test_sampled_log_probs_match_the_trainers_recomputation(
+    client: RolloutClient, trainer_model: Any
+) -> None:
+    diffs: list[float] = []
+    for i, prompt in enumerate(PROMPTS):
+        sampling = SamplingParams(max_tokens=12, temperature=1.0, seed=100 + i)
+        result = client.generate(GenerateRequest(prompt_ids=prompt, sampling=sampling))
+        logits = _logits(trainer_model, prompt + list(result.token_ids))
+        logp = torch.log_softmax(logits, dim=-1)
+        for j, (token, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
+            diffs.append(abs(float(logp[len(prompt) - 1 + j, token]) - lp))
+    mean, worst = sum(diffs) / len(diffs), max(diffs)
+    log.warning(
+        "vLLM vs trainer log-probs: mean |diff| %.2e, max %.2e over %d tokens",
+        mean,
+        worst,
+        len(diffs),
+    )
+    assert mean <= 1e-3, f"mean |diff| {mean:.2e} (max {worst:.2e})"
+
+
+def test_a_weight_update_during_a_request_shows_in_its_version_span(
+    client: RolloutClient, trainer_model: Any, model_dir: str, tmp_path: Path
+) -> None:
+    version = client.weight_version() + 1
+    state = {k: v.detach().clone() for k, v in trainer_model.state_dict().items()}
+    save_hf_model(state, "causal_lm", model_dir, tmp_path / "next")
+    results: list[GenerateResult] = []
+    request = GenerateRequest(
+        prompt_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=CONTEXT - len(PROMPTS[0]))
+    )
+    worker = threading.Thread(target=lambda: results.append(client.generate(request)))
+    client.pause()
+    worker.start()
+    try:
+        # the request is queued behind the pause: let it produce tokens, then update
+        client.resume()
+        time.sleep(0.05)
+        client.load_weights(WeightUpdate(version=version, path=str(tmp_path / "next")))
+    finally:
+        worker.join(60)
+    (result,) = results
+    assert result.finish_reason == "length"
+    assert result.weight_version == version
+    assert result.min_weight_version == version - 1
+
+
+def test_a_push_whose_names_or_shapes_differ_is_refused_and_nothing_changes(
+    client: RolloutClient, trainer_model: Any, model_dir: str, tmp_path: Path
+) -> None:
+    before = client.weight_version()
+    greedy = [list(_engine_greedy(client, p, 6).token_ids) for p in PROMPTS[:4]]
+    state = {k: v.detach().clone() for k, v in trainer_model.state_dict().items()}
+    renamed = dict(state)
+    name = next(k for k in renamed if k.endswith("ln_f.weight"))
+    renamed[name.replace("ln_f", "ln_g")] = renamed.pop(name)
+    save_hf_model_raw(renamed, tmp_path / "renamed")
+    with pytest.raises(WeightMismatchError, match=r"missing: transformer\.ln_f\.weight"):
+        client.load_weights(WeightUpdate(version=before + 1, path=str(tmp_path / "renamed")))
+    wide = dict(state)
+    wte = next(k for k in wide if k.endswith("wte.weight"))
+    wide[wte] = torch.zeros(wide[wte].shape[0] + 1, wide[wte].shape[1])
+    save_hf_model_raw(wide, tmp_path / "wide")
+    with pytest.raises(WeightMismatchError, match=r"wrong shape: transformer\.wte\.weight"):
+        client.load_weights(WeightUpdate(version=before + 1, path=str(tmp_path / "wide")))
+    assert client.weight_version() == before
+    assert [list(_engine_greedy(client, p, 6).token_ids) for p in PROMPTS[:4]] == greedy
+
+
+def save_hf_model_raw(state: dict[str, torch.Tensor], out: Path) -> None:
+    """The trainer's names without the wrapper's ``model.`` prefix, as a safetensors file."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    hf = {k.removeprefix("model."): v.contiguous() for k, v in state.items()}
+    hf.pop("lm_head.weight", None)  # tied to wte, as save_pretrained leaves it out
+    save_file(hf, str(out / "model.safetensors"))
+
+
+def test_a_prompt_longer_than_the_context_is_refused(client: RolloutClient) -> None:
+    sampling = SamplingParams(max_tokens=8)
+    with pytest.raises(PromptTooLongError, match=rf"exceed the context of {CONTEXT}"):
+        client.generate(GenerateRequest(prompt_ids=[3] * (CONTEXT - 4), sampling=sampling))
+
+
+def test_a_model_vllm_cannot_serve_is_named_with_the_reason(
+    tmp_path: Path, server: ServerProcess
+) -> None:
+    narrow = save_tiny_gpt2(tmp_path / "narrow-heads", num_heads=4)  # heads of width 16
+    with pytest.raises(UnservableModelError, match="attention heads of size 16"):
+        ServerProcess.vllm(VLLMEngineConfig(model=narrow))
+    alien = Path(save_tiny_gpt2(tmp_path / "alien"))
+    config = json.loads((alien / "config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (alien / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnservableModelError, match="NoSuchModelForCausalLM"):
+        ServerProcess.vllm(VLLMEngineConfig(model=str(alien)))
