@@ -34,7 +34,7 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-PACKAGES = ["sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-workers", "sc-rollout"]
+PACKAGES = ["sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-rollout", "sc-workers"]
 PACKAGE_PARAMS = [nox.param(dist, id=dist, tags=[dist]) for dist in PACKAGES]
 #: extras a package's tests install, so that the code behind them is tested (sc-workers' hf
 #: tests fail rather than skip in that session when transformers is missing)

@@ -9,6 +9,7 @@ import sc_workers
 import sc_workers.algos
 import sc_workers.engine
 import sc_workers.models
+import sc_workers.rollout
 import sc_workers.workers
 
 
@@ -18,6 +19,7 @@ def test_every_public_name_resolves() -> None:
         sc_workers.algos,
         sc_workers.engine,
         sc_workers.models,
+        sc_workers.rollout,
         sc_workers.workers,
     ):
         for name in module.__all__:

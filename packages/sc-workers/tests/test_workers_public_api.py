@@ -12,6 +12,7 @@ PUBLIC_MODULES = [
     "sc_workers.algos",
     "sc_workers.engine",
     "sc_workers.models",
+    "sc_workers.rollout",
     "sc_workers.sync",
     "sc_workers.workers",
 ]

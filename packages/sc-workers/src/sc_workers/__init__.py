@@ -8,6 +8,9 @@
   configurations from a local model directory, :func:`load_hf_tokenizer` loads its
   tokenizer, the workers' ``export_hf_model`` and :func:`export_hf_checkpoint` write a
   ``save_pretrained`` directory back;
+* the built-in rollout engine (:mod:`sc_workers.rollout`): :class:`TorchRolloutEngine`
+  serves a local Hugging Face causal LM behind ``sc_rollout.RolloutEngine`` (continuous
+  batching, versioned weight loads), ``python -m sc_workers.rollout`` in a server process;
 * RL math (:mod:`sc_workers.algos`);
 * typed configuration dataclasses, validated on construction.
 
@@ -48,6 +51,7 @@ from ._hf_configs import hf_model_config, hf_worker_configs
 from ._settings import SETTINGS
 from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
 from .models import HFCausalLM, HFValueModel, TinyCausalLM, load_hf_tokenizer
+from .rollout import TorchEngineConfig, TorchRolloutEngine
 from .sync import WeightSync
 from .workers import (
     ROLES,
@@ -94,6 +98,8 @@ __all__ = [
     "ScWorkersError",
     "SyncLayoutError",
     "TinyCausalLM",
+    "TorchEngineConfig",
+    "TorchRolloutEngine",
     "UnsupportedParallelismError",
     "WeightSync",
     "WeightSyncError",

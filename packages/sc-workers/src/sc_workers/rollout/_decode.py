@@ -1,0 +1,125 @@
+"""One decoding step's pieces: a request in flight (:class:`Flight`), the raw next-token
+logits of a batch of sequences (one forward over them, left-padded, no key/value cache),
+and the choice of one request's next token with its log-probability."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from sc_rollout import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from torch import Tensor, nn
+
+from ..workers._sampling import filter_logits
+
+__all__ = ["Flight", "next_logits", "pick"]
+
+
+class Flight:
+    """A request in flight: its tokens so far with their log-probs and weight versions, its
+    sampling generator, whether it was aborted, and once it ended its result (or the error
+    that ended it). The scheduler thread writes it; ``done`` tells the caller."""
+
+    __slots__ = (
+        "aborted",
+        "done",
+        "error",
+        "generator",
+        "logprobs",
+        "request",
+        "result",
+        "stops",
+        "tokens",
+        "versions",
+    )
+
+    def __init__(self, request: GenerateRequest, device: torch.device) -> None:
+        self.request = request
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.stops = frozenset(request.sampling.stop_token_ids)
+        self.generator = torch.Generator(device=device)
+        seed = request.sampling.seed
+        if seed is None:
+            self.generator.seed()  # fresh randomness
+        else:
+            self.generator.manual_seed(seed % (1 << 64))
+        self.aborted = False
+        self.done = threading.Event()
+        self.result: GenerateResult | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def sequence(self) -> list[int]:
+        """The prompt and the tokens so far."""
+        return [*self.request.prompt_ids, *self.tokens]
+
+    def record(self, token: int, logprob: float, version: int) -> FinishReason | None:
+        """Add a sampled token; why the request ends now (``None``: it goes on)."""
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        if token in self.stops:
+            return "stop"
+        if len(self.tokens) >= self.request.sampling.max_tokens:
+            return "length"
+        return None
+
+    def finish(self, reason: FinishReason, version: int) -> None:
+        """End the request: its result (``version``: the engine's, if no token was made)."""
+        versions = self.versions or [version]
+        self.result = GenerateResult(
+            request_id=self.request.request_id,
+            token_ids=tuple(self.tokens),
+            logprobs=tuple(self.logprobs),
+            finish_reason=reason,
+            weight_version=versions[-1],
+            min_weight_version=versions[0],
+        )
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        """End the request with ``error`` (its caller raises it)."""
+        self.error = error
+        self.done.set()
+
+
+@torch.no_grad()
+def next_logits(
+    model: nn.Module, sequences: Sequence[Sequence[int]], device: torch.device
+) -> Tensor:
+    """The raw next-token logits of each sequence, ``[batch, vocab]`` float32: one forward
+    of ``model`` (``forward(input_ids, attention_mask, position_ids)``) over the sequences
+    left-padded to the longest, positions counted from each one's first real token."""
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+        mask[row, width - len(sequence) :] = 1
+    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    logits: Tensor = model(ids.to(device), mask.to(device), positions.to(device))
+    return logits[:, -1, :].float()
+
+
+@torch.no_grad()
+def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+    """One request's next token from its raw ``logits`` ``[vocab]`` and that token's
+    log-probability under them (``log_softmax`` before temperature and top-p, float32: what
+    a trainer recomputes). Temperature 0 is greedy (the first most likely token); otherwise
+    the token is drawn with ``generator`` from ``softmax(logits / temperature)`` kept to
+    the nucleus ``top_p``."""
+    logits = logits.float()
+    scaled = logits / sampling.temperature if sampling.temperature > 0 else logits
+    if sampling.temperature == 0 or not bool(torch.isfinite(scaled).all()):
+        # greedy; also for a temperature so small that the scaled logits overflow
+        token = int(logits.argmax().item())
+    else:
+        kept = filter_logits(scaled, 0, sampling.top_p)
+        probs = F.softmax(kept, dim=-1)
+        token = int(torch.multinomial(probs, 1, generator=generator).item())
+    logprob = float(F.log_softmax(logits, dim=-1)[token].item())
+    return token, logprob
