@@ -41,6 +41,7 @@ from sc_rollout import (
     SamplingParams,
     ServerProcess,
     WeightLoadError,
+    WeightMismatchError,
     WeightUpdate,
     WeightVersionError,
 )
@@ -377,7 +378,7 @@ def test_weights_that_do_not_fit_are_refused_and_the_old_ones_kept(
         change(state)
 
     path = save(tmp_path / "bad.safetensors", state_of(model_dir, changed))
-    with pytest.raises(WeightLoadError) as info:
+    with pytest.raises(WeightMismatchError) as info:
         engine.load_weights(WeightUpdate(1, path))
     message = str(info.value)
     assert "tiny-gpt2: load_weights(version=1)" in message

@@ -72,7 +72,7 @@ class TorchRolloutEngine:
       ``log_softmax`` of the raw logits at that token, float32, as a trainer recomputes it.
     * :meth:`load_weights` reads a safetensors file or a directory of them (names as
       ``save_pretrained`` writes them), checks every name and shape before it changes
-      anything (a :class:`sc_rollout.WeightLoadError` lists what does not fit, and the
+      anything (a :class:`sc_rollout.WeightMismatchError` lists what does not fit, and the
       engine keeps its weights), and applies them between two decoding steps.
     * :meth:`sleep` level 1 keeps a CPU copy of the weights and frees the model's tensors;
       level 2 drops them, and :meth:`wake_up` reads the current version's path again (the
@@ -285,7 +285,7 @@ class TorchRolloutEngine:
         """Take the weights at ``update.path`` (a safetensors file, or a Hugging Face
         directory of ``*.safetensors``) as ``update.version``; requests in flight continue on
         them from their next token. Every name and shape is checked first: what does not fit
-        is a :class:`sc_rollout.WeightLoadError` and the engine keeps its weights. Returns
+        is a :class:`sc_rollout.WeightMismatchError` and the engine keeps its weights. Returns
         the version now held."""
         if not isinstance(update, WeightUpdate):
             raise RolloutTypeError(

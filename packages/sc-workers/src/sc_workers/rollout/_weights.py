@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sc_rollout import WeightLoadError
+from sc_rollout import WeightLoadError, WeightMismatchError
 from torch import Tensor, nn
 
 from .._errors import OptionalDependencyError
@@ -114,7 +114,7 @@ class WeightSpec:
         )
 
     def check(self, tensors: Mapping[str, Tensor], where: str) -> None:
-        """Raise a :class:`WeightLoadError` listing every name of ``tensors`` the model does
+        """Raise a :class:`WeightMismatchError` listing every name of ``tensors`` the model does
         not hold, every tensor of the model none of them gives, and every shape that differs
         (the first few of each, and how many)."""
         problems: list[str] = []
@@ -132,7 +132,7 @@ class WeightSpec:
         if wrong:
             problems.append(f"{len(wrong)} shape mismatch(es): {_few(wrong)}")
         if problems:
-            raise WeightLoadError(
+            raise WeightMismatchError(
                 f"{where}: the weights do not fit the model: " + "; ".join(problems)
             )
 
