@@ -48,6 +48,15 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "which Ray reads when it is first imported"
     ),
     ("sc_integration._launchers", "sc_ray"): "imports Ray: as ray above",
+    ("sc_integration._fleet_ray", "ray"): (
+        "as sc_integration._launchers: the rollout-server fleet imports Ray on first use, so "
+        "importing sc_integration does not"
+    ),
+    ("sc_integration._fleet_ray", "sc_ray"): "imports Ray: as ray above",
+    ("sc_integration._server_actor", "ray"): (
+        "runs in a rollout server's Ray actor, where Ray is loaded; importing sc_integration "
+        "does not import Ray"
+    ),
     ("sc_integration._output", "matplotlib"): "only the end of a run draws the plot",
 }
 

@@ -5,6 +5,12 @@ The trainer drives PPO or GRPO from one process in the single-controller style: 
 ``init_workers`` creates the worker groups and whose ``fit`` runs the training loop, one line
 per stage. The toy task (:class:`DigitsTask`) has a verifiable reward that the tiny
 built-in model of sc-workers learns from scratch on a couple of CPU cores.
+
+Rollout servers (sc-rollout) for the trainer: :class:`RolloutServerFleet` places server
+processes on a Ray resource pool behind a router, :class:`WeightPublisher` writes and pushes
+each weight version, :class:`RouterRollout` runs ``generate_sequences`` on the driver over the
+router, and :class:`PartialRollout` keeps generating across weight updates under a staleness
+bound.
 """
 
 from ._balance import balanced_order, shard_token_sums
@@ -13,6 +19,8 @@ from ._errors import (
     BackendMismatchError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    RolloutFleetError,
+    RolloutInputError,
     ScIntegrationError,
     StalenessBoundError,
     TaskError,
@@ -20,22 +28,28 @@ from ._errors import (
     TrainerRecoveryError,
     TrainerStateError,
     TrainingDivergedError,
+    WeightPublishError,
     WorkerOutputError,
 )
 from ._faults import FaultSpec
 from ._launchers import InProcessLauncher, Launcher, RayLauncher, make_launcher
 from ._output import PLOT_PANELS, RunOutput, check_resumable, read_metrics, resolve_checkpoint
+from ._partial_rollout import ON_STALE, OnStale, PartialRollout
 from ._roles import Role
+from ._rollout_servers import ArgvFactory, RolloutServerActor, RolloutServerFleet
+from ._router_rollout import PendingBatch, RouterRollout, RouterSampling
 from ._runner import TaskRunner, make_task
 from ._settings import SETTINGS
 from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
 from ._text_task import TextDigitsTask
 from ._trainer import RayPPOTrainer, RunResult
+from ._weight_publisher import WEIGHTS_FILE, WeightPublisher
 
 __all__ = [
     "FaultSpec",
     "SETTINGS",
     "ALGORITHMS",
+    "ArgvFactory",
     "BACKENDS",
     "DEVICES",
     "PLOT_PANELS",
@@ -49,10 +63,20 @@ __all__ = [
     "Device",
     "InProcessLauncher",
     "Launcher",
+    "ON_STALE",
+    "OnStale",
+    "PartialRollout",
+    "PendingBatch",
     "RayLauncher",
     "RayPPOTrainer",
     "DigitsTask",
     "Role",
+    "RolloutFleetError",
+    "RolloutInputError",
+    "RolloutServerActor",
+    "RolloutServerFleet",
+    "RouterRollout",
+    "RouterSampling",
     "RunResult",
     "ScIntegrationError",
     "StalenessBoundError",
@@ -67,6 +91,9 @@ __all__ = [
     "TrainerRecoveryError",
     "TrainerStateError",
     "TrainingDivergedError",
+    "WEIGHTS_FILE",
+    "WeightPublishError",
+    "WeightPublisher",
     "WorkerOutputError",
     "balanced_order",
     "check_resumable",

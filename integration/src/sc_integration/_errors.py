@@ -17,7 +17,8 @@ means, so callers may catch either::
     │                                               size, ...) or already at the last step
     ├── TrainingDivergedError (RuntimeError)        a loss or reward that is not finite
     ├── WorkerOutputError (RuntimeError)            a worker group returned a batch without
-    │                                               the columns the next stage reads
+    │                                               the columns the next stage reads (or a
+    │                                               rollout server more tokens than asked)
     ├── TrainerRecoveryError (RuntimeError)         a worker died and the run may not recover
     │                                               (``max_recoveries`` reached)
     ├── StalenessBoundError (RuntimeError)          an async run about to update with a batch
@@ -26,6 +27,15 @@ means, so callers may catch either::
     ├── TrainerStateError (RuntimeError)            the trainer used before ``init_workers``
     │                                               (or after ``close``), or a spawned role
     │                                               group that does not bind its role's methods
+    ├── RolloutFleetError (RuntimeError)            a rollout server of a fleet that fails to
+    │                                               start, restart or stop in its Ray actor,
+    │                                               or a fleet used after ``close``
+    ├── RolloutInputError (ValueError)              what the router rollout or the weight
+    │                                               publisher cannot take: a prompt row
+    │                                               without tokens, top-k sampling, a weight
+    │                                               version not above the last one, ...
+    ├── WeightPublishError (OSError)                weights that cannot be written to (or
+    │                                               copied into) the run's weight directory
     └── BackendMismatchError (TypeError)            a pool, class or group of one backend
                                                     given to another
 
@@ -43,7 +53,10 @@ __all__ = [
     "TrainerConfigError",
     "TrainerRecoveryError",
     "TrainerStateError",
+    "RolloutFleetError",
+    "RolloutInputError",
     "TrainingDivergedError",
+    "WeightPublishError",
     "WorkerOutputError",
 ]
 
@@ -73,7 +86,8 @@ class TrainingDivergedError(ScIntegrationError, RuntimeError):
 
 
 class WorkerOutputError(ScIntegrationError, RuntimeError):
-    """A worker group returned a batch without the columns the next stage reads."""
+    """A worker group returned a batch without the columns the next stage reads, or a
+    rollout server more tokens than it was asked for."""
 
 
 class TrainerRecoveryError(ScIntegrationError, RuntimeError):
@@ -90,6 +104,22 @@ class TrainerStateError(ScIntegrationError, RuntimeError):
     """The trainer used in a state that cannot serve the request: its worker groups asked
     for before ``init_workers`` or after ``close``, or a spawned role group that does not
     bind the methods of its role's class."""
+
+
+class RolloutFleetError(ScIntegrationError, RuntimeError):
+    """A rollout server of a :class:`~sc_integration.RolloutServerFleet` that fails to
+    start, restart or stop in its Ray actor (the message names the server's index and its
+    command line), or a fleet used after ``close``."""
+
+
+class RolloutInputError(ScIntegrationError, ValueError):
+    """What the router rollout or the weight publisher cannot take: a prompt row without
+    tokens, a sampling setting the servers do not have (top-k) or out of range, a weight
+    version not above the last one published, weights that are not tensors, ..."""
+
+
+class WeightPublishError(ScIntegrationError, OSError):
+    """Weights that cannot be written to, or copied into, the run's weight directory."""
 
 
 class BackendMismatchError(ScIntegrationError, TypeError):

@@ -138,6 +138,21 @@ def test_weights_from_a_file_follow_its_bytes(tmp_path: Path) -> None:
         engines[0].load_weights(3)  # type: ignore[arg-type]
 
 
+def test_weights_from_a_directory_follow_its_files(tmp_path: Path) -> None:
+    """A directory of weight files (what a trainer publishes for vLLM) seeds the table with
+    its files' names and bytes."""
+    dirs = [tmp_path / name for name in ("a", "b", "c")]
+    for folder, data in zip(dirs, (b"one", b"two", b"one"), strict=True):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(data)
+        (folder / "sub" / "config.json").write_bytes(b"{}")
+    engines = [ToyEngine() for _ in dirs]
+    for engine, folder in zip(engines, dirs, strict=True):
+        assert engine.load_weights(WeightUpdate(1, str(folder))) == 1
+    outputs = [_sample(e, temperature=0.0, max_tokens=12).token_ids for e in engines]
+    assert outputs[0] == outputs[2] != outputs[1]
+
+
 def _in_thread(engine: ToyEngine, req: GenerateRequest) -> tuple[threading.Thread, list[object]]:
     out: list[object] = []
     thread = threading.Thread(target=lambda: out.append(engine.generate(req)))

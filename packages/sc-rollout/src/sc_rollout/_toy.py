@@ -2,12 +2,12 @@
 
 It is not a language model. Its "weights" are a table of next-token logits over a tiny
 vocabulary, indexed by the previous token (a bigram model), drawn from a random generator
-seeded by the engine's seed, the weight version and the bytes of the weight file (if any);
-so the same seed, version and file give the same outputs on every process, and new weights
-change them. It needs nothing beyond the standard library and answers in microseconds, or
-after ``token_delay_s`` per token, which makes a slow server on demand. Tests of servers and
-routers, and the benchmark of the router, run on it; the engines for real models (the
-built-in torch sampler, vLLM) are not part of this release.
+seeded by the engine's seed, the weight version and the bytes of the weight file or
+directory (if any); so the same seed, version and file give the same outputs on every
+process, and new weights change them. It needs nothing beyond the standard library and
+answers in microseconds, or after ``token_delay_s`` per token, which makes a slow server on
+demand. Tests of servers and routers, and the benchmark of the router, run on it; the
+engines for real models (the built-in torch sampler, vLLM) are not part of this release.
 """
 
 from __future__ import annotations
@@ -89,6 +89,18 @@ def _weights(config: ToyEngineConfig, version: int, digest: str) -> _Weights:
     size = config.vocab_size
     logits = tuple(tuple(rng.gauss(0.0, 2.0) for _ in range(size)) for _ in range(size))
     return _Weights(logits, tuple(_log_softmax(row) for row in logits))
+
+
+def _digest(path: Path) -> str:
+    """The sha256 of a weight file's bytes; of a directory's files (names and bytes, in
+    name order, sub-directories included), as a directory of safetensors files is pushed."""
+    if not path.is_dir():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    total = hashlib.sha256()
+    for item in sorted(p for p in path.rglob("*") if p.is_file()):
+        total.update(item.relative_to(path).as_posix().encode("utf-8") + b"\0")
+        total.update(item.read_bytes())
+    return total.hexdigest()
 
 
 def _log_softmax(row: tuple[float, ...]) -> tuple[float, ...]:
@@ -284,8 +296,9 @@ class ToyEngine:
             self._cond.notify_all()
 
     def load_weights(self, update: WeightUpdate) -> int:
-        """Take the weights of ``update`` (its file's bytes, if it names one, seed the table);
-        requests in flight sample their next token with them. Returns the version."""
+        """Take the weights of ``update`` (the bytes of the file it names, or of the files of
+        the directory it names, seed the table); requests in flight sample their next token
+        with them. Returns the version."""
         if not isinstance(update, WeightUpdate):
             raise RolloutTypeError(
                 f"{self._config.model}: load_weights() takes a WeightUpdate, got "
@@ -295,7 +308,7 @@ class ToyEngine:
         digest = ""
         if update.path is not None:
             try:
-                digest = hashlib.sha256(Path(update.path).read_bytes()).hexdigest()
+                digest = _digest(Path(update.path))
             except OSError as exc:
                 raise WeightLoadError(
                     f"{self._config.model}: load_weights(version={update.version}): cannot "
