@@ -43,6 +43,20 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "tensordict is imported once, with torch.compile's marks deferred (see the module)"
     ),
     ("sc_workers.models._hf", "transformers"): "the optional extra sc-workers[hf]",
+    ("sc_workers.rollout._weights", "safetensors"): (
+        "the optional extra sc-workers[hf], as transformers: only the built-in engine reads it"
+    ),
+    ("sc_rollout._vllm", "vllm"): (
+        "vLLM lives in an environment of its own: only the vLLM server process imports it"
+    ),
+    (
+        "sc_rollout._vllm_env",
+        "uv",
+    ): "the uv package, where no uv is on the path, to make vLLM's environment",
+    ("sc_integration._tiny_gpt2", "transformers"): (
+        "as sc_workers.models._hf: only a run that builds its tiny GPT-2 imports transformers"
+    ),
+    ("sc_integration._tiny_gpt2", "tokenizers"): "as transformers, for the model's tokenizer",
     ("sc_integration._launchers", "ray"): (
         "only the Ray backend imports Ray, after setting RAY_ENABLE_UV_RUN_RUNTIME_ENV, "
         "which Ray reads when it is first imported"

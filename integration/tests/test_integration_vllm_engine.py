@@ -104,7 +104,7 @@ def _train_a_little(model: Any, steps: int, seed: int) -> None:
         logits = _logits_train(model, ids)
         loss = torch.nn.functional.cross_entropy(logits[len(prompt) - 1 : -1], torch.tensor(target))
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     model.eval()
 

@@ -27,8 +27,11 @@ Algorithm = Literal["ppo", "grpo"]
 Backend = Literal["ray", "local"]
 Device = Literal["cpu", "cuda"]
 Placement = Literal["colocated", "separate"]
+#: who generates: the actor's or the rollout's worker group, or engine servers behind a router
+RolloutEngineName = Literal["workers", "builtin", "vllm"]
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
+ROLLOUT_ENGINES: tuple[RolloutEngineName, ...] = get_args(RolloutEngineName)
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 DEVICES: tuple[Device, ...] = get_args(Device)
 
@@ -138,6 +141,22 @@ class TrainerConfig:
     rollout_tp: int = field(
         default=1,
         metadata=option(group="run", help="tensor-parallel size of a separately placed rollout"),
+    )
+    rollout_engine: RolloutEngineName = field(
+        default="workers",
+        metadata=option(
+            group="run",
+            flags=("--rollout",),
+            help="workers: sample on worker groups (the actor's, or the rollout's with --placement "
+            "separate); builtin or vllm: on engine servers (sc-workers' engine, or vLLM from its "
+            "own environment: python -m sc_rollout vllm-env create) behind a router, fed the "
+            "actor's weights after every update; a Hugging Face model (--model), or a tiny GPT-2 "
+            "built in the output folder",
+        ),
+    )
+    rollout_servers: int = field(
+        default=1,
+        metadata=option(group="run", help="engine servers of --rollout builtin or vllm"),
     )
     async_staleness: int = field(
         default=0,
@@ -304,6 +323,24 @@ class TrainerConfig:
                 f"(got {self.placement!r}): generation overlaps the update only on a rollout "
                 "group of its own"
             )
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise TrainerConfigError(
+                f"{owner}.rollout_engine must be one of {ROLLOUT_ENGINES}, "
+                f"got {self.rollout_engine!r}"
+            )
+        _int_at_least(owner, "rollout_servers", self.rollout_servers, 1)
+        if self.rollout_engine != "workers":
+            if self.placement != "colocated" or self.async_staleness > 0:
+                raise TrainerConfigError(
+                    f"{owner}: rollout_engine={self.rollout_engine!r} generates on servers of "
+                    f"its own; it takes neither placement='separate' nor async_staleness > 0 "
+                    f"(got {self.placement!r}, {self.async_staleness}) in this release"
+                )
+            if self.backend != "ray":
+                raise TrainerConfigError(
+                    f"{owner}: rollout_engine={self.rollout_engine!r} places its servers with "
+                    f"Ray; it needs backend='ray', got {self.backend!r}"
+                )
         if self.device not in DEVICES:
             raise TrainerConfigError(
                 f"{owner}.device must be one of {DEVICES}, got {self.device!r}"
@@ -457,6 +494,7 @@ class TrainerConfig:
     @property
     def worker_processes(self) -> int:
         """Worker processes of the run: one per rank of each pool (the actor's; the critic's
-        unless colocated; the rollout's when placed separately)."""
+        unless colocated; the rollout's when placed separately), and one per engine server."""
         pools = 1 + (not self.colocate and self.uses_critic) + (self.placement == "separate")
-        return self.workers_per_role * pools
+        servers = self.rollout_servers if self.rollout_engine != "workers" else 0
+        return self.workers_per_role * pools + servers

@@ -7,7 +7,10 @@ and resource pools, starts the backend through its launcher, builds the
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from sc_core import SpanRecorder
 from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, load_hf_tokenizer
@@ -18,9 +21,26 @@ from ._output import RunOutput, check_resumable, resolve_checkpoint
 from ._roles import Role
 from ._task import DigitsTask
 from ._text_task import TextDigitsTask
+from ._tiny_gpt2 import save_tiny_gpt2
 from ._trainer import ProgressFn, RayPPOTrainer, RunResult
 
-__all__ = ["TaskRunner", "make_task"]
+__all__ = ["TaskRunner", "make_task", "with_server_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def with_server_model(config: TrainerConfig) -> TrainerConfig:
+    """``config``, with a model an engine server can load when it generates on servers
+    (``rollout_engine`` builtin or vllm) and names none: a tiny GPT-2 written to
+    ``<output_dir>/model`` (once; a resumed run finds it there)."""
+    if config.rollout_engine == "workers" or config.model_path is not None:
+        return config
+    folder = Path(config.output_dir) / "model"
+    if not (folder / "config.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        save_tiny_gpt2(folder, seed=config.seed)
+        logger.info("wrote a tiny GPT-2 for the %s rollout to %s", config.rollout_engine, folder)
+    return dataclasses.replace(config, model_path=str(folder.resolve()))
 
 
 def make_task(config: TrainerConfig) -> DigitsTask:
@@ -40,7 +60,7 @@ class TaskRunner:
     """
 
     def __init__(self, config: TrainerConfig) -> None:
-        self.config = config
+        self.config = with_server_model(config)
 
     def role_worker_mapping(self) -> dict[Role, type]:
         mapping: dict[Role, type] = {Role.ActorRolloutRef: ActorRolloutRefWorker}

@@ -37,6 +37,7 @@ from ._launchers import Launcher
 from ._output import PendingSave, RunOutput, check_resumable, read_metrics
 from ._recovery import latest_checkpoint, replace_dead, wait_for_dead
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
+from ._server_rollout import ServerRollout
 from ._stages import (
     TIMING_PREFIXES,
     StageTimer,
@@ -108,6 +109,8 @@ class RayPPOTrainer:
         self._pending_save: PendingSave | None = None
         #: the generation pipeline of an asynchronous run (async_staleness > 0)
         self._async: AsyncRollout | None = None
+        #: the engine servers that generate (rollout_engine builtin or vllm)
+        self._servers: ServerRollout | None = None
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
@@ -129,6 +132,17 @@ class RayPPOTrainer:
             self.critic_config,
         )
         self._init_models()
+        cfg = self.config
+        if cfg.rollout_engine != "workers" and cfg.model_path is not None:
+            self._servers = ServerRollout(
+                cfg.rollout_engine,
+                cfg.model_path,
+                cfg.rollout_servers,
+                self.output.root,
+                self.actor_rollout_ref_config.rollout,
+                self.actor_rollout_ref_config.model,
+                seed=cfg.seed,
+            )
         rollout = self._groups.rollout
         if rollout is not None:
             self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
@@ -181,6 +195,8 @@ class RayPPOTrainer:
         return self._workers("rollout_wg").rollout
 
     def _generate(self, batch: DataProto) -> DataProto:
+        if self._servers is not None:
+            return self._servers.generate_sequences(batch)
         rollout = self.rollout_wg
         if rollout is None:
             return self.actor_rollout_wg.generate_sequences(batch)
@@ -188,7 +204,13 @@ class RayPPOTrainer:
 
     def _sync_weights(self, metrics: dict[str, Any], actor_version: int) -> None:
         """Bring a separately placed rollout to the actor's current weights (those of
-        ``actor_version``, its number of updates), after the generation in flight."""
+        ``actor_version``, its number of updates), after the generation in flight; or push
+        them to the engine servers."""
+        if self._servers is not None:
+            metrics["sync/push_s"] = self._servers.push_weights(
+                self.actor_rollout_wg, actor_version
+            )
+            metrics["sync/weight_version"] = actor_version
         if self._weight_sync is not None:
             if self._async is not None:
                 self._async.drain()  # the rollout ends its generation before it takes weights
@@ -202,6 +224,9 @@ class RayPPOTrainer:
         pipeline, self._async = self._async, None
         if pipeline is not None:
             pipeline.close()
+        servers, self._servers = self._servers, None
+        if servers is not None:
+            servers.close()
         sync, self._weight_sync = self._weight_sync, None
         if sync is not None:
             sync.close()
@@ -271,7 +296,10 @@ class RayPPOTrainer:
                 m.update(metrics_of(self.critic_wg.update_critic(batch)))
         with t("update_actor"):
             m.update(metrics_of(self.actor_rollout_wg.update_actor(batch)))
-        if self._weight_sync is not None and (
+        if self._servers is not None:
+            with t("sync_weights"):  # the servers sample the next step with these weights
+                self._sync_weights(m, step)
+        elif self._weight_sync is not None and (
             pipeline is None or pipeline.needs_sync(step, validate=self._validates(step))
         ):
             if pipeline is not None:

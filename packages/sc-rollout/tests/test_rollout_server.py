@@ -75,6 +75,30 @@ def test_a_client_is_an_engine_with_the_servers_results(server: RolloutServer) -
     assert not client.abort("nothing")
 
 
+def test_a_burst_of_connections_is_queued_not_reset(server: RolloutServer) -> None:
+    """A whole batch connects at once (the trainer's rollout sends every row together): the
+    listen backlog takes them all, where socketserver's default of 5 reset some."""
+    client = RolloutClient(server.url)
+    start = threading.Barrier(128)
+    results: list[GenerateResult] = []
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        start.wait()
+        try:
+            results.append(client.generate(request(max_tokens=2, seed=i)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(128)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert len(results) == 128
+
+
 def test_the_completions_endpoint_speaks_openai_with_token_ids(server: RolloutServer) -> None:
     body = {"model": "sc-toy", "prompt": [1, 2], "max_tokens": 3, "logprobs": 0, "seed": 4}
     status, answer = _raw(server, "POST", "/v1/completions", body)

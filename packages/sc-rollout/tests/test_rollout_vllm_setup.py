@@ -62,7 +62,7 @@ def test_the_config_validates_and_resolves_the_model_folder(tmp_path: Path) -> N
 def test_the_server_command_and_environment(tmp_path: Path) -> None:
     config = VLLMEngineConfig(model=_model(tmp_path), max_model_len=64, kv_cache_gb=2)
     argv = vllm_argv(config, "/env/bin/python", "10.0.0.5", 0)
-    assert argv[:4] == ["/env/bin/python", "-m", "sc_rollout", "vllm"]
+    assert argv[:5] == ["/env/bin/python", "-I", "-m", "sc_rollout", "vllm"]
     assert argv[argv.index("--max-model-len") + 1] == "64"
     assert argv[argv.index("--host") + 1] == "10.0.0.5"
     env = vllm_env_vars(config, {"PYTHONPATH": "/train/site", "VLLM_CPU_OMP_THREADS_BIND": "0-3"})

@@ -65,7 +65,7 @@ from ._types import (
     SamplingParams,
     WeightUpdate,
 )
-from ._vllm_config import VLLMEngineConfig
+from ._vllm_config import VLLMEngineConfig, vllm_argv, vllm_env_vars
 from ._vllm_env import VLLMEnv, create_vllm_env, find_vllm_env
 
 __version__ = "0.1.0"
@@ -113,6 +113,8 @@ __all__ = [
     "create_vllm_env",
     "find_vllm_env",
     "serve",
+    "vllm_argv",
+    "vllm_env_vars",
 ]
 
 _public.publish(globals())

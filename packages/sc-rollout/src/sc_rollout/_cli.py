@@ -26,6 +26,9 @@ from ._engine import RolloutEngine
 from ._errors import ScRolloutError
 from ._server import RolloutServer
 from ._toy import ToyEngine, ToyEngineConfig
+from ._vllm import VLLMEngine
+from ._vllm_config import VLLMEngineConfig
+from ._vllm_env import create_vllm_env, find_vllm_env
 
 __all__ = ["ERROR_KEY", "READY_KEY", "main", "serve", "toy_argv"]
 
@@ -103,9 +106,6 @@ def _toy_engine(args: argparse.Namespace) -> RolloutEngine:
 
 
 def _vllm_engine(args: argparse.Namespace) -> RolloutEngine:
-    from ._vllm import VLLMEngine
-    from ._vllm_config import VLLMEngineConfig
-
     config = VLLMEngineConfig(
         model=args.model,
         max_model_len=args.max_model_len,
@@ -120,8 +120,6 @@ def _vllm_engine(args: argparse.Namespace) -> RolloutEngine:
 
 
 def _vllm_env(args: argparse.Namespace) -> int:
-    from ._vllm_env import create_vllm_env, find_vllm_env
-
     try:
         env = (
             create_vllm_env(args.flavor, force=args.force)

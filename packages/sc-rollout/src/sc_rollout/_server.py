@@ -71,6 +71,9 @@ def server_url(host: str, port: int) -> str:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    #: the listen backlog: a batch's requests connect all at once (socketserver's default of
+    #: 5 made a burst of 32 wait out the kernel's SYN retries, or be reset)
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], engine: RolloutEngine) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET

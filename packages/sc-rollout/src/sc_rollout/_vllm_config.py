@@ -91,8 +91,10 @@ def model_facts(model: str) -> dict[str, Any]:
 
 
 def vllm_argv(config: VLLMEngineConfig, python: str, host: str, port: int) -> list[str]:
-    """The command line of a vLLM server process run by the vLLM environment's ``python``."""
-    argv = [python, "-m", "sc_rollout", "vllm", "--model", config.model]
+    """The command line of a vLLM server process run by the vLLM environment's ``python``,
+    isolated (``-I``) from the caller's ``PYTHONPATH`` and user site: the training
+    environment's packages (its torch) must not be seen there."""
+    argv = [python, "-I", "-m", "sc_rollout", "vllm", "--model", config.model]
     argv += ["--host", host, "--port", str(port), "--seed", str(config.seed)]
     argv += ["--dtype", config.dtype, "--kv-cache-gb", str(config.kv_cache_gb)]
     argv += ["--gpu-memory-utilization", repr(float(config.gpu_memory_utilization))]

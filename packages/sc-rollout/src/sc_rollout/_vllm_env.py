@@ -21,6 +21,7 @@ workspace), else the same versions from the package index.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.resources
 import json
 import logging
@@ -31,6 +32,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import sc_dispatch
 
 from ._errors import EngineNotInstalledError, RolloutConfigError, RolloutServerError
 from ._settings import VLLM_ENV
@@ -96,20 +99,13 @@ def _python_version() -> str:
 def _sources() -> list[tuple[str, str]]:
     """How sc-dispatch and sc-rollout go into the environment: ``(name, requirement)``, a
     checkout's source folder (installed editable) or ``name==version``."""
-    import sc_dispatch
-
-    from . import __version__ as rollout_version
-
     found: list[tuple[str, str]] = []
-    for name, module_file, version in (
-        ("sc-dispatch", sc_dispatch.__file__, sc_dispatch.__version__),
-        ("sc-rollout", __file__, rollout_version),
-    ):
+    for name, module_file in (("sc-dispatch", sc_dispatch.__file__), ("sc-rollout", __file__)):
         root = Path(str(module_file)).resolve().parent.parent.parent
         if root.parent.name != "site-packages" and (root / "pyproject.toml").is_file():
             found.append((name, str(root)))
         else:
-            found.append((name, f"{name}=={version}"))
+            found.append((name, f"{name}=={importlib.metadata.version(name)}"))
     return found
 
 
