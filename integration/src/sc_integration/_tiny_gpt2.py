@@ -56,6 +56,11 @@ def save_tiny_gpt2(
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=2,
+        # no dropout: the PPO ratio compares the policy that sampled (an engine, which never
+        # drops) with the one that trains
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(config)
