@@ -341,7 +341,8 @@ GPU_TEST_DIRS = [
 @nox.session(default=False, tags=["gpu"])
 def gpu(session: nox.Session) -> None:
     """GPU checks (not run by default; skipped without a CUDA device): every test marked
-    ``gpu``, ``sc-demo --device cuda`` for a few steps, and the GPU benchmark
+    ``gpu``, the vLLM tests on vLLM's CUDA build (its environment made first, flavor gpu),
+    ``sc-demo --device cuda`` for a few steps, and the GPU benchmark
     (integration/benchmarks/results/gpu.json). ``integration/gpu-check.sh`` runs it."""
     _sync(session, "--all-packages", "--all-extras", "--group", "test")
     visible = session.run(
@@ -352,6 +353,8 @@ def gpu(session: nox.Session) -> None:
     for folder in GPU_TEST_DIRS:
         # exit code 5: the folder has no test marked gpu (sc-dispatch, sc-core, sc-rollout)
         session.run("pytest", folder, "-m", "gpu", *session.posargs, success_codes=[0, 5])
+    session.run("python", "-m", "sc_rollout", "vllm-env", "create", "--flavor", "gpu")
+    session.run("pytest", os.path.join("integration", "tests"), "-m", "vllm", *session.posargs)
     out = os.path.join(session.create_tmp(), "sc-demo-cuda")
     session.run(
         "sc-demo",

@@ -135,7 +135,12 @@ class TrainerConfig:
             "rollout group of its own, whose weights follow the actor's by a weight sync after "
             "every update",
             default_text="colocated; separate with --async-staleness above 0",
-            derive=lambda given: "separate" if given["async_staleness"] > 0 else None,
+            derive=lambda given: (
+                "separate"
+                if given["async_staleness"] > 0
+                and given.get("rollout_engine", "workers") == "workers"
+                else None
+            ),
         ),
     )
     rollout_tp: int = field(
@@ -165,7 +170,8 @@ class TrainerConfig:
             metavar="K",
             help="generate the next batch on a separately placed rollout (implies --placement "
             "separate) while the actor trains on this one, from weights at most K updates old, "
-            "the PPO ratio against the sampling policy; 0: synchronous",
+            "the PPO ratio against the sampling policy; with --rollout builtin or vllm, partial "
+            "rollout: the servers take each update's weights mid-generation; 0: synchronous",
         ),
     )
     seed: int = field(
@@ -317,7 +323,11 @@ class TrainerConfig:
                 f"{self.workers_per_role} workers (workers_per_role)"
             )
         _int_at_least(owner, "async_staleness", self.async_staleness, 0)
-        if self.async_staleness > 0 and self.placement != "separate":
+        if (
+            self.async_staleness > 0
+            and self.placement != "separate"
+            and self.rollout_engine == "workers"
+        ):
             raise TrainerConfigError(
                 f"{owner}: async_staleness={self.async_staleness} needs placement='separate' "
                 f"(got {self.placement!r}): generation overlaps the update only on a rollout "
@@ -330,11 +340,16 @@ class TrainerConfig:
             )
         _int_at_least(owner, "rollout_servers", self.rollout_servers, 1)
         if self.rollout_engine != "workers":
-            if self.placement != "colocated" or self.async_staleness > 0:
+            if self.placement != "colocated":
                 raise TrainerConfigError(
                     f"{owner}: rollout_engine={self.rollout_engine!r} generates on servers of "
-                    f"its own; it takes neither placement='separate' nor async_staleness > 0 "
-                    f"(got {self.placement!r}, {self.async_staleness}) in this release"
+                    f"its own; placement must stay 'colocated' (got {self.placement!r})"
+                )
+            if self.async_staleness > 0 and self.temperature != 1.0:
+                raise TrainerConfigError(
+                    f"{owner}: rollout_engine={self.rollout_engine!r} with async_staleness="
+                    f"{self.async_staleness} trains on the engines' log-probs, which are taken "
+                    f"before temperature; temperature must be 1.0, got {self.temperature}"
                 )
             if self.backend != "ray":
                 raise TrainerConfigError(
