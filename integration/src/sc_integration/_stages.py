@@ -31,6 +31,7 @@ __all__ = [
     "check_finite",
     "compute_advantage",
     "compute_reward",
+    "log_prob_gap",
     "metrics_of",
     "tensors_for",
 ]
@@ -122,6 +123,22 @@ def tensors_for(batch: DataProto, stage: str) -> Any:
         have = [] if td is None else sorted(td.keys())
         raise WorkerOutputError(f"RayPPOTrainer.{stage}: the batch lacks {missing} (has {have})")
     return td
+
+
+def log_prob_gap(batch: DataProto, metrics: dict[str, Any]) -> None:
+    """How far the sampler's log-probs (``rollout_log_probs``) are from the actor's own
+    (``old_log_probs``) on the response tokens: ``rollout/log_prob_diff_mean`` and ``_max``
+    (absolute, in nats). Near zero when the rollout samples the actor's policy; a gap means
+    the rollout's weights or numerics differ from the actor's."""
+    td = batch.batch
+    if td is None or "rollout_log_probs" not in td or "old_log_probs" not in td:
+        return
+    mask = td["response_mask"].bool()
+    if not bool(mask.any()):
+        return
+    gap = (td["old_log_probs"].float() - td["rollout_log_probs"].float()).abs()[mask]
+    metrics["rollout/log_prob_diff_mean"] = float(gap.mean())
+    metrics["rollout/log_prob_diff_max"] = float(gap.max())
 
 
 def metrics_of(out: DataProto) -> dict[str, float]:

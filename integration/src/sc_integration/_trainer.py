@@ -47,6 +47,7 @@ from ._stages import (
     check_finite,
     compute_advantage,
     compute_reward,
+    log_prob_gap,
     metrics_of,
     tensors_for,
 )
@@ -297,6 +298,8 @@ class RayPPOTrainer:
         if pipeline is None and self._partial is None:
             with t("old_log_prob"):
                 batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+            if self.config.temperature == 1.0:  # engines report log-probs before temperature
+                log_prob_gap(batch, m)
         else:  # off-policy: the ratio is against the policy that sampled the batch
             td = tensors_for(batch, "off_policy")
             td["old_log_probs"] = td["rollout_log_probs"]

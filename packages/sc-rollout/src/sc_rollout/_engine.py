@@ -1,5 +1,5 @@
-"""The rollout-engine contract: what every engine (the toy engine here, the built-in sampler
-and vLLM later) and every client of an engine server (:class:`~sc_rollout.RolloutClient`)
+"""The rollout-engine contract: what every engine (the toy engine, vLLM's, sc-workers'
+built-in one) and every client of an engine server (:class:`~sc_rollout.RolloutClient`)
 provides, so that a server, a router and a trainer can hold any of them."""
 
 from __future__ import annotations

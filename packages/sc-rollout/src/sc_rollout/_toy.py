@@ -6,8 +6,8 @@ seeded by the engine's seed, the weight version and the bytes of the weight file
 directory (if any); so the same seed, version and file give the same outputs on every
 process, and new weights change them. It needs nothing beyond the standard library and
 answers in microseconds, or after ``token_delay_s`` per token, which makes a slow server on
-demand. Tests of servers and routers, and the benchmark of the router, run on it; the
-engines for real models (the built-in torch sampler, vLLM) are not part of this release.
+demand. Tests of servers and routers, and the benchmark of the router, run on it; real
+models are served by the vLLM engine (``_vllm``) and sc-workers' built-in engine.
 """
 
 from __future__ import annotations
