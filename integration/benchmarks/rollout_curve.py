@@ -1,0 +1,113 @@
+"""Run ``sc-demo`` on one tiny GPT-2 with each rollout (the actor's worker group, the
+built-in engine's servers, vLLM's servers) and draw their validation curves side by side.
+
+    uv run python integration/benchmarks/rollout_curve.py
+
+Each run is the ``sc-demo`` command in a subprocess (its own Ray cluster), timed from start
+to exit, PPO with the default settings. The model is the tiny GPT-2 that ``--rollout
+builtin|vllm`` builds when no ``--model`` is given (seed 0); the worker-group run gets the
+same one through ``--model``. Writes ``results/rollout_curve.json`` and
+``docs/img/rollout-curve.png``. vLLM's environment is made first if it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from sc_integration._tiny_gpt2 import save_tiny_gpt2
+from sc_rollout import create_vllm_env
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+PNG = ROOT / "docs" / "img" / "rollout-curve.png"
+
+ROLLOUTS = ("workers", "builtin", "vllm")
+
+
+def run_demo(rollout: str, model: str, out: Path, steps: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "sc_integration.demo", "--rollout", rollout]
+    cmd += ["--steps", str(steps), "--output-dir", str(out), "--no-progress"]
+    if rollout == "workers":
+        cmd += ["--model", model]
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    seconds = time.perf_counter() - started
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    curve = [(r["step"], r["val/reward"]) for r in records if "val/reward" in r]
+    steps_done = [r for r in records if "train/reward" in r]
+    gaps = [
+        r["rollout/log_prob_diff_mean"] for r in steps_done if "rollout/log_prob_diff_mean" in r
+    ]
+    step_times = sorted(r["perf/step_time_s"] for r in steps_done)
+    return {
+        "rollout": rollout,
+        "command": " ".join(["sc-demo", *cmd[3:]]),
+        "val_reward": curve,
+        "seconds": seconds,
+        "median_step_s": step_times[len(step_times) // 2],
+        "log_prob_diff_mean": sum(gaps) / len(gaps) if gaps else None,
+        "log_prob_diff_max": max(gaps) if gaps else None,
+        "loadavg_at_start": load,
+    }
+
+
+def plot(runs: list[dict[str, Any]]) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        steps, values = zip(*run["val_reward"], strict=True)
+        ax.plot(steps, values, marker="o", label=f"--rollout {run['rollout']}")
+    ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation reward (greedy)")
+    ax.set_title("sc-demo on a tiny GPT-2: who generates")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    fig.tight_layout()
+    PNG.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PNG, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rollouts", nargs="+", default=list(ROLLOUTS), choices=ROLLOUTS)
+    args = parser.parse_args(argv)
+    if "vllm" in args.rollouts:
+        create_vllm_env()
+    work = Path(tempfile.mkdtemp(prefix="sc-rollout-curve-"))
+    model = save_tiny_gpt2(work / "model", seed=0)
+    runs = []
+    for rollout in args.rollouts:
+        run = run_demo(rollout, model, work / rollout, args.steps)
+        print(json.dumps(run), flush=True)
+        runs.append(run)
+    out = {
+        "benchmark": "sc-demo validation curves on one tiny GPT-2, by rollout",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "runs": runs,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "rollout_curve.json").write_text(json.dumps(out, indent=2) + "\n")
+    plot(runs)
+    print(f"wrote {RESULTS / 'rollout_curve.json'} and {PNG}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
