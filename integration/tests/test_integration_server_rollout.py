@@ -64,3 +64,11 @@ def test_server_rollout_refuses_what_it_cannot_do(tmp_path: Path) -> None:
         _config(tmp_path, async_staleness=1, temperature=0.7)
     with pytest.raises(TrainerConfigError, match="rollout_servers must be"):
         _config(tmp_path, rollout_servers=0)
+
+
+def test_on_a_gpu_run_each_server_asks_for_a_gpu_of_its_own() -> None:
+    from sc_integration._fleet_ray import cpu_pool, gpu_pool
+
+    resources = dict(gpu_pool(2, "gpu_fleet_").actor_resources())
+    assert resources.get("num_gpus") == 1
+    assert not dict(cpu_pool(2, "cpu_fleet_", 1.0).actor_resources()).get("num_gpus")

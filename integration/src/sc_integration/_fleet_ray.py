@@ -20,7 +20,7 @@ from ._errors import RolloutFleetError
 if TYPE_CHECKING:
     from sc_ray import RayResourcePool
 
-__all__ = ["BundlePlace", "RemoteActor", "bundle_places", "cpu_pool"]
+__all__ = ["BundlePlace", "RemoteActor", "bundle_places", "cpu_pool", "gpu_pool"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,14 @@ def cpu_pool(count: int, name_prefix: str, num_cpus_per_process: float) -> RayRe
         max_colocate_count=1,
         num_cpus_per_process=num_cpus_per_process,
     )
+
+
+def gpu_pool(count: int, name_prefix: str) -> RayResourcePool:
+    """A pool of ``count`` processes on one node, each with one GPU (and one CPU): where the
+    servers of a GPU engine run (vLLM's CUDA build sees the GPU Ray gives its actor)."""
+    from sc_ray import RayResourcePool
+
+    return RayResourcePool([count], use_gpu=True, name_prefix=name_prefix, max_colocate_count=1)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from sc_rollout import VLLMEngineConfig, WeightUpdate, find_vllm_env, vllm_argv,
 from sc_workers import ActorRolloutRefWorker, ModelConfig, RolloutConfig
 from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
 
+from ._fleet_ray import gpu_pool
 from ._rollout_servers import ArgvFactory, RolloutServerFleet
 from ._router_rollout import RouterRollout, RouterSampling
 
@@ -42,14 +43,17 @@ _KEEP_VERSIONS = 2
 
 
 def _argv_factory(
-    engine: ServerEngine, model: str, seed: int
+    engine: ServerEngine, model: str, seed: int, device: str
 ) -> tuple[ArgvFactory, dict[str, str]]:
     """How to start one server of ``engine``, and what its environment adds."""
     if engine == "vllm":
         config = VLLMEngineConfig(model=model, seed=seed)
         python = str(find_vllm_env().python)
-        return (lambda host, port: vllm_argv(config, python, host, port)), vllm_env_vars(config, {})
-    torch_config = TorchEngineConfig(model=model, seed=seed)
+        env = vllm_env_vars(config, {})
+        return (lambda host, port: vllm_argv(config, python, host, port)), env
+    # the built-in engine on the GPU Ray gives the server's actor (its only visible one)
+    torch_device = "cuda" if device == "cuda" else "cpu"
+    torch_config = TorchEngineConfig(model=model, seed=seed, device=torch_device)
     return (lambda host, port: torch_engine_argv(torch_config, host, port)), {}
 
 
@@ -67,14 +71,22 @@ class ServerRollout:
         model_config: ModelConfig,
         *,
         seed: int = 0,
+        device: str = "cpu",
         start_timeout_s: float = 900.0,
     ) -> None:
-        factory, env = _argv_factory(engine, model, seed)
+        factory, env = _argv_factory(engine, model, seed, device)
+        # on a GPU run each server gets a GPU of its own (a pool beside the training pools)
+        pool = gpu_pool(num_servers, f"{engine}_fleet_") if device == "cuda" else None
         self.engine = engine
         self.weights_dir = Path(run_dir) / "weights"
         started = time.perf_counter()
         self.fleet = RolloutServerFleet(
-            factory, num_servers, env=env, start_timeout_s=start_timeout_s, name_prefix=engine
+            factory,
+            num_servers,
+            pool=pool,
+            env=env,
+            start_timeout_s=start_timeout_s,
+            name_prefix=engine,
         )
         logger.info(
             "%d %s rollout server(s) up in %.0f s",

@@ -149,6 +149,7 @@ class RayPPOTrainer:
                 self.actor_rollout_ref_config.rollout,
                 self.actor_rollout_ref_config.model,
                 seed=cfg.seed,
+                device=cfg.device,
             )
             if cfg.async_staleness > 0:
                 self._partial = PartialRollout(self._servers.rollout, cfg.async_staleness)
