@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _integration_runs import run
+from _integration_runs import assert_same_metrics, run
 from sc_integration import TrainerConfig, TrainerConfigError
 
 pytestmark = pytest.mark.timeout(300)
@@ -40,6 +40,13 @@ def test_the_servers_sample_each_step_with_the_weights_of_the_update_before(
     assert [r["sync/weight_version"] for r in steps] == list(range(1, 7))
     assert sorted(p.name for p in (tmp_path / "run" / "weights").iterdir()) == ["v5", "v6"]
     assert (tmp_path / "run" / "model" / "config.json").is_file(), "the tiny GPT-2 it built"
+
+
+def test_a_server_rollout_run_is_reproducible(tmp_path: Path) -> None:
+    """The requests of step s are named s<step>-<row>, which seeds their sampling."""
+    first = run(_config(tmp_path / "a", steps=3, val_every=3, save_every=3))
+    second = run(_config(tmp_path / "b", steps=3, val_every=3, save_every=3))
+    assert_same_metrics(first.history, second.history)
 
 
 def test_partial_rollout_keeps_every_batch_within_the_staleness_bound(tmp_path: Path) -> None:

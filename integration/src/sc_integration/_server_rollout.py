@@ -97,9 +97,10 @@ class ServerRollout:
         sampling = RouterSampling.from_configs(rollout, model_config)
         self.rollout = RouterRollout(self.fleet.router, sampling, session_key="uid")
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """The rollout worker's ``generate_sequences``, on the servers."""
-        return self.rollout.generate_sequences(prompts)
+    def generate_sequences(self, prompts: DataProto, *, batch_id: str | None = None) -> DataProto:
+        """The rollout worker's ``generate_sequences``, on the servers (requests named
+        ``<batch_id>-<row>``; a fresh id by default)."""
+        return self.rollout.generate_sequences(prompts, batch_id=batch_id)
 
     def push_weights(self, actor: WorkerGroup[ActorRolloutRefWorker], version: int) -> float:
         """Export the actor's weights as ``version`` and load them in every server; returns

@@ -204,9 +204,11 @@ class RayPPOTrainer:
         actor's group samples."""
         return self._workers("rollout_wg").rollout
 
-    def _generate(self, batch: DataProto) -> DataProto:
+    def _generate(self, batch: DataProto, batch_id: str) -> DataProto:
+        """``batch``'s responses; on servers, its requests are named ``<batch_id>-<row>``,
+        which seeds their sampling (with the rollout's seed): a run is reproducible."""
         if self._servers is not None:
-            return self._servers.generate_sequences(batch)
+            return self._servers.generate_sequences(batch, batch_id=batch_id)
         rollout = self.rollout_wg
         if rollout is None:
             return self.actor_rollout_wg.generate_sequences(batch)
@@ -217,9 +219,8 @@ class RayPPOTrainer:
         ``actor_version``, its number of updates), after the generation in flight; or push
         them to the engine servers."""
         if self._servers is not None:
-            metrics["sync/push_s"] = self._servers.push_weights(
-                self.actor_rollout_wg, actor_version
-            )
+            # its time is the step's timing/sync_weights
+            self._servers.push_weights(self.actor_rollout_wg, actor_version)
             metrics["sync/weight_version"] = actor_version
         if self._weight_sync is not None:
             if self._async is not None:
@@ -284,7 +285,7 @@ class RayPPOTrainer:
         elif pipeline is None:
             batch = self._train_batch(step)
             with t("generate"):  # prompts in, prompts + responses out (non-tensor columns kept)
-                batch = self._generate(batch)
+                batch = self._generate(batch, f"s{step}")
         else:
             with t("generate"):  # the prefetched batch; the next one samples while we train
                 batch, m["rollout/staleness"] = pipeline.take(step)
@@ -355,7 +356,7 @@ class RayPPOTrainer:
         pad = (-len(batch)) % self.dp_size
         if pad:
             batch = DataProto.concat([batch, batch[:pad]])
-        td = tensors_for(self._generate(batch), "validate")
+        td = tensors_for(self._generate(batch, f"val{self.global_step}"), "validate")
         n = len(texts)
         scores = self.task.score(texts, td["responses"][:n], td["response_mask"][:n])
         return float(scores.mean().item())
