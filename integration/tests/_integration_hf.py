@@ -11,21 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sc_integration._tiny_gpt2 import TINY_GPT2_CHARS, build_char_tokenizer
 
 SPECIAL = ["<pad>", "<eos>", "<bos>"]
-CHARS = list("0123456789=")
+CHARS = TINY_GPT2_CHARS
 
-
-def build_tokenizer() -> Any:
-    """One token per character of the task; pad 0, eos 1, bos 2."""
-    transformers: Any = importlib.import_module("transformers")
-    tokenizers: Any = importlib.import_module("tokenizers")
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL, *CHARS])}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
-    )
+#: one token per character of the task; pad 0, eos 1, bos 2 (the tiny GPT-2's tokenizer)
+build_tokenizer = build_char_tokenizer
 
 
 def save_tiny_qwen2(path: Path, seed: int = 0) -> str:
