@@ -12,6 +12,9 @@
 * :class:`Router` spreads requests over servers: sticky by session, least in flight
   otherwise, servers added and drained at runtime, dead ones retried elsewhere, restarted
   through the owner's hook and re-synced to the current weights.
+* :class:`AgentSession`: one agent's multi-turn rollout at the token level, on any engine
+  or router: model turns (:class:`Turn`) and appended tool tokens (:class:`AppendedTokens`),
+  with the response mask and log-probs a trainer needs; never re-tokenized.
 * :class:`ToyEngine`: the test and reference engine, a seeded sampler over a tiny
   vocabulary with an optional delay per token. Not a model.
 
@@ -44,6 +47,7 @@ from ._errors import (
     RouterClosedError,
     ScRolloutError,
     ServerUnavailableError,
+    SessionStateError,
     UnknownServerError,
     UnservableModelError,
     WeightLoadError,
@@ -54,6 +58,7 @@ from ._process import ServerProcess
 from ._router import Router
 from ._server import RolloutServer
 from ._servers import RestartHook, ServerState, ServerStatus
+from ._session import AgentSession, AppendedTokens, Turn
 from ._settings import SETTINGS
 from ._toy import ToyEngine, ToyEngineConfig
 from ._types import (
@@ -71,6 +76,8 @@ from ._vllm_env import VLLMEnv, create_vllm_env, find_vllm_env
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgentSession",
+    "AppendedTokens",
     "DuplicateServerError",
     "EngineHealth",
     "EngineNotInstalledError",
@@ -99,8 +106,10 @@ __all__ = [
     "ServerState",
     "ServerStatus",
     "ServerUnavailableError",
+    "SessionStateError",
     "ToyEngine",
     "ToyEngineConfig",
+    "Turn",
     "UnknownServerError",
     "UnservableModelError",
     "VLLMEngineConfig",

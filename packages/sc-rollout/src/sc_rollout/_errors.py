@@ -40,6 +40,8 @@ catch either::
     ├── NoLiveServerError (RuntimeError)       a router found no live server for a request
     │                                          within its wait, or ran out of attempts
     ├── RouterClosedError (RuntimeError)       a router used after ``close()``
+    ├── SessionStateError (RuntimeError)       an agent session changed after ``close()``,
+    │                                          or while one of its turns is in flight
     └── RolloutTimeoutError (TimeoutError)     a request, health check or server start that
                                                passed its deadline
 
@@ -63,6 +65,7 @@ __all__ = [
     "RouterClosedError",
     "ScRolloutError",
     "ServerUnavailableError",
+    "SessionStateError",
     "UnknownServerError",
     "EngineNotInstalledError",
     "UnservableModelError",
@@ -145,6 +148,11 @@ class NoLiveServerError(ScRolloutError, RuntimeError):
 
 class RouterClosedError(ScRolloutError, RuntimeError):
     """A router used after ``close()``."""
+
+
+class SessionStateError(ScRolloutError, RuntimeError):
+    """An agent session changed after ``close()``, or while one of its turns is in
+    flight."""
 
 
 class RolloutTimeoutError(ScRolloutError, TimeoutError):

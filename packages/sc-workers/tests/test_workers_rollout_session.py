@@ -1,0 +1,94 @@
+"""Token parity of an agent session (``sc_rollout.AgentSession``) on the built-in engine: a
+tiny GPT-2, three greedy turns with tool tokens appended between them; one transformers
+forward over prompt + response recomputes every model token's log-prob, and the tool tokens
+are masked out. The nox session installs the ``hf`` extra, so there this must run, not skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+if os.environ.get("SC_ISOLATED_PACKAGE") == "sc-workers":
+    importlib.import_module("transformers")  # the nox session installs sc-workers[hf]
+else:
+    pytest.importorskip("transformers")
+
+from sc_rollout import AgentSession, AppendedTokens, SamplingParams, Turn
+from sc_workers import TorchEngineConfig, TorchRolloutEngine
+
+transformers: Any = importlib.import_module("transformers")
+
+pytestmark = pytest.mark.timeout(120)
+
+VOCAB = 16
+
+
+def _build_model(root: Path) -> str:
+    """A tiny GPT-2 (as test_workers_rollout_engine.py builds it; no tokenizer is needed:
+    a session never tokenizes)."""
+    torch.manual_seed(11)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=1,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    path = root / "tiny-gpt2"
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(path))
+    return str(path)
+
+
+def test_a_three_turn_session_with_tool_tokens_keeps_token_parity(tmp_path: Path) -> None:
+    model_dir = _build_model(tmp_path)
+    tools = [(9, 8), (4, 15, 3)]
+    with (
+        TorchRolloutEngine(TorchEngineConfig(model_dir)) as engine,
+        AgentSession(
+            engine, [2, 3, 4], sampling=SamplingParams(max_tokens=5, temperature=0.0)
+        ) as session,
+    ):
+        for k in range(3):
+            session.generate()
+            if k < len(tools):
+                session.append_tokens(tools[k])
+
+    turns = session.turns
+    assert len(turns) == 3
+    assert all(t.finish_reason in ("length", "stop") for t in turns)
+    mask = session.response_mask
+    response = session.response_ids
+    assert len(mask) == len(response) == len(session.response_logprobs)
+    for segment in session.segments:
+        span = range(segment.start, segment.start + len(segment.token_ids))
+        assert tuple(response[i] for i in span) == segment.token_ids
+        model_token = isinstance(segment, Turn)
+        assert all(mask[i] == int(model_token) for i in span)
+    assert [s.token_ids for s in session.segments if isinstance(s, AppendedTokens)] == tools
+    assert sum(mask) == sum(len(t.token_ids) for t in turns)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompt = session.prompt_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([[*prompt, *response]])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    for i, (token, masked) in enumerate(zip(response, mask, strict=True)):
+        if masked:
+            expected = float(logprobs[len(prompt) - 1 + i, token])
+            assert session.response_logprobs[i] == pytest.approx(expected, abs=1e-5)
+            # greedy: each model token is the argmax of the one forward over everything
+            assert token == int(logprobs[len(prompt) - 1 + i].argmax())
+        else:
+            assert session.response_logprobs[i] == 0.0
+    row = session.to_dict()
+    assert row["response_mask"] == list(mask)
+    assert row["response_ids"] == list(response)
