@@ -154,3 +154,9 @@ def test_an_engine_that_cannot_start_raises_its_own_error_on_the_starting_side()
     argv = [sys.executable, "-m", "sc_rollout", "toy", "--vocab-size", "1"]
     with pytest.raises(RolloutConfigError, match=r"could not start its engine: .*vocab_size"):
         ServerProcess(argv, start_timeout_s=30)
+
+
+def test_a_stop_timeout_must_be_positive() -> None:
+    argv = [sys.executable, "-m", "sc_rollout", "toy"]
+    with pytest.raises(RolloutConfigError, match="stop_timeout_s must be a finite number"):
+        ServerProcess(argv, stop_timeout_s=0)

@@ -34,7 +34,8 @@ class ServerProcess:
     :class:`RolloutServerError` if the process exits first and :class:`RolloutTimeoutError`
     (the process killed) after ``start_timeout_s`` (default ``SC_ROLLOUT_START_TIMEOUT_S``).
     ``env`` replaces the child's environment. :meth:`kill` is a crash (SIGKILL),
-    :meth:`stop` a shutdown; ``with`` stops it.
+    :meth:`stop` a shutdown (SIGTERM, and SIGKILL after ``stop_timeout_s``, by default 5 s;
+    a vLLM server gets 60 s to stop its engine-core processes); ``with`` stops it.
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class ServerProcess:
         *,
         start_timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
+        stop_timeout_s: float = 5.0,
     ) -> None:
         if isinstance(argv, str) or not all(isinstance(a, str) for a in argv):
             raise RolloutTypeError(f"ServerProcess(argv=...) must be a list of str, got {argv!r}")
@@ -50,6 +52,7 @@ class ServerProcess:
             start_timeout_s, START_TIMEOUT.get(), "ServerProcess start_timeout_s"
         )
         self._argv = list(argv)
+        self._stop_timeout = check_timeout(stop_timeout_s, 5.0, "ServerProcess stop_timeout_s")
         self._proc = subprocess.Popen(
             self._argv,
             stdin=subprocess.DEVNULL,
@@ -111,6 +114,7 @@ class ServerProcess:
             vllm_argv(config, str(env.python), bind, port),
             start_timeout_s=timeout,
             env=vllm_env_vars(config, os.environ),
+            stop_timeout_s=60.0,
         )
 
     def _read(self) -> None:
@@ -181,12 +185,13 @@ class ServerProcess:
             self._proc.kill()
         self._proc.wait()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``."""
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s`` (default: the ``stop_timeout_s`` it
+        was started with)."""
         if self.alive():
             self._proc.terminate()
             try:
-                self._proc.wait(timeout_s)
+                self._proc.wait(self._stop_timeout if timeout_s is None else timeout_s)
             except subprocess.TimeoutExpired:
                 _log.warning("server process %d ignored SIGTERM; killing it", self._proc.pid)
         self.kill()
