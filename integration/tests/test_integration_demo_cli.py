@@ -140,3 +140,15 @@ def test_resume_from_nothing_is_an_error(
     code = main([*TINY, "--output-dir", str(tmp_path / "b"), "--resume-from", str(tmp_path)])
     assert code == 1
     assert "neither a checkpoint folder" in capsys.readouterr().err
+
+
+def test_vllm_without_its_environment_fails_before_any_worker_naming_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SC_ROLLOUT_VLLM_ENV", str(tmp_path / "no-env"))
+    out = tmp_path / "run"
+    assert main(["--rollout", "vllm", "--no-progress", "--output-dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "sc-demo: error:" in err
+    assert "python -m sc_rollout vllm-env create" in err
+    assert not (out / "checkpoints").exists(), "nothing trained"

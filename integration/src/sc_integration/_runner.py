@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sc_core import SpanRecorder
+from sc_rollout import find_vllm_env
 from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, load_hf_tokenizer
 
 from ._config import TrainerConfig
@@ -105,6 +106,8 @@ class TaskRunner:
     ) -> RunResult:
         """Train as configured; ``progress(step, metrics)`` after every step."""
         cfg = self.config
+        if cfg.rollout_engine == "vllm":
+            find_vllm_env()  # EngineNotInstalledError, naming the command, before any worker
         resume = None if cfg.resume_from is None else resolve_checkpoint(cfg.resume_from)
         if resume is not None:
             check_resumable(resume, cfg)  # before any worker starts

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sc_rollout import ScRolloutError
+
 from ._config import TrainerConfig
 from ._errors import ScIntegrationError
 from ._options import add_options, config_kwargs
@@ -134,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         result = TaskRunner(config).run(progress=progress, on_start=progress.start_at)
-    except ScIntegrationError as err:
+    except (ScIntegrationError, ScRolloutError) as err:
         progress.close()
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
         return 1
