@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -28,9 +29,11 @@ from sc_rollout import VLLMEngineConfig, WeightUpdate, find_vllm_env, vllm_argv,
 from sc_workers import ActorRolloutRefWorker, ModelConfig, RolloutConfig
 from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
 
+from ._errors import TrainerStateError
 from ._fleet_ray import gpu_pool
+from ._partial_rollout import PartialRollout
 from ._rollout_servers import ArgvFactory, RolloutServerFleet
-from ._router_rollout import RouterRollout, RouterSampling
+from ._router_rollout import PendingBatch, RouterRollout, RouterSampling
 
 __all__ = ["ServerEngine", "ServerRollout"]
 
@@ -72,6 +75,7 @@ class ServerRollout:
         *,
         seed: int = 0,
         device: str = "cpu",
+        staleness: int = 0,
         start_timeout_s: float = 900.0,
     ) -> None:
         factory, env = _argv_factory(engine, model, seed, device)
@@ -96,22 +100,49 @@ class ServerRollout:
         )
         sampling = RouterSampling.from_configs(rollout, model_config)
         self.rollout = RouterRollout(self.fleet.router, sampling, session_key="uid")
+        #: partial rollout (``staleness`` > 0), and the step whose batch generates meanwhile
+        self._partial = PartialRollout(self.rollout, staleness) if staleness > 0 else None
+        self._prefetch: tuple[int, PendingBatch] | None = None
+
+    @property
+    def partial(self) -> bool:
+        """Whether batches generate across weight pushes (partial rollout)."""
+        return self._partial is not None
 
     def generate_sequences(self, prompts: DataProto, *, batch_id: str | None = None) -> DataProto:
         """The rollout worker's ``generate_sequences``, on the servers (requests named
         ``<batch_id>-<row>``; a fresh id by default)."""
         return self.rollout.generate_sequences(prompts, batch_id=batch_id)
 
-    def push_weights(self, actor: WorkerGroup[ActorRolloutRefWorker], version: int) -> float:
-        """Export the actor's weights as ``version`` and load them in every server; returns
-        the seconds it took."""
-        started = time.perf_counter()
+    def take(
+        self, step: int, last_step: int, make_batch: Callable[[int], DataProto]
+    ) -> tuple[DataProto, int]:
+        """Partial rollout: step ``step``'s batch (prompts from ``make_batch(step)``), within
+        the staleness bound, and the next step's generation started unless ``step`` is
+        ``last_step`` (it runs across this step's weight push). The batch trains the actor
+        from version ``step - 1``; returns it and its staleness, that minus its oldest
+        version."""
+        if self._partial is None:
+            raise TrainerStateError("ServerRollout.take: the servers run no partial rollout")
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None and prefetch[0] != step:  # a recovery or resume moved the step
+            prefetch[1].abort()
+            prefetch = None
+        if prefetch is None:
+            prefetch = (step, self._partial.submit(make_batch(step), batch_id=f"s{step}"))
+        batch = self._partial.take(prefetch[1], actor_version=step - 1)
+        if step < last_step:
+            nxt = step + 1
+            self._prefetch = (nxt, self._partial.submit(make_batch(nxt), batch_id=f"s{nxt}"))
+        return batch, (step - 1) - int(batch.meta_info["weight_version"])
+
+    def push_weights(self, actor: WorkerGroup[ActorRolloutRefWorker], version: int) -> None:
+        """Export the actor's weights as ``version`` and load them in every server."""
         folder = self.weights_dir / f"v{version}"
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         actor.export_hf_model(str(folder))
         self.fleet.router.push_weights(WeightUpdate(version=version, path=str(folder)))
         self._prune(version)
-        return time.perf_counter() - started
 
     def _prune(self, newest: int) -> None:
         for old in self.weights_dir.glob("v*"):
@@ -120,6 +151,10 @@ class ServerRollout:
                 shutil.rmtree(old, ignore_errors=True)
 
     def close(self) -> None:
+        """Abort the generation in flight, then stop the pool and the servers."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            prefetch[1].abort()
         try:
             self.rollout.close()
         finally:

@@ -35,10 +35,8 @@ from ._errors import TrainerRecoveryError, TrainerStateError
 from ._faults import FaultSpec, inject_due
 from ._launchers import Launcher
 from ._output import PendingSave, RunOutput, check_resumable, read_metrics
-from ._partial_rollout import PartialRollout
 from ._recovery import latest_checkpoint, replace_dead, wait_for_dead
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
-from ._router_rollout import PendingBatch
 from ._server_rollout import ServerRollout
 from ._stages import (
     TIMING_PREFIXES,
@@ -112,12 +110,9 @@ class RayPPOTrainer:
         self._pending_save: PendingSave | None = None
         #: the generation pipeline of an asynchronous run (async_staleness > 0)
         self._async: AsyncRollout | None = None
-        #: the engine servers that generate (rollout_engine builtin or vllm)
+        #: the engine servers that generate (rollout_engine builtin or vllm), with partial
+        #: rollout when async_staleness > 0
         self._servers: ServerRollout | None = None
-        #: partial rollout on the servers (and async_staleness > 0), and the step whose batch
-        #: is generating in the background
-        self._partial: PartialRollout | None = None
-        self._prefetch: tuple[int, PendingBatch] | None = None
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
@@ -150,9 +145,8 @@ class RayPPOTrainer:
                 self.actor_rollout_ref_config.model,
                 seed=cfg.seed,
                 device=cfg.device,
+                staleness=cfg.async_staleness,
             )
-            if cfg.async_staleness > 0:
-                self._partial = PartialRollout(self._servers.rollout, cfg.async_staleness)
         rollout = self._groups.rollout
         if rollout is not None:
             self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
@@ -235,9 +229,6 @@ class RayPPOTrainer:
         pipeline, self._async = self._async, None
         if pipeline is not None:
             pipeline.close()
-        prefetch, self._prefetch, self._partial = self._prefetch, None, None
-        if prefetch is not None:
-            prefetch[1].abort()
         servers, self._servers = self._servers, None
         if servers is not None:
             servers.close()
@@ -277,9 +268,13 @@ class RayPPOTrainer:
         m: dict[str, Any] = {"step": step}
         t = StageTimer()
         pipeline = self._async
-        if self._partial is not None:
+        servers = self._servers
+        partial = servers if servers is not None and servers.partial else None
+        if partial is not None:
             with t("generate"):  # prefetched; the next one generates across this update
-                batch, m["rollout/staleness"] = self._take_partial(self._partial, step)
+                batch, m["rollout/staleness"] = partial.take(
+                    step, self.config.steps, self._train_batch
+                )
             m["rollout/weight_version_max"] = int(max(batch.non_tensor_batch["weight_version_max"]))
             m["rollout/regenerated_rows"] = batch.meta_info["regenerated_rows"]
         elif pipeline is None:
@@ -297,7 +292,7 @@ class RayPPOTrainer:
             batch = balance_batch(batch, self.dp_size, m)
         with t("reward"):
             batch = compute_reward(self.task, batch, m)
-        if pipeline is None and self._partial is None:
+        if pipeline is None and partial is None:
             with t("old_log_prob"):
                 batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
             if self.config.temperature == 1.0:  # engines report log-probs before temperature
@@ -332,22 +327,6 @@ class RayPPOTrainer:
         m["perf/step_time_s"] = sum(t.seconds.values())
         check_finite(step, m)
         return m
-
-    def _take_partial(self, partial: PartialRollout, step: int) -> tuple[DataProto, int]:
-        """Step ``step``'s batch from the servers, within the staleness bound, and the next
-        step's generation started (it runs across this step's weight push). The batch trains
-        the actor from version ``step - 1``; its staleness is that minus its oldest version."""
-        prefetch, self._prefetch = self._prefetch, None
-        if prefetch is not None and prefetch[0] != step:  # a recovery or resume moved the step
-            prefetch[1].abort()
-            prefetch = None
-        if prefetch is None:
-            prefetch = (step, partial.submit(self._train_batch(step), batch_id=f"s{step}"))
-        batch = partial.take(prefetch[1], actor_version=step - 1)
-        if step < self.config.steps:
-            nxt = step + 1
-            self._prefetch = (nxt, partial.submit(self._train_batch(nxt), batch_id=f"s{nxt}"))
-        return batch, (step - 1) - int(batch.meta_info["weight_version"])
 
     def validate(self) -> float:
         """Mean reward of greedy responses to the held-out prompts."""

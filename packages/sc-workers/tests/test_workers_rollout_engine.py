@@ -29,6 +29,7 @@ if os.environ.get("SC_ISOLATED_PACKAGE") == "sc-workers":
 else:
     pytest.importorskip("transformers")
 
+from _workers_rollout_helpers import build_tiny_gpt2
 from sc_rollout import (
     EngineStateError,
     GenerateRequest,
@@ -49,46 +50,17 @@ from sc_workers import ConfigError, TorchEngineConfig, TorchRolloutEngine
 from sc_workers.rollout import torch_engine_argv
 
 transformers: Any = importlib.import_module("transformers")
-tokenizers: Any = importlib.import_module("tokenizers")
 safetensors_torch: Any = importlib.import_module("safetensors.torch")
 
 pytestmark = pytest.mark.timeout(120)
 
-WORDS = ["<pad>", "<eos>", *"abcdefghijklmn"]  # 16 ids
-VOCAB = len(WORDS)
 CERTAIN = 7  # the token the "certain" weights always produce
 PROMPTS = [(2, 3, 4), (5,), (9, 8, 7, 6, 5, 4, 3, 2, 1, 0), (15, 15, 1)]
 
 
-def _build_model(root: Path) -> str:
-    """A tiny GPT-2 (tied embeddings, 64 positions) and a word-level tokenizer."""
-    torch.manual_seed(11)
-    config = transformers.GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=64,
-        n_embd=64,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=1,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
-    path = root / "tiny-gpt2"
-    model.save_pretrained(str(path))
-    vocab = {word: i for i, word in enumerate(WORDS)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>"
-    )
-    fast.save_pretrained(str(path))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _build_model(tmp_path_factory.mktemp("rollout-engine"))
+    return build_tiny_gpt2(tmp_path_factory.mktemp("rollout-engine"))
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ if os.environ.get("SC_ISOLATED_PACKAGE") == "sc-workers":
 else:
     pytest.importorskip("transformers")
 
+from _workers_rollout_helpers import build_tiny_gpt2
 from sc_rollout import AgentSession, AppendedTokens, SamplingParams, Turn
 from sc_workers import TorchEngineConfig, TorchRolloutEngine
 
@@ -26,30 +27,9 @@ transformers: Any = importlib.import_module("transformers")
 
 pytestmark = pytest.mark.timeout(120)
 
-VOCAB = 16
-
-
-def _build_model(root: Path) -> str:
-    """A tiny GPT-2 (as test_workers_rollout_engine.py builds it; no tokenizer is needed:
-    a session never tokenizes)."""
-    torch.manual_seed(11)
-    config = transformers.GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=64,
-        n_embd=64,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=1,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
-    path = root / "tiny-gpt2"
-    transformers.GPT2LMHeadModel(config).save_pretrained(str(path))
-    return str(path)
-
 
 def test_a_three_turn_session_with_tool_tokens_keeps_token_parity(tmp_path: Path) -> None:
-    model_dir = _build_model(tmp_path)
+    model_dir = build_tiny_gpt2(tmp_path)
     tools = [(9, 8), (4, 15, 3)]
     with (
         TorchRolloutEngine(TorchEngineConfig(model_dir)) as engine,

@@ -187,7 +187,7 @@ def _uv() -> list[str]:
     if found:
         return [found]
     try:
-        import uv  # type: ignore[import-not-found,unused-ignore]
+        import uv  # type: ignore[import-not-found,unused-ignore]  # optional, no stubs
     except ImportError:
         raise EngineNotInstalledError(
             "making the vLLM environment needs uv: install it (`pip install uv`) and run "

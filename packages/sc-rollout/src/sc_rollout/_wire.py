@@ -258,4 +258,5 @@ def update_body(update: WeightUpdate) -> dict[str, Any]:
 
 def update_from_body(body: Mapping[str, Any]) -> WeightUpdate:
     """The weight update in a ``POST /weights`` body (its dataclass checks the types)."""
+    # JSON values of any type: WeightUpdate checks them and raises its typed errors
     return WeightUpdate(version=body.get("version"), path=body.get("path"))  # type: ignore[arg-type]
