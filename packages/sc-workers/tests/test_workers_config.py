@@ -199,6 +199,26 @@ def test_parallel_layout() -> None:
         ParallelLayout.create(6, 0, tp_size=4)
     with pytest.raises(ConfigError, match="rank 4 is outside world size 4"):
         ParallelLayout.create(4, 4)
+    with pytest.raises(ConfigError, match="pipeline_model_parallel_size must be a positive int"):
+        ParallelLayout.create(4, 0, pp_size=0)
+
+
+def test_parallel_layout_pipeline_and_sequence() -> None:
+    """pp slowest, then dp, then sp, tp fastest; the collect rank is tp 0 / sp 0 of the
+    last stage."""
+    pp = [ParallelLayout.create(8, r, tp_size=2, pp_size=2) for r in range(8)]
+    assert [lay.pp_rank for lay in pp] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [lay.dp_rank for lay in pp] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [lay.tp_rank for lay in pp] == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert [lay.is_collect for lay in pp] == [False] * 4 + [True, False, True, False]
+    assert pp[0].is_first_stage and not pp[0].is_last_stage and pp[5].is_last_stage
+    sp = [ParallelLayout.create(4, r, sp_size=2) for r in range(4)]
+    assert [lay.dp_rank for lay in sp] == [0, 0, 1, 1]
+    assert [lay.sp_rank for lay in sp] == [0, 1, 0, 1]
+    assert [lay.is_collect for lay in sp] == [True, False, True, False]
+    assert sp[0].dp_size == 2 and sp[0].tp_rank == 0 and sp[0].pp_rank == 0
+    with pytest.raises(ConfigError, match=r"2 x pipeline_model_parallel_size 4 .* = 8"):
+        ParallelLayout.create(12, 0, tp_size=2, pp_size=4)
 
 
 @pytest.mark.parametrize(

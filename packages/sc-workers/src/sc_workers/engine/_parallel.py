@@ -21,43 +21,76 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Where one rank sits in a ``dp x tp`` grid (tp fastest: rank = dp_rank * tp + tp_rank).
+    """Where one rank sits in a ``pp x dp x sp x tp`` grid.
 
-    Pipeline parallelism is not implemented (``pp_size`` is always 1), so the last pipeline
-    stage is every rank and the collect rank of a dp group is its tp rank 0.
+    The order is Megatron's: tensor-parallel ranks are adjacent, then sequence-parallel
+    (Ulysses) ranks, then data-parallel ranks, and pipeline stages are the slowest, so
+    ``rank = ((pp_rank * dp + dp_rank) * sp + sp_rank) * tp + tp_rank``. A megatron-style
+    engine uses pp and tp (sp 1); the FSDP engine uses sp (pp and tp 1).
+
+    Every rank of a dp group (all its stages, sp and tp ranks) works on the same dp chunk of
+    a batch; the group's outputs come from its *collect* rank: tp rank 0 and sp rank 0 of
+    the last pipeline stage.
     """
 
     world_size: int
     rank: int
     dp_size: int
     tp_size: int
+    pp_size: int = 1
+    sp_size: int = 1
 
     @classmethod
-    def create(cls, world_size: int, rank: int, tp_size: int = 1) -> ParallelLayout:
+    def create(
+        cls, world_size: int, rank: int, tp_size: int = 1, pp_size: int = 1, sp_size: int = 1
+    ) -> ParallelLayout:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside world size {world_size}")
-        if tp_size < 1 or world_size % tp_size:
+        sizes = {
+            "tensor_model_parallel_size": tp_size,
+            "pipeline_model_parallel_size": pp_size,
+            "ulysses_sequence_parallel_size": sp_size,
+        }
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ConfigError(f"{name} must be a positive int, got {size!r}")
+        model_parallel = tp_size * pp_size * sp_size
+        if world_size % model_parallel:
             raise ConfigError(
-                f"world size {world_size} is not divisible by tensor_model_parallel_size {tp_size}"
+                f"world size {world_size} is not divisible by tensor_model_parallel_size "
+                f"{tp_size} x pipeline_model_parallel_size {pp_size} x "
+                f"ulysses_sequence_parallel_size {sp_size} = {model_parallel}"
             )
-        return cls(world_size, rank, world_size // tp_size, tp_size)
-
-    @property
-    def dp_rank(self) -> int:
-        return self.rank // self.tp_size
+        return cls(world_size, rank, world_size // model_parallel, tp_size, pp_size, sp_size)
 
     @property
     def tp_rank(self) -> int:
         return self.rank % self.tp_size
 
     @property
-    def pp_size(self) -> int:
-        return 1
+    def sp_rank(self) -> int:
+        return (self.rank // self.tp_size) % self.sp_size
+
+    @property
+    def dp_rank(self) -> int:
+        return (self.rank // (self.tp_size * self.sp_size)) % self.dp_size
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // (self.tp_size * self.sp_size * self.dp_size)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
 
     @property
     def is_collect(self) -> bool:
-        """Whether this rank's outputs are returned (tp rank 0 on the last pipeline stage)."""
-        return self.tp_rank == 0
+        """Whether this rank's outputs are returned (tp and sp rank 0 on the last stage)."""
+        return self.tp_rank == 0 and self.sp_rank == 0 and self.is_last_stage
 
 
 def resolve_device(requested: str, env: Mapping[str, str] | None = None) -> torch.device:
