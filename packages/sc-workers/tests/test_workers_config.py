@@ -15,9 +15,9 @@ from sc_workers import (
     MegatronConfig,
     ModelConfig,
     OptimConfig,
+    ParallelSizes,
     RefConfig,
     RolloutConfig,
-    UnsupportedParallelismError,
 )
 from sc_workers.engine import ParallelLayout, warmup_lr_lambda
 
@@ -74,7 +74,7 @@ from sc_workers.engine import ParallelLayout, warmup_lr_lambda
                     strategy="megatron", megatron=MegatronConfig(tensor_model_parallel_size=2)
                 )
             ),
-            "actor tensor_model_parallel_size 2 differs from ref tensor_model_parallel_size 1",
+            "parallel sizes ParallelSizes(tp=2, pp=1, sp=1, vpp=1) differ from the ref's",
         ),
     ],
 )
@@ -88,11 +88,50 @@ def test_config_error_is_a_value_error() -> None:
         ModelConfig(hidden_size=30)
 
 
-def test_pipeline_parallelism_is_a_clear_not_implemented() -> None:
-    with pytest.raises(UnsupportedParallelismError, match="pipeline_model_parallel_size 2"):
-        MegatronConfig(pipeline_model_parallel_size=2)
-    with pytest.raises(NotImplementedError):
-        MegatronConfig(pipeline_model_parallel_size=4)
+def test_pipeline_schedule_follows_virtual_stages() -> None:
+    assert MegatronConfig(pipeline_model_parallel_size=2).schedule == "1F1B"
+    interleaved = MegatronConfig(
+        pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2
+    )
+    assert interleaved.schedule == "Interleaved1F1B"
+    assert interleaved.virtual_stages == 2
+    gpipe = MegatronConfig(pipeline_model_parallel_size=2, pipeline_schedule="GPipe")
+    assert gpipe.schedule == "GPipe"
+    with pytest.raises(ConfigError, match="needs pipeline_model_parallel_size > 1"):
+        MegatronConfig(virtual_pipeline_model_parallel_size=2)
+    with pytest.raises(ConfigError, match="'GPipe' runs one stage per rank"):
+        MegatronConfig(
+            pipeline_model_parallel_size=2,
+            virtual_pipeline_model_parallel_size=2,
+            pipeline_schedule="GPipe",
+        )
+    with pytest.raises(ConfigError, match="'Interleaved1F1B' needs virtual"):
+        MegatronConfig(pipeline_model_parallel_size=2, pipeline_schedule="Interleaved1F1B")
+    with pytest.raises(ConfigError, match="pipeline_schedule must be one of"):
+        MegatronConfig(pipeline_schedule="zero-bubble")  # type: ignore[arg-type]  # bad on purpose
+
+
+def test_parallel_sizes_need_their_strategy() -> None:
+    with pytest.raises(ConfigError, match="pipeline_model_parallel_size 2 needs strategy"):
+        ActorConfig(megatron=MegatronConfig(pipeline_model_parallel_size=2))
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size 2 is a feature of"):
+        ActorConfig(strategy="megatron", ulysses_sequence_parallel_size=2)
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size must be a positive"):
+        CriticConfig(ulysses_sequence_parallel_size=0)
+    assert ActorConfig(ulysses_sequence_parallel_size=2).parallel_sizes == ParallelSizes(sp=2)
+    megatron = MegatronConfig(
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        virtual_pipeline_model_parallel_size=2,
+    )
+    assert ActorConfig(strategy="megatron", megatron=megatron).parallel_sizes == ParallelSizes(
+        tp=2, pp=2, vpp=2
+    )
+    with pytest.raises(ConfigError, match="the actor's parallel sizes"):
+        ActorRolloutRefConfig(
+            actor=ActorConfig(strategy="megatron", megatron=megatron),
+            ref=RefConfig(strategy="megatron"),
+        )
 
 
 def test_a_hugging_face_model_brings_its_own_architecture() -> None:
@@ -211,12 +250,14 @@ def test_parallel_layout_pipeline_and_sequence() -> None:
     assert [lay.dp_rank for lay in pp] == [0, 0, 1, 1, 0, 0, 1, 1]
     assert [lay.tp_rank for lay in pp] == [0, 1, 0, 1, 0, 1, 0, 1]
     assert [lay.is_collect for lay in pp] == [False] * 4 + [True, False, True, False]
-    assert pp[0].is_first_stage and not pp[0].is_last_stage and pp[5].is_last_stage
+    assert pp[0].is_first_stage
+    assert not pp[0].is_last_stage
+    assert pp[5].is_last_stage
     sp = [ParallelLayout.create(4, r, sp_size=2) for r in range(4)]
     assert [lay.dp_rank for lay in sp] == [0, 0, 1, 1]
     assert [lay.sp_rank for lay in sp] == [0, 1, 0, 1]
     assert [lay.is_collect for lay in sp] == [True, False, True, False]
-    assert sp[0].dp_size == 2 and sp[0].tp_rank == 0 and sp[0].pp_rank == 0
+    assert (sp[0].dp_size, sp[0].tp_rank, sp[0].pp_rank) == (2, 0, 0)
     with pytest.raises(ConfigError, match=r"2 x pipeline_model_parallel_size 4 .* = 8"):
         ParallelLayout.create(12, 0, tp_size=2, pp_size=4)
 

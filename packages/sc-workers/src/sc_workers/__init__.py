@@ -31,6 +31,7 @@ from ._config import (
     MegatronConfig,
     ModelConfig,
     OptimConfig,
+    ParallelSizes,
     RefConfig,
     RolloutConfig,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "ModelConfig",
     "NotInitializedError",
     "OptimConfig",
+    "ParallelSizes",
     "OptionalDependencyError",
     "ParallelLayout",
     "ROLES",

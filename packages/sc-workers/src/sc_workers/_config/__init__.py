@@ -18,6 +18,7 @@ from ._roles import (
     ActorRolloutRefConfig,
     BatchSizes,
     CriticConfig,
+    ParallelSizes,
     RefConfig,
     RolloutConfig,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "MegatronConfig",
     "ModelConfig",
     "OptimConfig",
+    "ParallelSizes",
     "RefConfig",
     "RolloutConfig",
 ]

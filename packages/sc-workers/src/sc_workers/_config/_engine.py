@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from .._errors import ConfigError, UnsupportedParallelismError
+from .._errors import ConfigError
 from ._base import DTYPES, STRATEGIES, ConfigBase, non_negative, one_of, positive
 from ._model import ModelConfig
 
@@ -14,6 +14,7 @@ __all__ = [
     "FSDPConfig",
     "MegatronConfig",
     "OptimConfig",
+    "PIPELINE_SCHEDULES",
     "check_strategy",
     "check_tp_divides",
 ]
@@ -98,18 +99,26 @@ class FSDPConfig(ConfigBase):
         one_of(o, "reduce_dtype", self.reduce_dtype, DTYPES)
 
 
+PIPELINE_SCHEDULES = ("auto", "1F1B", "GPipe", "Interleaved1F1B")
+
+
 @dataclass
 class MegatronConfig(ConfigBase):
     """Model-parallel sizes of the megatron-style engine (verl's names).
 
-    ``pipeline_model_parallel_size`` > 1 is not implemented in this release and raises
-    :class:`UnsupportedParallelismError`.
+    ``pipeline_model_parallel_size`` splits the decoder layers into that many stages (one
+    per rank of a pipeline group); ``virtual_pipeline_model_parallel_size`` gives each rank
+    that many smaller stages, run by the interleaved 1F1B schedule. ``pipeline_schedule``
+    "auto" is 1F1B, or interleaved 1F1B when there are virtual stages; "GPipe" runs every
+    micro-batch's forward before any backward.
     """
 
     _section: ClassVar[str] = "megatron"
 
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    pipeline_schedule: Literal["auto", "1F1B", "GPipe", "Interleaved1F1B"] = "auto"
 
     def __post_init__(self) -> None:
         o = self._section
@@ -118,20 +127,62 @@ class MegatronConfig(ConfigBase):
             tensor_model_parallel_size=self.tensor_model_parallel_size,
             pipeline_model_parallel_size=self.pipeline_model_parallel_size,
         )
-        if self.pipeline_model_parallel_size > 1:
-            raise UnsupportedParallelismError(
-                f"{o}.pipeline_model_parallel_size {self.pipeline_model_parallel_size}: "
-                "pipeline parallelism is not implemented in sc-workers 0.1; use "
-                "tensor_model_parallel_size x data parallelism"
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp is not None:
+            positive(o, virtual_pipeline_model_parallel_size=vpp)
+            if vpp > 1 and self.pipeline_model_parallel_size == 1:
+                raise ConfigError(
+                    f"{o}.virtual_pipeline_model_parallel_size {vpp} needs "
+                    "pipeline_model_parallel_size > 1"
+                )
+        one_of(o, "pipeline_schedule", self.pipeline_schedule, PIPELINE_SCHEDULES)
+        schedule = self.pipeline_schedule
+        if self.virtual_stages > 1 and schedule not in ("auto", "Interleaved1F1B"):
+            raise ConfigError(
+                f"{o}.pipeline_schedule {schedule!r} runs one stage per rank; "
+                f"virtual_pipeline_model_parallel_size {vpp} needs 'Interleaved1F1B' (or 'auto')"
+            )
+        if schedule == "Interleaved1F1B" and self.virtual_stages == 1:
+            raise ConfigError(
+                f"{o}.pipeline_schedule 'Interleaved1F1B' needs "
+                "virtual_pipeline_model_parallel_size > 1"
             )
 
+    @property
+    def virtual_stages(self) -> int:
+        """Stages per pipeline rank (1 without virtual pipelining)."""
+        return self.virtual_pipeline_model_parallel_size or 1
 
-def check_strategy(owner: str, strategy: str, megatron: MegatronConfig) -> None:
+    @property
+    def schedule(self) -> str:
+        """The schedule that runs: "1F1B", "GPipe" or "Interleaved1F1B"."""
+        if self.pipeline_schedule != "auto":
+            return self.pipeline_schedule
+        return "Interleaved1F1B" if self.virtual_stages > 1 else "1F1B"
+
+
+def check_strategy(
+    owner: str, strategy: str, megatron: MegatronConfig, ulysses_sequence_parallel_size: int = 1
+) -> None:
+    """The strategy is known, and its parallel sizes are ones it implements: tensor and
+    pipeline parallelism need "megatron", Ulysses sequence parallelism needs FSDP."""
     one_of(owner, "strategy", strategy, STRATEGIES)
-    if strategy != "megatron" and megatron.tensor_model_parallel_size > 1:
+    sp = ulysses_sequence_parallel_size
+    if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
         raise ConfigError(
-            f"{owner}: megatron.tensor_model_parallel_size "
-            f"{megatron.tensor_model_parallel_size} needs strategy 'megatron', got {strategy!r}"
+            f"{owner}.ulysses_sequence_parallel_size must be a positive int, got {sp!r}"
+        )
+    if strategy != "megatron":
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            size = getattr(megatron, name)
+            if size > 1:
+                raise ConfigError(
+                    f"{owner}: megatron.{name} {size} needs strategy 'megatron', got {strategy!r}"
+                )
+    elif sp > 1:
+        raise ConfigError(
+            f"{owner}: ulysses_sequence_parallel_size {sp} is a feature of the FSDP engine; "
+            "strategy 'megatron' splits the model with tensor and pipeline parallelism instead"
         )
 
 

@@ -17,9 +17,33 @@ __all__ = [
     "ActorRolloutRefConfig",
     "BatchSizes",
     "CriticConfig",
+    "ParallelSizes",
     "RefConfig",
     "RolloutConfig",
 ]
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    """A role's model-parallel sizes: tensor (tp), pipeline (pp, with vpp virtual stages
+    per rank) and Ulysses sequence parallelism (sp); the dp size is what the world size
+    leaves."""
+
+    tp: int = 1
+    pp: int = 1
+    sp: int = 1
+    vpp: int = 1
+
+
+def parallel_sizes(strategy: str, megatron: MegatronConfig, sp: int) -> ParallelSizes:
+    if strategy == "megatron":
+        return ParallelSizes(
+            megatron.tensor_model_parallel_size,
+            megatron.pipeline_model_parallel_size,
+            1,
+            megatron.virtual_stages,
+        )
+    return ParallelSizes(sp=sp)
 
 
 @dataclass(frozen=True)
@@ -82,13 +106,14 @@ class ActorConfig(ConfigBase):
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
     data_loader_seed: int = 0
+    ulysses_sequence_parallel_size: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def __post_init__(self) -> None:
         o = self._section
-        check_strategy(o, self.strategy, self.megatron)
+        check_strategy(o, self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
         positive(
             o,
             ppo_mini_batch_size=self.ppo_mini_batch_size,
@@ -108,6 +133,10 @@ class ActorConfig(ConfigBase):
         one_of(o, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         one_of(o, "kl_loss_type", self.kl_loss_type, KL_TYPES)
         non_negative(o, kl_loss_coef=self.kl_loss_coef)
+
+    @property
+    def parallel_sizes(self) -> ParallelSizes:
+        return parallel_sizes(self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
 
     @property
     def cliprange_low(self) -> float:
@@ -177,14 +206,21 @@ class RefConfig(ConfigBase):
 
     strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp"
     log_prob_micro_batch_size_per_gpu: int = 2
+    ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def __post_init__(self) -> None:
-        check_strategy(self._section, self.strategy, self.megatron)
+        check_strategy(
+            self._section, self.strategy, self.megatron, self.ulysses_sequence_parallel_size
+        )
         positive(
             self._section, log_prob_micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu
         )
+
+    @property
+    def parallel_sizes(self) -> ParallelSizes:
+        return parallel_sizes(self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
 
 
 @dataclass
@@ -206,14 +242,13 @@ class ActorRolloutRefConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         one_of(self._section, "device", self.device, ("auto", "cpu", "cuda"))
-        a_tp = self.actor.megatron.tensor_model_parallel_size
-        r_tp = self.ref.megatron.tensor_model_parallel_size
-        if a_tp != r_tp:
+        actor, ref = self.actor.parallel_sizes, self.ref.parallel_sizes
+        if actor != ref:
             raise ConfigError(
-                f"{self._section}: actor tensor_model_parallel_size {a_tp} differs from ref "
-                f"tensor_model_parallel_size {r_tp}; one worker has one mesh layout"
+                f"{self._section}: the actor's parallel sizes {actor} differ from the ref's "
+                f"{ref}; one worker has one mesh layout"
             )
-        check_tp_divides(self._section, self.model, a_tp)
+        check_tp_divides(self._section, self.model, actor.tp)
 
 
 @dataclass
@@ -234,6 +269,7 @@ class CriticConfig(ConfigBase):
     grad_clip: float = 1.0
     rollout_n: int = 1
     data_loader_seed: int = 0
+    ulysses_sequence_parallel_size: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -241,7 +277,7 @@ class CriticConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         o = self._section
-        check_strategy(o, self.strategy, self.megatron)
+        check_strategy(o, self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
         positive(
             o,
             ppo_mini_batch_size=self.ppo_mini_batch_size,
@@ -255,6 +291,10 @@ class CriticConfig(ConfigBase):
         one_of(o, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         one_of(o, "device", self.device, ("auto", "cpu", "cuda"))
         check_tp_divides(o, self.model, self.megatron.tensor_model_parallel_size)
+
+    @property
+    def parallel_sizes(self) -> ParallelSizes:
+        return parallel_sizes(self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
 
     def normalized_batch_sizes(self, dp_size: int) -> BatchSizes:
         """Per-rank mini- and micro-batch sizes; :class:`ConfigError` if they do not divide."""

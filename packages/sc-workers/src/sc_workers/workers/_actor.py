@@ -66,8 +66,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         self._is_actor, self._is_rollout, self._is_ref = ROLES[role]
         uses_actor_model = self._is_actor or self._is_rollout
         section = config.actor if uses_actor_model else config.ref
-        tp = section.megatron.tensor_model_parallel_size if section.strategy == "megatron" else 1
-        self._setup_identity(config.device, tp)
+        self._setup_identity(config.device, section.parallel_sizes)
         self.actor_batch_sizes: BatchSizes | None = None
         if self._is_actor:
             self.actor_batch_sizes = config.actor.normalized_batch_sizes(

@@ -13,6 +13,7 @@ from sc_core import Worker, worker_environ
 from sc_dispatch import Dispatch, register
 from sc_protocol import DataProto
 
+from .._config import ParallelSizes
 from .._errors import CheckpointError, ConfigError, DistributedError
 from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
 from ..models import save_hf_model
@@ -34,8 +35,10 @@ class WorkerBase(Worker):
     layout: ParallelLayout
     device: torch.device
 
-    def _setup_identity(self, device: str, tp_size: int) -> None:
-        self.layout = ParallelLayout.create(self.world_size, self.rank, tp_size)
+    def _setup_identity(self, device: str, sizes: ParallelSizes) -> None:
+        self.layout = ParallelLayout.create(
+            self.world_size, self.rank, tp_size=sizes.tp, pp_size=sizes.pp, sp_size=sizes.sp
+        )
         self.device = resolve_device(device, worker_environ())
         self._saved_checkpoints: list[str] = []
         self._pending_save: BackgroundSave | None = None

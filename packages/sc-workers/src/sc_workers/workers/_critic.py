@@ -36,8 +36,7 @@ class CriticWorker(WorkerBase):
                 f"{type(config).__name__}"
             )
         self.config = config
-        tp = config.megatron.tensor_model_parallel_size if config.strategy == "megatron" else 1
-        self._setup_identity(config.device, tp)
+        self._setup_identity(config.device, config.parallel_sizes)
         self.batch_sizes = config.normalized_batch_sizes(self.layout.dp_size)
         self._register_dispatch_collect_info(
             "critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect

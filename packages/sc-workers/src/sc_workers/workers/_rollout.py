@@ -10,7 +10,7 @@ import torch
 from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from sc_protocol import DataProto
 
-from .._config import ActorRolloutRefConfig
+from .._config import ActorRolloutRefConfig, ParallelSizes
 from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, ReplicatedTPEngine
 from ._common import WorkerBase
@@ -50,7 +50,7 @@ class RolloutWorker(WeightSyncEndpoint, WorkerBase):
                 f"RolloutWorker: rollout.tensor_model_parallel_size {tp} does not divide the "
                 f"group's world size {self.world_size}"
             )
-        self._setup_identity(config.device, tp)
+        self._setup_identity(config.device, ParallelSizes(tp=tp))
         self._register_dispatch_collect_info(
             "rollout", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect
         )
