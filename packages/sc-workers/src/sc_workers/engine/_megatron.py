@@ -28,7 +28,13 @@ from torch.distributed.tensor.parallel import (
 )
 
 from .._errors import ConfigError, UnsupportedParallelismError
-from ..models import HFCausalLM, HFValueModel, TinyCausalLM, check_hf_tensor_parallel
+from ..models import (
+    HFCausalLM,
+    HFValueModel,
+    TinyCausalLM,
+    TinyStage,
+    check_hf_tensor_parallel,
+)
 from ._base import Engine
 from ._fsdp import shard_module
 from ._modules import block_modules
@@ -154,7 +160,7 @@ class MegatronEngine(Engine):
         tp = self.layout.tp_size
         if tp > 1:
             where = f"rank {self.layout.rank}: tensor_model_parallel_size {tp}"
-            if isinstance(module, TinyCausalLM):
+            if isinstance(module, (TinyCausalLM, TinyStage)):
                 parallelize_module(module, mesh["tp"], tensor_parallel_plan())
             elif isinstance(module, (HFCausalLM, HFValueModel)):
                 where += f", model {self.model_config.path!r}"

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .._config import ModelConfig
-from ..models import TinyCausalLM, load_hf_model
+from ..models import TinyCausalLM, TinyStage, load_hf_model
 
 __all__ = ["DTYPES", "block_modules", "create_module", "param_dtype_for"]
 
@@ -46,6 +46,8 @@ def block_modules(module: nn.Module) -> list[nn.Module]:
     """
     if isinstance(module, TinyCausalLM):
         return list(module.layers)
+    if isinstance(module, TinyStage):
+        return list(module.layers.values())
     block_classes: set[str] = set()
     for child in module.modules():
         block_classes.update(getattr(child, "_no_split_modules", None) or ())

@@ -50,14 +50,18 @@ def make_optimizer(
     return optimizer, LambdaLR(optimizer, warmup_lr_lambda(config))
 
 
-def clip_grad_norm(params: Iterable[Tensor], max_norm: float, device: torch.device) -> float:
+def clip_grad_norm(
+    params: Iterable[Tensor], max_norm: float, device: torch.device, pp_size: int = 1
+) -> float:
     """Scale the gradients to a global L2 norm of at most ``max_norm``; return the norm.
 
     The norm covers every parameter across the whole mesh: each rank sums the squares of
     its local shards, divided by the number of ranks holding a copy of that shard, and one
-    all-reduce adds the ranks up. A collective: every rank of the default group calls it.
+    all-reduce adds the ranks up. With ``pp_size`` pipeline stages a parameter lives on
+    the ``world / pp_size`` ranks of its stage only. A collective: every rank of the
+    default group calls it.
     """
-    world = dist.get_world_size()
+    holders = dist.get_world_size() // pp_size
     total = torch.zeros((), dtype=torch.float64, device=device)
     grads: list[Tensor] = []
     for p in params:
@@ -74,7 +78,7 @@ def clip_grad_norm(params: Iterable[Tensor], max_norm: float, device: torch.devi
             local = g.to_local()
         else:
             sharded, local = 1, g
-        copies = world / sharded
+        copies = holders / sharded
         total += local.detach().double().pow(2).sum().to(device) / copies
     dist.all_reduce(total)
     norm = float(total.sqrt().item())

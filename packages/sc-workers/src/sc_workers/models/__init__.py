@@ -12,6 +12,7 @@ from ._hf import (
     load_hf_tokenizer,
     save_hf_model,
 )
+from ._stage import TinyStage, split_layers
 from ._transformer import KVCache, TinyCausalLM
 
 __all__ = [
@@ -21,10 +22,12 @@ __all__ = [
     "HFValueModel",
     "KVCache",
     "TinyCausalLM",
+    "TinyStage",
     "check_hf_tensor_parallel",
     "load_hf_model",
     "load_hf_tokenizer",
     "save_hf_model",
+    "split_layers",
 ]
 
 _public.publish(globals())

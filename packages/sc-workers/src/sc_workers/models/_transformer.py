@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .._config import ModelConfig
 from .._errors import BatchError
 
-__all__ = ["KVCache", "TinyCausalLM"]
+__all__ = ["KVCache", "RotaryEmbedding", "TinyCausalLM", "attention_allowed", "checked_positions"]
 
 
 class KVCache:
@@ -179,18 +179,6 @@ class TinyCausalLM(nn.Module):
         if self.value_head:
             nn.init.zeros_(self.lm_head.weight)
 
-    def _checked_positions(self, position_ids: Tensor) -> Tensor:
-        """``position_ids`` as indices of the absolute position table (padding may carry
-        negative positions: they read row 0, and attention ignores them anyway)."""
-        limit = self.config.max_position_embeddings
-        highest = int(position_ids.max()) if position_ids.numel() else 0
-        if highest >= limit:
-            raise BatchError(
-                f"TinyCausalLM: position {highest} is beyond the absolute position table "
-                f"(max_position_embeddings {limit}); raise max_position_embeddings"
-            )
-        return position_ids.clamp(min=0)
-
     def forward(
         self,
         input_ids: Tensor,
@@ -200,25 +188,57 @@ class TinyCausalLM(nn.Module):
     ) -> Tensor:
         b, s = input_ids.shape
         past = 0 if cache is None else cache.length
-        total = past + s
-        if attention_mask.shape != (b, total):
+        if attention_mask.shape != (b, past + s):
             raise BatchError(
                 f"attention_mask shape {tuple(attention_mask.shape)} does not match "
                 f"batch {b} x (cached {past} + new {s}) tokens"
             )
-        key_ok = attention_mask.bool()[:, None, None, :]  # [b, 1, 1, total]
-        q_pos = torch.arange(past, total, device=input_ids.device)[:, None]
-        k_pos = torch.arange(total, device=input_ids.device)[None, :]
-        causal = k_pos <= q_pos  # [s, total]
-        # every query may see itself, so a fully padded row never softmaxes over nothing
-        allowed = (key_ok & causal) | (k_pos == q_pos)
+        allowed = attention_allowed(attention_mask, past)
         cos, sin = self.rotary(position_ids)
-        x = self.embed_tokens(input_ids)
-        if self.embed_positions is not None:
-            x = x + self.embed_positions(self._checked_positions(position_ids))
+        x = self.embed(input_ids, position_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, allowed, cache, i)
+        return self.head(x)
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        """Token (and absolute position) embeddings: the first layer's input."""
+        x: Tensor = self.embed_tokens(input_ids)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(checked_positions(position_ids, self.config))
+        return x
+
+    def head(self, x: Tensor) -> Tensor:
+        """Final norm and output head: logits ``[b, s, vocab]`` (values ``[b, s]``)."""
         out: Tensor = self.lm_head(self.norm(x))
         if self.value_head:
             return out.squeeze(-1).clone()  # not a view: FSDP hooks the root's output
         return out
+
+
+def checked_positions(position_ids: Tensor, config: ModelConfig) -> Tensor:
+    """``position_ids`` as indices of the absolute position table (padding may carry
+    negative positions: they read row 0, and attention ignores them anyway)."""
+    limit = config.max_position_embeddings
+    highest = int(position_ids.max()) if position_ids.numel() else 0
+    if highest >= limit:
+        raise BatchError(
+            f"TinyCausalLM: position {highest} is beyond the absolute position table "
+            f"(max_position_embeddings {limit}); raise max_position_embeddings"
+        )
+    return position_ids.clamp(min=0)
+
+
+def attention_allowed(attention_mask: Tensor, past: int = 0) -> Tensor:
+    """``[b, 1, s, past + s]``: which keys each new query may attend to.
+
+    Causal over the ``past + s`` keys of ``attention_mask`` (``[b, past + s]``), padding
+    keys excluded; every query may see itself, so a fully padded row never softmaxes over
+    nothing.
+    """
+    total = attention_mask.shape[1]
+    device = attention_mask.device
+    key_ok = attention_mask.bool()[:, None, None, :]  # [b, 1, 1, total]
+    q_pos = torch.arange(past, total, device=device)[:, None]
+    k_pos = torch.arange(total, device=device)[None, :]
+    causal = k_pos <= q_pos  # [s, total]
+    return (key_ok & causal) | (k_pos == q_pos)

@@ -179,13 +179,19 @@ class _MiniBatch:
 def _mini_batches(
     engine: Engine,
     tensors: dict[str, Tensor],
+    total: int,
     config: ActorConfig | CriticConfig,
     sizes: BatchSizes,
     seed: int,
     where: str,
+    count: bool = True,
 ) -> Iterator[_MiniBatch]:
-    """The mini-batches of every PPO epoch, gradients zeroed before each is yielded."""
-    total = tensors["input_ids"].shape[0]
+    """The mini-batches of every PPO epoch, gradients zeroed before each is yielded.
+
+    ``total`` is the number of rows (a pipeline stage may hold metadata only, no
+    columns); with ``count=False`` the dp-global normalisers are not computed (a stage
+    without the loss skips that collective).
+    """
     _check_batch(where, total, sizes)
     group = engine.dp_group
     engine.train_mode()
@@ -193,15 +199,101 @@ def _mini_batches(
         for start in range(0, total, sizes.mini_batch_size):
             idx = order[start : start + sizes.mini_batch_size]
             mini = {k: v[idx] for k, v in tensors.items()}
-            mask_all = response_mask_of(mini).float()
-            denominator = _global_count(agg_loss_denominator(mask_all, config.loss_agg_mode), group)
-            tokens = _global_count(mask_all.sum(), group)
+            denominator = tokens = 0.0
+            if count:
+                mask_all = response_mask_of(mini).float()
+                denominator = _global_count(
+                    agg_loss_denominator(mask_all, config.loss_agg_mode), group
+                )
+                tokens = _global_count(mask_all.sum(), group)
             engine.zero_grad()
             micros = [
                 {k: v[sl] for k, v in mini.items()}
                 for sl in _micro_slices(sizes.mini_batch_size, sizes.micro_batch_size)
             ]
             yield _MiniBatch(micros, denominator, tokens)
+
+
+def policy_loss(
+    log_prob: Tensor,
+    entropy_tokens: Tensor,
+    micro: dict[str, Tensor],
+    config: ActorConfig,
+    denominator: float,
+    meter: _Meter,
+) -> Tensor:
+    """One micro-batch's PPO loss (its share of the mini-batch's, by ``denominator``);
+    its metrics go to ``meter``."""
+    dev = log_prob.device
+    mode = config.loss_agg_mode
+    mask = response_mask_of(micro).to(dev).float()
+    pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+        micro["old_log_probs"].to(dev).float(),
+        log_prob,
+        micro["advantages"].to(dev).float(),
+        mask,
+        cliprange=config.clip_ratio,
+        cliprange_low=config.cliprange_low,
+        cliprange_high=config.cliprange_high,
+        clip_ratio_c=config.clip_ratio_c,
+        loss_agg_mode=mode,
+        denominator=denominator,
+    )
+    loss = pg_loss
+    entropy = agg_loss(entropy_tokens, mask, mode, denominator)
+    if config.entropy_coeff != 0:
+        loss = loss - config.entropy_coeff * entropy
+    if config.use_kl_loss:
+        kld = kl_penalty(log_prob, micro["ref_log_prob"].to(dev).float(), config.kl_loss_type)
+        kl_loss = agg_loss(kld, mask, mode, denominator)
+        loss = loss + config.kl_loss_coef * kl_loss
+        meter.add("actor/kl_loss", kl_loss)
+    n_tok = mask.sum()
+    meter.add("actor/pg_loss", pg_loss)
+    meter.add("actor/entropy", entropy)
+    meter.add("actor/pg_clipfrac", clipfrac * n_tok)
+    meter.add("actor/ppo_kl", ppo_kl * n_tok)
+    meter.add("actor/pg_clipfrac_lower", clipfrac_lower * n_tok)
+    return loss
+
+
+def close_policy_step(meter: _Meter, tokens: float, grad_norm: float) -> None:
+    per_token = {
+        k: max(tokens, 1.0)
+        for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+    }
+    meter.close_step(per_token, {"actor/grad_norm": grad_norm})
+
+
+def value_loss(
+    vpreds: Tensor,
+    micro: dict[str, Tensor],
+    config: CriticConfig,
+    denominator: float,
+    meter: _Meter,
+) -> Tensor:
+    """One micro-batch's clipped value loss; its metrics go to ``meter``."""
+    dev = vpreds.device
+    mask = response_mask_of(micro).to(dev).float()
+    vf_loss, vf_clipfrac = compute_value_loss(
+        vpreds,
+        micro["returns"].to(dev).float(),
+        micro["values"].to(dev).float(),
+        mask,
+        config.cliprange_value,
+        config.loss_agg_mode,
+        denominator,
+    )
+    n_tok = mask.sum()
+    meter.add("critic/vf_loss", vf_loss)
+    meter.add("critic/vf_clipfrac", vf_clipfrac * n_tok)
+    meter.add("critic/vpred_mean", (vpreds.detach() * mask).sum())
+    return vf_loss
+
+
+def close_value_step(meter: _Meter, tokens: float, grad_norm: float) -> None:
+    per_token = {k: max(tokens, 1.0) for k in ("critic/vf_clipfrac", "critic/vpred_mean")}
+    meter.close_step(per_token, {"critic/grad_norm": grad_norm})
 
 
 def update_policy(
@@ -220,51 +312,16 @@ def update_policy(
     the one a single process would make on the whole mini-batch.
     """
     dp_size = dist.get_world_size(engine.dp_group)
-    mode = config.loss_agg_mode
     meter = _Meter(engine.dp_group)
-    for mb in _mini_batches(engine, tensors, config, sizes, seed, where):
-        denom, tokens = mb.denominator, mb.tokens
+    total = tensors["input_ids"].shape[0]
+    for mb in _mini_batches(engine, tensors, total, config, sizes, seed, where):
         for micro in mb.micro_batches:
             logits = _response_logits(engine, micro, temperature)
-            dev = logits.device
-            mask = response_mask_of(micro).to(dev).float()
-            log_prob = logprobs_from_logits(logits, micro["responses"].to(dev))
-            pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
-                micro["old_log_probs"].to(dev).float(),
-                log_prob,
-                micro["advantages"].to(dev).float(),
-                mask,
-                cliprange=config.clip_ratio,
-                cliprange_low=config.cliprange_low,
-                cliprange_high=config.cliprange_high,
-                clip_ratio_c=config.clip_ratio_c,
-                loss_agg_mode=mode,
-                denominator=denom,
-            )
-            loss = pg_loss
-            entropy = agg_loss(entropy_from_logits(logits), mask, mode, denom)
-            if config.entropy_coeff != 0:
-                loss = loss - config.entropy_coeff * entropy
-            if config.use_kl_loss:
-                kld = kl_penalty(
-                    log_prob, micro["ref_log_prob"].to(dev).float(), config.kl_loss_type
-                )
-                kl_loss = agg_loss(kld, mask, mode, denom)
-                loss = loss + config.kl_loss_coef * kl_loss
-                meter.add("actor/kl_loss", kl_loss)
+            log_prob = logprobs_from_logits(logits, micro["responses"].to(logits.device))
+            entropy = entropy_from_logits(logits)
+            loss = policy_loss(log_prob, entropy, micro, config, mb.denominator, meter)
             torch.autograd.backward(loss * dp_size)
-            n_tok = mask.sum()
-            meter.add("actor/pg_loss", pg_loss)
-            meter.add("actor/entropy", entropy)
-            meter.add("actor/pg_clipfrac", clipfrac * n_tok)
-            meter.add("actor/ppo_kl", ppo_kl * n_tok)
-            meter.add("actor/pg_clipfrac_lower", clipfrac_lower * n_tok)
-        grad_norm = engine.optimizer_step(config.grad_clip)
-        per_token = {
-            k: max(tokens, 1.0)
-            for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
-        }
-        meter.close_step(per_token, {"actor/grad_norm": grad_norm})
+        close_policy_step(meter, mb.tokens, engine.optimizer_step(config.grad_clip))
     metrics = meter.result()
     if config.use_kl_loss:
         metrics["actor/kl_coef"] = config.kl_loss_coef
@@ -281,31 +338,14 @@ def update_critic(
 ) -> dict[str, float]:
     """Clipped value-loss epochs over mini-batches (same normalisation as the actor)."""
     dp_size = dist.get_world_size(engine.dp_group)
-    mode = config.loss_agg_mode
     meter = _Meter(engine.dp_group)
-    for mb in _mini_batches(engine, tensors, config, sizes, seed, where):
-        denom, tokens = mb.denominator, mb.tokens
+    total = tensors["input_ids"].shape[0]
+    for mb in _mini_batches(engine, tensors, total, config, sizes, seed, where):
         for micro in mb.micro_batches:
             out = engine.forward(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
             length = micro["responses"].shape[1]
             vpreds = out[:, -length - 1 : -1].float()
-            dev = vpreds.device
-            mask = response_mask_of(micro).to(dev).float()
-            vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds,
-                micro["returns"].to(dev).float(),
-                micro["values"].to(dev).float(),
-                mask,
-                config.cliprange_value,
-                mode,
-                denom,
-            )
-            torch.autograd.backward(vf_loss * dp_size)
-            n_tok = mask.sum()
-            meter.add("critic/vf_loss", vf_loss)
-            meter.add("critic/vf_clipfrac", vf_clipfrac * n_tok)
-            meter.add("critic/vpred_mean", (vpreds.detach() * mask).sum())
-        grad_norm = engine.optimizer_step(config.grad_clip)
-        per_token = {k: max(tokens, 1.0) for k in ("critic/vf_clipfrac", "critic/vpred_mean")}
-        meter.close_step(per_token, {"critic/grad_norm": grad_norm})
+            loss = value_loss(vpreds, micro, config, mb.denominator, meter)
+            torch.autograd.backward(loss * dp_size)
+        close_value_step(meter, mb.tokens, engine.optimizer_step(config.grad_clip))
     return meter.result()

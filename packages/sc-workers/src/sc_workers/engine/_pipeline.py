@@ -1,0 +1,280 @@
+"""Pipeline parallelism for the megatron-style engine: stages x FSDP2 x tensor parallelism.
+
+A ``(pp, dp, tp)`` DeviceMesh; ``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``. The
+model is split by decoder layers (:func:`~sc_workers.models.split_layers`) into
+``pp x vpp`` stages; pipeline rank ``r`` runs stages ``r, r + pp, r + 2 pp ...`` (one
+without virtual pipelining). Each stage is a :class:`~sc_workers.models.TinyStage` that
+keeps the whole model's parameter names; tensor parallelism splits its layers over the
+mesh's ``tp`` dimension and FSDP2 shards it over ``dp``, as in :class:`MegatronEngine`.
+
+Micro-batches run through a ``torch.distributed.pipelining`` schedule (1F1B, GPipe or
+interleaved 1F1B) built per call on the ``pp`` process group: :meth:`PipelineEngine.train_step`
+(forward and backward, the loss computed on the last stage) and
+:meth:`PipelineEngine.forward_only` (``eval``, no backward: log-probs and values). Only the
+last stage has outputs; the first stage reads the model inputs and every stage after it
+receives the hidden states with the attention mask and positions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.distributed.pipelining.stage import _PipelineStageBase
+from torch.distributed.tensor import DTensor
+
+from .._config import FSDPConfig, MegatronConfig, ModelConfig, OptimConfig
+from .._errors import ConfigError, UnsupportedParallelismError
+from ..models import TinyCausalLM, TinyStage, split_layers
+from ._fsdp import shard_module
+from ._megatron import MegatronEngine
+from ._parallel import ParallelLayout
+
+__all__ = ["PipelineEngine", "PipelineModel"]
+
+logger = logging.getLogger(__name__)
+
+#: ``loss_fn(stage_output, target) -> scalar`` on the last stage
+LossFn = Callable[[Any, Any], Tensor]
+
+
+class PipelineModel(nn.Module):
+    """The stages one pipeline rank runs, seen as one module with the whole model's names.
+
+    It shares the stages' submodules (embeddings on the first stage, the layers by their
+    original index, norm and head on the last), so ``named_parameters()`` lists this
+    rank's parameters under the names they have in the unsplit model; the optimizer,
+    checkpoints, weight sync and gradient clipping use it like any engine's module. It has
+    no forward: micro-batches run through the engine's pipeline schedule.
+    """
+
+    def __init__(self, stages: Sequence[TinyStage]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict()
+        for stage in stages:
+            for name, child in stage.named_children():
+                if name == "layers":
+                    for index, layer in child.named_children():
+                        self.layers[index] = layer
+                elif name != "rotary":
+                    setattr(self, name, child)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedParallelismError(
+            "PipelineModel: a pipelined model has no single forward; run micro-batches "
+            "through PipelineEngine.train_step / forward_only"
+        )
+
+
+class PipelineEngine(MegatronEngine):
+    """Pipeline stages x FSDP2 data parallelism x tensor parallelism (the built-in model).
+
+    ``megatron`` gives the number of virtual stages per rank and the schedule. Forward and
+    backward go through :meth:`train_step` and :meth:`forward_only`; :meth:`forward` (one
+    whole-model call, used for generation) is not available on a pipelined model.
+    """
+
+    strategy = "megatron"
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        fsdp_config: FSDPConfig,
+        layout: ParallelLayout,
+        device: torch.device,
+        optim_config: OptimConfig | None = None,
+        value_head: bool = False,
+        megatron: MegatronConfig | None = None,
+    ) -> None:
+        super().__init__(model_config, fsdp_config, layout, device, optim_config, value_head)
+        if megatron is None:
+            megatron = MegatronConfig(
+                tensor_model_parallel_size=layout.tp_size,
+                pipeline_model_parallel_size=layout.pp_size,
+            )
+        self.megatron = megatron
+        self.stages: list[TinyStage] = []
+        self.stage_ids: list[int] = []
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def num_stages(self) -> int:
+        """Stages of the whole pipeline: ``pp x vpp``."""
+        return self.layout.pp_size * self.megatron.virtual_stages
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup:
+        return self._mesh_group("pp")
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        return self._mesh_group("dp")
+
+    def _mesh_group(self, dim: str) -> dist.ProcessGroup:
+        mesh = self.device_mesh
+        if mesh is None:
+            raise ConfigError(f"rank {self.layout.rank}: the pipelined engine is not built")
+        return mesh.get_group(dim)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    # ------------------------------------------------------------------- build
+    def _make_mesh(self) -> DeviceMesh:
+        lay = self.layout
+        if self.fsdp_config.fsdp_size not in (-1, lay.dp_size):
+            raise ConfigError(
+                f"fsdp_config.fsdp_size {self.fsdp_config.fsdp_size}: HSDP is not combined with "
+                f"model parallelism; use -1 (shard over the dp size {lay.dp_size})"
+            )
+        return init_device_mesh(
+            self.device.type,
+            (lay.pp_size, lay.dp_size, lay.tp_size),
+            mesh_dim_names=("pp", "dp", "tp"),
+        )
+
+    def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        where = f"rank {self.layout.rank}: pipeline_model_parallel_size {self.layout.pp_size}"
+        if not isinstance(module, TinyCausalLM):
+            raise UnsupportedParallelismError(
+                f"{where} splits the built-in model by decoder layers; "
+                f"{type(module).__name__} (model {self.model_config.path!r}) cannot be split yet"
+            )
+        if module.lm_head.weight is module.embed_tokens.weight:
+            raise UnsupportedParallelismError(
+                f"{where}: tie_word_embeddings puts one weight on the first and the last stage; "
+                "untie them (model.tie_word_embeddings=False) for pipeline parallelism"
+            )
+        ranges = split_layers(len(module.layers), self.num_stages)
+        pp, last = self.layout.pp_size, self.num_stages - 1
+        self.stage_ids = [self.layout.pp_rank + k * pp for k in range(self.megatron.virtual_stages)]
+        self.stages = []
+        for stage_id in self.stage_ids:
+            stage = TinyStage(module, ranges[stage_id], stage_id == 0, stage_id == last)
+            self._tensor_parallel(stage, mesh)  # in place
+            shard_module(self, stage, mesh["dp"])
+            self.stages.append(stage)
+        logger.info(
+            "rank %d: pipeline stages %s of %d (layers %s)",
+            self.layout.rank,
+            self.stage_ids,
+            self.num_stages,
+            [list(ranges[i]) for i in self.stage_ids],
+        )
+        return PipelineModel(self.stages)
+
+    # ----------------------------------------------------------------- compute
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        cache: Any = None,
+    ) -> Tensor:
+        raise UnsupportedParallelismError(
+            f"rank {self.layout.rank}: a pipelined model (pipeline_model_parallel_size "
+            f"{self.layout.pp_size}) has no whole-model forward; sample with a separately "
+            "placed rollout group or rollout servers"
+        )
+
+    @property
+    def supports_kv_cache(self) -> bool:
+        return False
+
+    def _schedule(self, n_micro: int, loss_fn: LossFn | None) -> Any:
+        group = self.pp_group
+        stages: list[_PipelineStageBase] = [
+            PipelineStage(stage, stage_id, self.num_stages, self.device, group=group)
+            for stage, stage_id in zip(self.stages, self.stage_ids, strict=True)
+        ]
+        name = self.megatron.schedule
+        if name == "Interleaved1F1B":
+            if n_micro % self.layout.pp_size:
+                raise ConfigError(
+                    f"rank {self.layout.rank}: the interleaved 1F1B schedule needs a number of "
+                    f"micro-batches divisible by pipeline_model_parallel_size "
+                    f"{self.layout.pp_size}, got {n_micro}"
+                )
+            return ScheduleInterleaved1F1B(stages, n_micro, loss_fn=loss_fn, scale_grads=False)
+        cls = ScheduleGPipe if name == "GPipe" else Schedule1F1B
+        return cls(stages[0], n_micro, loss_fn=loss_fn, scale_grads=False)
+
+    def _micro_args(
+        self, inputs: Sequence[tuple[Tensor, Tensor, Tensor]]
+    ) -> list[tuple[Tensor, ...]] | None:
+        if not self.is_first_stage:
+            return None
+        return [tuple(t.to(self.device) for t in micro) for micro in inputs]
+
+    def train_step(
+        self,
+        inputs: Sequence[tuple[Tensor, Tensor, Tensor]],
+        heads: Sequence[Any],
+        targets: Sequence[Any],
+        loss_fn: LossFn,
+    ) -> None:
+        """Forward and backward of ``len(heads)`` micro-batches through the pipeline.
+
+        ``inputs`` (first stage only; ignored elsewhere): each micro-batch's ``(input_ids,
+        attention_mask, position_ids)``. On the last stage ``heads[i]`` maps the logits
+        (values) to what ``loss_fn(output, targets[i])`` takes; the loss's gradients
+        accumulate into the parameters (no optimizer step). Every rank of the pipeline
+        group calls it with the same number of micro-batches.
+        """
+        schedule = self._schedule(len(heads), loss_fn)
+        kwargs = [{"head": head} for head in heads]
+        target_mbs = list(targets) if self.is_last_stage else None
+        schedule.step(
+            arg_mbs=self._micro_args(inputs),
+            kwarg_mbs=kwargs,
+            target_mbs=target_mbs,
+            return_outputs=False,
+        )
+
+    def forward_only(
+        self, inputs: Sequence[tuple[Tensor, Tensor, Tensor]], heads: Sequence[Any]
+    ) -> Any:
+        """Forward of ``len(heads)`` micro-batches, no backward; the last stage returns the
+        heads' outputs merged along the batch dimension, other stages ``None``."""
+        schedule = self._schedule(len(heads), None)
+        kwargs = [{"head": head} for head in heads]
+        with torch.no_grad():
+            return schedule.eval(arg_mbs=self._micro_args(inputs), kwarg_mbs=kwargs)
+
+    # ------------------------------------------------------------- checkpoint
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Every parameter as a full CPU tensor on rank 0 (empty elsewhere): each stage
+        gathers its own (a collective over its dp x tp ranks), and the stages' first
+        ranks send theirs to rank 0."""
+        local: dict[str, Tensor] = {}
+        for name, param in self.module.named_parameters():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            local[name] = full.detach().to("cpu", copy=True)
+        if self.layout.dp_rank != 0 or self.layout.tp_rank != 0:
+            return {}
+        gathered: list[Any] = [None] * self.layout.pp_size if self.layout.rank == 0 else []
+        dist.gather_object(
+            local, gathered if self.layout.rank == 0 else None, dst=0, group=self.pp_group
+        )
+        if self.layout.rank != 0:
+            return {}
+        out: dict[str, Tensor] = {}
+        for part in gathered:
+            out.update(part)
+        return out
