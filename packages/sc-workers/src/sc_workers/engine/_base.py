@@ -196,12 +196,10 @@ class Engine(ABC):
 
         The norm covers every parameter across the whole mesh: each rank sums the squares
         of its local shards, divided by the number of ranks holding a copy of that shard
-        (within its pipeline stage), and one all-reduce adds the ranks up. Works for any mix of FSDP, HSDP and TP
-        placements (:func:`._optim.clip_grad_norm`).
+        (within its pipeline stage), and one all-reduce adds the ranks up. Works for any
+        mix of FSDP, HSDP and TP placements (:func:`._optim.clip_grad_norm`).
         """
-        return clip_grad_norm(
-            self.module.parameters(), max_norm, self.device, self.layout.pp_size
-        )
+        return clip_grad_norm(self.module.parameters(), max_norm, self.device, self.layout.pp_size)
 
     def optimizer_step(self, max_norm: float) -> float:
         """Clip, then step the optimizer (skipped, with a warning, if the norm is not finite)."""

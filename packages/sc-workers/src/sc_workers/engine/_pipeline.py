@@ -45,8 +45,9 @@ __all__ = ["PipelineEngine", "PipelineModel"]
 
 logger = logging.getLogger(__name__)
 
-#: ``loss_fn(stage_output, target) -> scalar`` on the last stage
-LossFn = Callable[[Any, Any], Tensor]
+#: ``loss_fn(stage_output, index) -> scalar`` on the last stage (``index``: the
+#: micro-batch's number, a 0-d tensor)
+LossFn = Callable[[Any, Tensor], Tensor]
 
 
 class PipelineModel(nn.Module):
@@ -226,20 +227,20 @@ class PipelineEngine(MegatronEngine):
         self,
         inputs: Sequence[tuple[Tensor, Tensor, Tensor]],
         heads: Sequence[Any],
-        targets: Sequence[Any],
         loss_fn: LossFn,
     ) -> None:
         """Forward and backward of ``len(heads)`` micro-batches through the pipeline.
 
         ``inputs`` (first stage only; ignored elsewhere): each micro-batch's ``(input_ids,
         attention_mask, position_ids)``. On the last stage ``heads[i]`` maps the logits
-        (values) to what ``loss_fn(output, targets[i])`` takes; the loss's gradients
-        accumulate into the parameters (no optimizer step). Every rank of the pipeline
-        group calls it with the same number of micro-batches.
+        (values) to what ``loss_fn(output, i)`` takes (``i`` as a 0-d tensor: the schedule
+        passes targets as tensors); the loss's gradients accumulate into the parameters
+        (no optimizer step). Every rank of the pipeline group calls it with the same
+        number of micro-batches.
         """
         schedule = self._schedule(len(heads), loss_fn)
         kwargs = [{"head": head} for head in heads]
-        target_mbs = list(targets) if self.is_last_stage else None
+        target_mbs = [torch.tensor(i) for i in range(len(heads))] if self.is_last_stage else None
         schedule.step(
             arg_mbs=self._micro_args(inputs),
             kwarg_mbs=kwargs,

@@ -12,10 +12,11 @@ from sc_protocol import DataProto
 
 from .._config import ActorRolloutRefConfig, BatchSizes
 from .._errors import ConfigError, NotInitializedError
-from ..engine import Engine, make_engine
+from ..engine import Engine, PipelineEngine, make_engine
 from ._common import WorkerBase
 from ._generation import generate_batch, meta_float, sampling_params
 from ._ppo import compute_log_prob, gather_tensors, update_policy
+from ._ppo_pipeline import pipelined_log_prob, pipelined_update_policy, reads_batch
 from ._sync import WeightSyncEndpoint
 
 __all__ = ["ROLES", "ActorRolloutRefWorker"]
@@ -102,6 +103,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
                 self.layout,
                 self.device,
                 optim,
+                megatron=cfg.actor.megatron,
             )
             engine.build()
             if cfg.actor.fsdp_config.param_offload:
@@ -111,7 +113,12 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
             self.actor_engine = engine
         if self._is_ref:
             ref = make_engine(
-                cfg.ref.strategy, cfg.model, cfg.ref.fsdp_config, self.layout, self.device
+                cfg.ref.strategy,
+                cfg.model,
+                cfg.ref.fsdp_config,
+                self.layout,
+                self.device,
+                megatron=cfg.ref.megatron,
             )
             ref.build()
             if cfg.ref.fsdp_config.param_offload:
@@ -162,13 +169,12 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         """
         where = self._where("compute_log_prob")
         engine = self._actor("compute_log_prob")
-        t = gather_tensors(data, _MODEL_INPUTS, (), where)
         temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
         )
         with engine.on_device():
-            log_prob, entropy = compute_log_prob(
-                engine, t, temperature, self.config.rollout.log_prob_micro_batch_size_per_gpu
+            log_prob, entropy = self._log_prob(
+                engine, data, temperature, self.config.rollout.log_prob_micro_batch_size_per_gpu
             )
         return DataProto.from_dict(
             tensors={"old_log_probs": log_prob, "entropys": entropy},
@@ -183,15 +189,14 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
             raise NotInitializedError(f"{where}: role {self.role!r} has no ref")
         if self.ref_engine is None:
             raise NotInitializedError(f"{where}: call init_model first")
-        t = gather_tensors(data, _MODEL_INPUTS, (), where)
         temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
         )
         engine = self.ref_engine
         with engine.on_device():
-            log_prob, _ = compute_log_prob(
+            log_prob, _ = self._log_prob(
                 engine,
-                t,
+                data,
                 temperature,
                 self.config.ref.log_prob_micro_batch_size_per_gpu,
                 calculate_entropy=False,
@@ -199,6 +204,23 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         return DataProto.from_dict(
             tensors={"ref_log_prob": log_prob}, meta_info={"temperature": temperature}
         )
+
+    def _log_prob(
+        self,
+        engine: Engine,
+        data: DataProto,
+        temperature: float,
+        micro_batch_size: int,
+        calculate_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        where = self._where("compute_log_prob")
+        t = gather_tensors(data, _MODEL_INPUTS if reads_batch(engine) else (), (), where)
+        if isinstance(engine, PipelineEngine):
+            length = self.config.rollout.response_length
+            if "responses" in t:
+                length = int(t["responses"].shape[1])
+            return pipelined_log_prob(engine, t, len(data), length, temperature, micro_batch_size)
+        return compute_log_prob(engine, t, temperature, micro_batch_size, calculate_entropy)
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -218,6 +240,8 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         keys = [*_MODEL_INPUTS, "old_log_probs", "advantages"]
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
+        if not reads_batch(engine):
+            keys = []
         t = gather_tensors(data, keys, ("response_mask",), where)
         temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
@@ -225,12 +249,19 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         sizes = self.actor_batch_sizes
         if sizes is None:  # pragma: no cover - set in __init__ for every actor role
             raise NotInitializedError(f"{where}: no batch sizes")
-        return self._run_update(
-            engine,
-            "actor",
-            cfg.data_loader_seed,
-            lambda seed: update_policy(engine, t, cfg, sizes, temperature, seed, where),
-        )
+        if isinstance(engine, PipelineEngine):
+            rows = len(data)
+
+            def step(seed: int) -> dict[str, float]:
+                return pipelined_update_policy(
+                    engine, t, rows, cfg, sizes, temperature, seed, where
+                )
+        else:
+
+            def step(seed: int) -> dict[str, float]:
+                return update_policy(engine, t, cfg, sizes, temperature, seed, where)
+
+        return self._run_update(engine, "actor", cfg.data_loader_seed, step)
 
     # -------------------------------------------------------------- checkpoint
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -10,9 +10,10 @@ from sc_protocol import DataProto
 
 from .._config import CriticConfig
 from .._errors import ConfigError, NotInitializedError
-from ..engine import Engine, make_engine
+from ..engine import Engine, PipelineEngine, make_engine
 from ._common import WorkerBase
 from ._ppo import compute_values, gather_tensors, update_critic
+from ._ppo_pipeline import pipelined_update_critic, pipelined_values, reads_batch
 
 __all__ = ["CriticWorker"]
 
@@ -63,6 +64,7 @@ class CriticWorker(WorkerBase):
             self.device,
             cfg.optim,
             value_head=True,
+            megatron=cfg.megatron,
         )
         engine.build()
         if cfg.fsdp_config.param_offload:
@@ -76,9 +78,15 @@ class CriticWorker(WorkerBase):
         """``values`` ``[batch, response_length]``, zero outside the response mask."""
         where = self._where("compute_values")
         engine = self._engine("compute_values")
-        t = gather_tensors(data, _MODEL_INPUTS, ("response_mask",), where)
+        keys = _MODEL_INPUTS if reads_batch(engine) else ()
+        t = gather_tensors(data, keys, ("response_mask",), where)
+        micro = self.config.forward_micro_batch_size_per_gpu
         with engine.on_device():
-            values = compute_values(engine, t, self.config.forward_micro_batch_size_per_gpu)
+            if isinstance(engine, PipelineEngine):
+                length = int(t["responses"].shape[1]) if "responses" in t else 0
+                values = pipelined_values(engine, t, len(data), length, micro)
+            else:
+                values = compute_values(engine, t, micro)
         return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
@@ -91,14 +99,20 @@ class CriticWorker(WorkerBase):
         """
         where = self._where("update_critic")
         engine = self._engine("update_critic")
-        t = gather_tensors(data, [*_MODEL_INPUTS, "values", "returns"], ("response_mask",), where)
+        keys = [*_MODEL_INPUTS, "values", "returns"] if reads_batch(engine) else []
+        t = gather_tensors(data, keys, ("response_mask",), where)
         cfg, sizes = self.config, self.batch_sizes
-        return self._run_update(
-            engine,
-            "critic",
-            cfg.data_loader_seed,
-            lambda seed: update_critic(engine, t, cfg, sizes, seed, where),
-        )
+        if isinstance(engine, PipelineEngine):
+            rows = len(data)
+
+            def step(seed: int) -> dict[str, float]:
+                return pipelined_update_critic(engine, t, rows, cfg, sizes, seed, where)
+        else:
+
+            def step(seed: int) -> dict[str, float]:
+                return update_critic(engine, t, cfg, sizes, seed, where)
+
+        return self._run_update(engine, "critic", cfg.data_loader_seed, step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(

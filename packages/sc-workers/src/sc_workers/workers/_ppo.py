@@ -143,6 +143,11 @@ class _Meter:
         v = value.detach().double().cpu()
         self._sums[name] = self._sums.get(name, torch.zeros((), dtype=torch.float64)) + v
 
+    def merge(self, other: _Meter) -> None:
+        """Add ``other``'s sums (of the current step) to this meter's."""
+        for name, value in other._sums.items():
+            self.add(name, value)
+
     def close_step(self, weights: dict[str, float], extra: dict[str, float]) -> None:
         """All-reduce the sums over dp; each metric is divided by its weight."""
         names = sorted(self._sums)

@@ -1,0 +1,110 @@
+"""Configs and the per-rank job of the pipeline-parallel equivalence tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from _workers_helpers import (
+    BATCH,
+    actor_config,
+    critic_config,
+    full_weights,
+    make_tensors,
+    proto,
+    rows,
+)
+from sc_workers import (
+    ActorRolloutRefConfig,
+    ActorRolloutRefWorker,
+    CriticConfig,
+    CriticWorker,
+    MegatronConfig,
+)
+
+#: four decoder layers: two stages of two, or four virtual stages of one
+LAYERS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One pipelined layout under test (world = pp x dp x tp)."""
+
+    pp: int = 1
+    tp: int = 1
+    dp: int = 1
+    vpp: int = 1
+    schedule: str = "auto"
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.tp * self.dp
+
+    def megatron(self) -> MegatronConfig:
+        return MegatronConfig(
+            tensor_model_parallel_size=self.tp,
+            pipeline_model_parallel_size=self.pp,
+            virtual_pipeline_model_parallel_size=self.vpp if self.vpp > 1 else None,
+            pipeline_schedule=self.schedule,  # type: ignore[arg-type]  # a checked Literal
+        )
+
+
+def configs(layout: Layout | None) -> tuple[ActorRolloutRefConfig, CriticConfig]:
+    """The actor and critic of the equivalence tests; ``None``: the single-rank reference
+    (strategy fsdp, world size 1)."""
+    actor = actor_config("fsdp" if layout is None else "megatron")
+    critic = critic_config("fsdp" if layout is None else "megatron")
+    model = dataclasses.replace(actor.model, num_hidden_layers=LAYERS)
+    actor = dataclasses.replace(actor, model=model)
+    critic = dataclasses.replace(critic, model=model)
+    if layout is None:
+        return actor, critic
+    meg = layout.megatron()
+    actor = dataclasses.replace(
+        actor,
+        actor=dataclasses.replace(actor.actor, megatron=meg),
+        ref=dataclasses.replace(actor.ref, megatron=meg),
+    )
+    return actor, dataclasses.replace(critic, megatron=meg)
+
+
+def run_steps(
+    actor: Any, critic: Any, tensors: dict[str, torch.Tensor], order: torch.Tensor | None
+) -> dict[str, Any]:
+    """log-prob, ref log-prob, one actor update, log-prob again; values, one critic update."""
+    upd = tensors if order is None else rows(tensors, order)
+    out: dict[str, Any] = {}
+    out["old_log_probs"] = actor.compute_log_prob(proto(tensors, temperature=1.0)).batch[
+        "old_log_probs"
+    ]
+    out["entropys"] = actor.compute_log_prob(proto(tensors)).batch["entropys"]
+    out["ref_log_prob"] = actor.compute_ref_log_prob(proto(tensors)).batch["ref_log_prob"]
+    out["actor_metrics"] = actor.update_actor(proto(upd, temperature=1.0)).meta_info["metrics"]
+    out["actor_weights"] = full_weights(actor.actor_engine)
+    out["new_log_probs"] = actor.compute_log_prob(proto(tensors)).batch["old_log_probs"]
+    out["values"] = critic.compute_values(proto(tensors)).batch["values"]
+    out["critic_metrics"] = critic.update_critic(proto(upd)).meta_info["metrics"]
+    out["critic_weights"] = full_weights(critic.critic_engine)
+    return out
+
+
+def pipeline_job(layout: Layout, rank: int, world: int, out: Path) -> None:
+    """One rank of a pipelined run (started by ``launch``)."""
+    import torch.distributed as dist
+
+    actor_cfg, critic_cfg = configs(layout)
+    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
+    critic = CriticWorker(critic_cfg)
+    lay = actor.layout
+    shard = BATCH // lay.dp_size
+    mine = rows(make_tensors(), slice(lay.dp_rank * shard, (lay.dp_rank + 1) * shard))
+    actor.init_model()
+    critic.init_model()
+    result = run_steps(actor, critic, mine, None)
+    result["layout"] = (lay.pp_rank, lay.dp_rank, lay.tp_rank, lay.is_collect)
+    result["mesh"] = (actor._query_dispatch_info("actor"), actor._query_collect_info("actor"))
+    torch.save(result, out / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()

@@ -1,0 +1,101 @@
+"""Pipeline parallelism equals the single-rank run of the same model and batch (float32).
+
+PP=2, PP=2 x TP=2, PP=2 x DP=2, GPipe, and interleaved 1F1B with two virtual stages per
+rank: log-probs, entropies, values, and the parameters after one PPO (and value) update
+match a world-size-1 run within 1e-5. Each run starts its own gloo processes.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _workers_helpers import BATCH, dp_mini_batch_order, launch, make_tensors
+from _workers_pipeline_helpers import Layout, configs, pipeline_job, run_steps
+from sc_workers import ActorRolloutRefWorker, CriticWorker
+
+ATOL = 1e-5
+
+
+def _reference(dp: int) -> dict[str, Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORLD_SIZE", "1")
+        mp.setenv("RANK", "0")
+        actor_cfg, critic_cfg = configs(None)
+        actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
+        critic = CriticWorker(critic_cfg)
+        actor.init_model()
+        critic.init_model()
+        # the dp ranks each cut their rows into mini-batches of 4 / dp
+        order = dp_mini_batch_order(BATCH, dp=dp, per_rank_mini=4 // dp) if dp > 1 else None
+        return run_steps(actor, critic, make_tensors(), order)
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[int, dict[str, Any]]:
+    cache: dict[int, dict[str, Any]] = {}
+
+    class _Lazy(dict[int, dict[str, Any]]):
+        def __missing__(self, dp: int) -> dict[str, Any]:
+            cache[dp] = _reference(dp)
+            self[dp] = cache[dp]
+            return cache[dp]
+
+    return _Lazy()
+
+
+def _run(layout: Layout, tmp_path: Path) -> list[dict[str, Any]]:
+    launch(functools.partial(pipeline_job, layout), layout.world, tmp_path, timeout=240)
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(layout.world)]
+
+
+def _check(ref: dict[str, Any], outs: list[dict[str, Any]], layout: Layout) -> None:
+    collect = [r for r, o in enumerate(outs) if o["layout"][3]]
+    # the collect ranks: tp rank 0 of the last stage, one per dp rank, in dp order
+    assert [outs[r]["layout"][:3] for r in collect] == [
+        (layout.pp - 1, d, 0) for d in range(layout.dp)
+    ]
+    for key in ("old_log_probs", "entropys", "ref_log_prob", "new_log_probs", "values"):
+        joined = torch.cat([outs[r][key] for r in collect])
+        torch.testing.assert_close(joined, ref[key], atol=ATOL, rtol=0, msg=key)
+    for which in ("actor_weights", "critic_weights"):
+        merged: dict[str, torch.Tensor] = {}
+        for out in outs:
+            merged.update(out[which])
+        assert sorted(merged) == sorted(ref[which]), which
+        moved = 0.0
+        for name, value in ref[which].items():
+            torch.testing.assert_close(merged[name], value, atol=ATOL, rtol=0, msg=name)
+        for name, value in merged.items():
+            moved = max(moved, float((value - ref[which][name]).abs().max()))
+    first = ref["actor_metrics"]
+    mine = outs[collect[0]]["actor_metrics"]
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+        assert mine[key] == pytest.approx(first[key], abs=1e-5), key
+    assert outs[collect[0]]["critic_metrics"]["critic/vf_loss"] == pytest.approx(
+        ref["critic_metrics"]["critic/vf_loss"], abs=1e-5
+    )
+    # every rank of a dp group is registered with that dp rank
+    dispatch, collect_flags = outs[0]["mesh"]
+    assert dispatch == outs[0]["layout"][1]
+    assert collect_flags == outs[0]["layout"][3]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(pp=2),
+        Layout(pp=2, schedule="GPipe"),
+        Layout(pp=2, vpp=2),
+        Layout(pp=2, tp=2),
+        Layout(pp=2, dp=2),
+    ],
+    ids=["pp2-1f1b", "pp2-gpipe", "pp2-interleaved", "pp2xtp2", "pp2xdp2"],
+)
+def test_pipeline_matches_single_rank(
+    layout: Layout, references: dict[int, dict[str, Any]], tmp_path: Path
+) -> None:
+    _check(references[layout.dp], _run(layout, tmp_path), layout)
