@@ -9,7 +9,10 @@ from typing import Any
 import torch
 from _workers_helpers import (
     BATCH,
+    EOS_IDS,
+    PROMPT_LEN,
     actor_config,
+    col,
     critic_config,
     full_weights,
     make_tensors,
@@ -76,6 +79,21 @@ def run_steps(
     """log-prob, ref log-prob, one actor update, log-prob again; values, one critic update."""
     upd = tensors if order is None else rows(tensors, order)
     out: dict[str, Any] = {}
+    # greedy decoding through the stages, a few eos tokens: rows finish at different steps
+    prompt_mask = tensors["attention_mask"][:, :PROMPT_LEN]
+    prompts = proto(
+        {
+            "input_ids": tensors["prompts"],
+            "attention_mask": prompt_mask,
+            "position_ids": (prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        },
+        do_sample=False,
+        eos_token_id=EOS_IDS,
+        response_length=6,
+    )
+    gen = actor.generate_sequences(prompts)
+    out["gen_responses"] = col(gen, "responses")
+    out["gen_mask"] = col(gen, "response_mask")
     out["old_log_probs"] = actor.compute_log_prob(proto(tensors, temperature=1.0)).batch[
         "old_log_probs"
     ]

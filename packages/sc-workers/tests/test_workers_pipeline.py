@@ -1,8 +1,9 @@
 """Pipeline parallelism equals the single-rank run of the same model and batch (float32).
 
 PP=2, PP=2 x TP=2, PP=2 x DP=2, GPipe, and interleaved 1F1B with two virtual stages per
-rank: log-probs, entropies, values, and the parameters after one PPO (and value) update
-match a world-size-1 run within 1e-5. Each run starts its own gloo processes.
+rank: greedy generation (token for token), log-probs, entropies, values, and the
+parameters after one PPO (and value) update match a world-size-1 run within 1e-5. Each
+run starts its own gloo processes.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def _check(ref: dict[str, Any], outs: list[dict[str, Any]], layout: Layout) -> N
     assert [outs[r]["layout"][:3] for r in collect] == [
         (layout.pp - 1, d, 0) for d in range(layout.dp)
     ]
+    for key in ("gen_responses", "gen_mask"):
+        joined = torch.cat([outs[r][key] for r in collect])
+        assert torch.equal(joined, ref[key]), key
+    assert len(set(ref["gen_mask"].sum(-1).tolist())) > 1  # rows stopped at different steps
     for key in ("old_log_probs", "entropys", "ref_log_prob", "new_log_probs", "values"):
         joined = torch.cat([outs[r][key] for r in collect])
         torch.testing.assert_close(joined, ref[key], atol=ATOL, rtol=0, msg=key)

@@ -36,9 +36,10 @@ from torch.distributed.tensor import DTensor
 
 from .._config import FSDPConfig, MegatronConfig, ModelConfig, OptimConfig
 from .._errors import ConfigError, UnsupportedParallelismError
-from ..models import TinyCausalLM, TinyStage, split_layers
+from ..models import KVCache, TinyCausalLM, TinyStage, split_layers
 from ._fsdp import shard_module
 from ._megatron import MegatronEngine
+from ._modules import param_dtype_for
 from ._parallel import ParallelLayout
 
 __all__ = ["PipelineEngine", "PipelineModel"]
@@ -81,9 +82,9 @@ class PipelineModel(nn.Module):
 class PipelineEngine(MegatronEngine):
     """Pipeline stages x FSDP2 data parallelism x tensor parallelism (the built-in model).
 
-    ``megatron`` gives the number of virtual stages per rank and the schedule. Forward and
-    backward go through :meth:`train_step` and :meth:`forward_only`; :meth:`forward` (one
-    whole-model call, used for generation) is not available on a pipelined model.
+    ``megatron`` gives the number of virtual stages per rank and the schedule. Training
+    and scoring go through :meth:`train_step` and :meth:`forward_only` (micro-batches in a
+    schedule); :meth:`forward` runs the stages one after another for generation.
     """
 
     strategy = "megatron"
@@ -188,15 +189,58 @@ class PipelineEngine(MegatronEngine):
         position_ids: Tensor,
         cache: Any = None,
     ) -> Tensor:
-        raise UnsupportedParallelismError(
-            f"rank {self.layout.rank}: a pipelined model (pipeline_model_parallel_size "
-            f"{self.layout.pp_size}) has no whole-model forward; sample with a separately "
-            "placed rollout group or rollout servers"
-        )
+        """Logits ``[b, s, vocab]`` of the whole model, on every rank (for generation).
+
+        A collective over the pipeline group: the stages run one after another on the
+        same tokens, each sending its hidden states to the next stage's rank, and the last
+        stage broadcasts the logits, so every rank samples the same tokens (as the tensor
+        parallel ranks of a stage do). No micro-batching: it serves token-by-token
+        decoding with a :meth:`new_cache`, where a schedule has nothing to overlap.
+        """
+        ids, mask, pos = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
+        group, me, pp = self.pp_group, self.layout.pp_rank, self.layout.pp_size
+        dtype = param_dtype_for(self.fsdp_config.param_dtype, self.device)
+        b, s = ids.shape
+        hidden: Tensor | None = None
+        out: Tensor | None = None
+        for stage_id in range(self.num_stages):
+            host = stage_id % pp
+            if host == me:
+                stage = self.stages[self.stage_ids.index(stage_id)]
+                result = stage(ids if stage_id == 0 else hidden, mask, pos, cache=cache)
+                if stage.is_last:
+                    out = result
+                    break
+                hidden = result[0]
+            if stage_id == self.num_stages - 1:
+                break
+            nxt = (stage_id + 1) % pp
+            if host == nxt:
+                continue
+            if host == me:
+                if hidden is None:  # pragma: no cover - set by the stage above
+                    raise RuntimeError("no hidden states to send")
+                dist.send(hidden.contiguous(), dist.get_global_rank(group, nxt), group=group)
+            elif nxt == me:
+                hidden = torch.empty(b, s, self.model_config.hidden_size, dtype=dtype)
+                hidden = hidden.to(self.device)
+                dist.recv(hidden, dist.get_global_rank(group, host), group=group)
+        last_host = (self.num_stages - 1) % pp
+        if out is None:
+            shape = (b, s) if self.value_head else (b, s, self.model_config.vocab_size)
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+        else:
+            out = out.to(dtype).contiguous()
+        dist.broadcast(out, dist.get_global_rank(group, last_host), group=group)
+        return out
 
     @property
     def supports_kv_cache(self) -> bool:
-        return False
+        return True
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache of the whole model (this rank fills its layers)."""
+        return KVCache(self.model_config.num_hidden_layers)
 
     def _schedule(self, n_micro: int, loss_fn: LossFn | None) -> Any:
         group = self.pp_group

@@ -16,7 +16,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from .._errors import ConfigError
-from ._transformer import RotaryEmbedding, TinyCausalLM, attention_allowed, checked_positions
+from ._transformer import (
+    KVCache,
+    RotaryEmbedding,
+    TinyCausalLM,
+    attention_allowed,
+    checked_positions,
+)
 
 __all__ = ["StageHead", "TinyStage", "split_layers"]
 
@@ -59,7 +65,9 @@ class TinyStage(nn.Module):
     the masks with the activations and needs no batch of its own. The last stage returns
     logits ``[b, s, vocab]`` (values ``[b, s]`` with a value head), or ``head(logits)``
     when a head is given (log-probabilities of the response tokens, say, so that whole
-    logits never leave the stage).
+    logits never leave the stage). With a :class:`~sc_workers.models.KVCache` (sized for
+    the whole model; the stage fills its layers' entries) ``x`` holds only new tokens and
+    ``attention_mask`` covers the cached ones too, as in ``TinyCausalLM``.
     """
 
     def __init__(self, model: TinyCausalLM, layers: range, first: bool, last: bool) -> None:
@@ -82,15 +90,19 @@ class TinyStage(nn.Module):
         attention_mask: Tensor,
         position_ids: Tensor,
         head: StageHead | None = None,
+        cache: KVCache | None = None,
     ) -> Any:
-        allowed = attention_allowed(attention_mask)
+        # this stage's own layers say what is cached (another stage on the same rank may
+        # already have run this step)
+        past = 0 if cache is None else cache.length_of(int(next(iter(self.layers))))
+        allowed = attention_allowed(attention_mask, past)
         cos, sin = self.rotary(position_ids)
         if self.embed_tokens is not None:
             x = self.embed_tokens(x)
             if self.embed_positions is not None:
                 x = x + self.embed_positions(checked_positions(position_ids, self.config))
         for index, layer in self.layers.items():
-            x = layer(x, cos, sin, allowed, None, int(index))
+            x = layer(x, cos, sin, allowed, cache, int(index))
         if self.lm_head is None or self.norm is None:
             return x, attention_mask, position_ids
         out: Tensor = self.lm_head(self.norm(x))

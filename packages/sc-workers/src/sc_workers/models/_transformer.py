@@ -29,10 +29,18 @@ class KVCache:
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
 
+    def length_of(self, layer: int) -> int:
+        """Tokens cached so far for ``layer``."""
+        keys = self.keys[layer]
+        return 0 if keys is None else int(keys.shape[2])
+
     @property
     def length(self) -> int:
-        first = self.keys[0]
-        return 0 if first is None else int(first.shape[2])
+        """Tokens cached so far (a pipeline stage fills only its own layers' entries)."""
+        for keys in self.keys:
+            if keys is not None:
+                return int(keys.shape[2])
+        return 0
 
     def update(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         old_k, old_v = self.keys[layer], self.values[layer]
