@@ -155,9 +155,14 @@ def test_checkpoint_errors(tmp_path: Path) -> None:
     meta = json.loads(meta_file.read_text())
     meta.update(world_size=4, dp_size=2, tp_size=2)
     meta_file.write_text(json.dumps(meta))
+    # another layout loads by resharding, which needs every rank's file
+    with pytest.raises(CheckpointError, match=r"rank_00000_of_00004\.pt does not exist"):
+        w.load_checkpoint(str(path))
+    meta_file.write_text(json.dumps({**meta, "format": 1}))  # sc-workers 0.2: no resharding
     with pytest.raises(
         CheckpointError,
-        match=r"world size 4 \(dp 2, tp 2\), this group has world size 1 \(dp 1, tp 1\)",
+        match=r"world size 4 \(dp 2, tp 2\) and other blocks than this group's, world size 1 "
+        r"\(dp 1, tp 1\); its format 1 does not name the optimizer's parameters",
     ):
         w.load_checkpoint(str(path))
     w.save_checkpoint(str(path))

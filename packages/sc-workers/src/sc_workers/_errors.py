@@ -30,10 +30,12 @@ catch either the sc-workers class or the builtin::
     ├── WeightSyncError (RuntimeError)            a weight sync failed (a rank died, a piece did
     │                                             not fit); names the rank and the version, and
     │                                             the rollout keeps its previous weights
-    ├── CheckpointError (RuntimeError)            a checkpoint that is missing, incomplete, or
-    │                                             written by a different layout (world size,
-    │                                             dp/tp sizes, parameter names or shapes); a
-    │                                             Hugging Face export that cannot be written
+    ├── CheckpointError (RuntimeError)            a checkpoint that is missing or incomplete (a
+    │                                             rank's file, a parameter no saved rank holds,
+    │                                             saved blocks that leave a gap), of another
+    │                                             model (parameter names or shapes), or of
+    │                                             format 1 at another layout; a Hugging Face
+    │                                             export that cannot be written
     └── OptionalDependencyError (ImportError)     an optional extra that is not installed
                                                   (``sc-workers[hf]`` for transformers)
 

@@ -284,9 +284,11 @@ class Engine(ABC):
         """This rank's shards of the model, optimizer and schedule, as plain CPU tensors.
 
         ``model_chunks`` records, per parameter, the full shape and where this rank's block
-        starts, so that an offline export can reassemble full tensors. With ``copy=False``
-        tensors already on the CPU are the live ones (views, no copy): the caller must be
-        done with them before the next update changes them.
+        starts, so that an offline export can reassemble full tensors (and a checkpoint load
+        into another layout); ``optim_param_names`` names the optimizer's parameters in the
+        order that keys the optimizer state. With ``copy=False`` tensors already on the CPU
+        are the live ones (views, no copy): the caller must be done with them before the next
+        update changes them.
         """
         return local_state_dict(self.module, self.optimizer, self.lr_scheduler, copy)
 

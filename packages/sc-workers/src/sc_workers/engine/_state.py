@@ -12,7 +12,13 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from .._errors import CheckpointError
 
-__all__ = ["chunk_of", "load_local_state_dict", "local_state_dict"]
+__all__ = [
+    "chunk_of",
+    "load_local_state_dict",
+    "local_state_dict",
+    "local_tensor",
+    "optimizer_param_names",
+]
 
 
 def chunk_of(param: Tensor) -> tuple[list[int], list[int]]:
@@ -30,8 +36,26 @@ def chunk_of(param: Tensor) -> tuple[list[int], list[int]]:
     return list(param.shape), [0] * param.dim()
 
 
-def _local(t: Tensor) -> Tensor:
+def local_tensor(t: Tensor) -> Tensor:
+    """This rank's block of ``t`` (a DTensor's local tensor; a plain tensor is whole)."""
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def optimizer_param_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of ``optimizer``'s parameters in its order (the order that keys its
+    state_dict): what lets a checkpoint's optimizer state load into another layout."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    ordered: list[str] = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            name = names.get(id(p))
+            if name is None:
+                raise CheckpointError(
+                    f"the optimizer holds a parameter of shape {tuple(p.shape)} that is not one "
+                    "of the module's named parameters"
+                )
+            ordered.append(name)
+    return ordered
 
 
 def local_state_dict(
@@ -40,22 +64,26 @@ def local_state_dict(
     scheduler: LambdaLR | None,
     copy: bool = True,
 ) -> dict[str, Any]:
-    """See :meth:`sc_workers.Engine.local_state_dict`."""
+    """See :meth:`sc_workers.Engine.local_state_dict`; ``optim_param_names`` names the
+    optimizer's parameters in the order that keys ``optim["state"]``."""
 
     def cpu(t: Tensor) -> Tensor:
         return t.to("cpu", copy=copy)
 
     params = dict(module.named_parameters())
-    model = {name: cpu(_local(p.detach())) for name, p in params.items()}
+    model = {name: cpu(local_tensor(p.detach())) for name, p in params.items()}
     chunks = {name: chunk_of(p) for name, p in params.items()}
     state: dict[str, Any] = {"model": model, "model_chunks": chunks}
     if optimizer is not None and scheduler is not None:
         optim = optimizer.state_dict()
         optim["state"] = {
-            idx: {k: (cpu(_local(v)) if isinstance(v, Tensor) else v) for k, v in entry.items()}
+            idx: {
+                k: (cpu(local_tensor(v)) if isinstance(v, Tensor) else v) for k, v in entry.items()
+            }
             for idx, entry in optim["state"].items()
         }
         state["optim"] = optim
+        state["optim_param_names"] = optimizer_param_names(module, optimizer)
         state["lr_scheduler"] = scheduler.state_dict()
     return state
 
@@ -81,7 +109,7 @@ def load_local_state_dict(
         )
     with torch.no_grad():
         for name, p in params.items():
-            local = _local(p)
+            local = local_tensor(p)
             if tuple(local.shape) != tuple(saved[name].shape):
                 raise CheckpointError(
                     f"rank {rank}: checkpoint {source}: {name} has local shape "

@@ -298,7 +298,8 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
     def load_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
     ) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (same world size and layout)."""
+        """Restore what :meth:`save_checkpoint` wrote, at this or any other layout (world
+        size, dp/tp sizes, strategy): another layout is resharded on load."""
         engine = self._actor("load_checkpoint")
         extra = self._load(engine, local_path, hdfs_path, del_local_after_load)
         state = extra.get("generator")

@@ -5,11 +5,16 @@ Layout of ``local_path``::
     CURRENT                      the name of the published version ("v000003"), replaced
                                  atomically
     v000003/                     one complete checkpoint:
-        meta.json                format, world size, dp/tp sizes, global step (rank 0);
-                                 for a Hugging Face model also "hf": its kind and source
-        rank_00000_of_00004.pt   that rank's model shards (with where each block sits in
-        ...                      the full tensor), optimizer state, lr schedule, RNG
-                                 states and the worker's counters
+        meta.json                format, world size, dp/tp/pp/sp sizes, strategy, global
+                                 step (rank 0); for a Hugging Face model also "hf": its kind
+                                 and source
+        rank_00000_of_00004.pt   that rank's file: "model" (its blocks of the parameters it
+        ...                      holds), "model_chunks" (per parameter the full shape and
+                                 where the block starts), "optim" (the torch.optim
+                                 state_dict of those blocks, keyed by parameter index) and
+                                 "optim_param_names" (the names in that order),
+                                 "lr_scheduler", "rng" (the RNG states) and "extra" (the
+                                 worker's counters)
         hf/                      a Hugging Face model's config, tokenizer and other
                                  non-weight files, copied from ``model.path``
     v000004.tmp/                 a save in progress (or one that died)
@@ -24,6 +29,12 @@ complete version. A checkpoint written by sc-workers 0.1 (the files directly in
 ``local_path``) is still read. All ranks must see the same filesystem (one node, or a
 shared mount).
 
+A checkpoint loads into any layout: the same one reads only the rank's own file; another
+world size, dp/tp/pp/sp split, strategy (fsdp and megatron name parameters alike) or HSDP
+sharding is resharded (:mod:`._reshard`): every rank memory-maps the files and copies the
+parts of the saved blocks that overlap its own. Files of format 1 (sc-workers 0.2, without
+"optim_param_names") load only into the layout that wrote them.
+
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain values
 only, and a crafted file cannot run code. :func:`export_hf_checkpoint` turns a checkpoint into
 a ``save_pretrained`` directory without a process group.
@@ -36,7 +47,6 @@ import json
 import logging
 import os
 import pickle
-import random
 import re
 import shutil
 import threading
@@ -44,7 +54,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.utils.serialization
@@ -55,6 +64,15 @@ from .._settings import PG_TIMEOUT
 from ..engine import Engine
 from ..models._hf import HFModelKind, copy_hf_side_files, save_hf_model
 from ._checkpoint_background import BackgroundSave, wait_for_files
+from ._reshard import (
+    SHARED_EXTRA,
+    SavedRank,
+    assemble_full,
+    blocks_differ,
+    resharded_state,
+    rng_source,
+)
+from ._rng import capture_rng, restore_rng
 
 __all__ = [
     "published_checkpoint",
@@ -68,7 +86,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+#: 2: files name the optimizer's parameters ("optim_param_names"), meta.json has the pp and
+#: sp sizes; format 1 still loads, into the layout that wrote it
+FORMAT = 2
+_READABLE = (1, 2)
+#: the parallel sizes that make a layout, as meta.json names them (absent: 1)
+_SIZES = ("world_size", "dp_size", "tp_size", "pp_size", "sp_size")
 #: the checkpoint's copy of a Hugging Face model's config and tokenizer
 HF_DIR = "hf"
 #: the pointer file naming the published version
@@ -80,41 +103,6 @@ _VERSION = re.compile(r"^v(\d{6,})$")
 
 def _rank_file(rank: int, world: int) -> str:
     return f"rank_{rank:05d}_of_{world:05d}.pt"
-
-
-def capture_rng(device: torch.device) -> dict[str, Any]:
-    """The RNG states, as tensors and plain values (loadable with ``weights_only=True``)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": [
-            str(kind),
-            torch.from_numpy(np.asarray(keys).copy()),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        ],
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def restore_rng(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def _as_tuple(value: Any) -> Any:
-    """``random.getstate()``'s nested tuples, back from a round trip as lists or tuples."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_as_tuple(v) for v in value)
-    return value
 
 
 def _barrier() -> None:
@@ -277,6 +265,8 @@ def _meta(engine: Engine, global_step: int) -> dict[str, Any]:
         "world_size": layout.world_size,
         "dp_size": layout.dp_size,
         "tp_size": layout.tp_size,
+        "pp_size": layout.pp_size,
+        "sp_size": layout.sp_size,
         "strategy": engine.strategy,
         "global_step": global_step,
     }
@@ -343,59 +333,74 @@ def _read_meta(root: Path, where: str) -> dict[str, Any]:
     if not meta_file.is_file():
         raise CheckpointError(f"{where}: {meta_file} does not exist; not a complete checkpoint")
     meta: dict[str, Any] = json.loads(meta_file.read_text())
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{where}: {root} has format {meta.get('format')}, expected {FORMAT}")
+    if meta.get("format") not in _READABLE:
+        raise CheckpointError(
+            f"{where}: {root} has format {meta.get('format')}, expected one of {_READABLE}"
+        )
     return meta
 
 
 def load_engine_checkpoint(engine: Engine, local_path: str) -> dict[str, Any]:
-    """Restore this rank's shard; returns the ``extra`` dict that was saved with it."""
+    """Restore this rank's part of the checkpoint, from any layout (see the module
+    docstring); returns the ``extra`` dict that was saved with it."""
     layout = engine.layout
     where = f"load_checkpoint (rank {layout.rank})"
     root = published_checkpoint(local_path)
     if root is None:
         raise CheckpointError(f"{where}: {local_path} holds no complete checkpoint")
     meta = _read_meta(root, where)
-    saved = (meta.get("world_size"), meta.get("dp_size"), meta.get("tp_size"))
-    now = (layout.world_size, layout.dp_size, layout.tp_size)
-    if saved != now:
+    saved = tuple(int(meta.get(key, 1)) for key in _SIZES)
+    now = (layout.world_size, layout.dp_size, layout.tp_size, layout.pp_size, layout.sp_size)
+    if saved == now:
+        shard = root / _rank_file(layout.rank, layout.world_size)
+        if not shard.is_file():
+            raise CheckpointError(f"{where}: {shard} does not exist")
+        state = _load_file(shard)
+        if not blocks_differ(state, engine.module):
+            engine.load_local_state_dict(state, str(shard))
+            restore_rng(state["rng"], engine.device)
+            extra: dict[str, Any] = state.get("extra", {})
+            return extra
+    if meta["format"] < 2:
         raise CheckpointError(
             f"{where}: {root} was written with world size {saved[0]} (dp {saved[1]}, tp "
-            f"{saved[2]}), this group has world size {now[0]} (dp {now[1]}, tp {now[2]})"
+            f"{saved[2]}) and other blocks than this group's, world size {now[0]} (dp "
+            f"{now[1]}, tp {now[2]}); its format {meta['format']} does not name the optimizer's "
+            "parameters, which loading into another layout needs: load it with the layout "
+            "that wrote it and save it again"
         )
-    shard = root / _rank_file(layout.rank, layout.world_size)
-    if not shard.is_file():
-        raise CheckpointError(f"{where}: {shard} does not exist")
-    state = _load_file(shard)
-    engine.load_local_state_dict(state, str(shard))
-    restore_rng(state["rng"], engine.device)
-    extra: dict[str, Any] = state.get("extra", {})
-    return extra
+    return _load_resharded(engine, root, meta, where)
 
 
-def _assemble(name: str, blocks: list[tuple[list[int], list[int], torch.Tensor]]) -> torch.Tensor:
-    """One full tensor from the ranks' ``(global_shape, offsets, local)`` blocks."""
-    shape = blocks[0][0]
-    full = torch.empty(shape, dtype=blocks[0][2].dtype)
-    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    covered = 0
-    for global_shape, offsets, local in blocks:
-        if global_shape != shape or len(offsets) != local.dim() or local.dim() != len(shape):
-            raise CheckpointError(
-                f"export: {name} has inconsistent shapes across ranks ({global_shape} vs {shape})"
-            )
-        key = (tuple(offsets), tuple(local.shape))
-        if key in seen:  # a replica (tp-replicated or HSDP) of a block already placed
-            continue
-        seen.add(key)
-        index = tuple(slice(o, o + n) for o, n in zip(offsets, local.shape, strict=True))
-        full[index] = local
-        covered += local.numel()
-    if covered != full.numel():
-        raise CheckpointError(
-            f"export: the ranks' blocks of {name} cover {covered} of {full.numel()} elements"
-        )
-    return full
+def _load_resharded(engine: Engine, root: Path, meta: dict[str, Any], where: str) -> dict[str, Any]:
+    """Build this rank's state from every saved rank's memory-mapped file (:mod:`._reshard`)."""
+    layout = engine.layout
+    world = int(meta["world_size"])
+    logger.info(
+        "%s: loading %s (world size %d, dp %s, tp %s) into world size %d (dp %d, tp %d)",
+        where, root, world, meta.get("dp_size"), meta.get("tp_size"),
+        layout.world_size, layout.dp_size, layout.tp_size,
+    )  # fmt: skip
+    where = f"{where}: {root}"
+    files: list[SavedRank] = []
+    for rank in range(world):
+        path = root / _rank_file(rank, world)
+        if not path.is_file():
+            raise CheckpointError(f"{where}: {path.name} does not exist")
+        files.append(SavedRank(rank, path, _load_file(path, mmap=True)))
+    engine.load_local_state_dict(resharded_state(engine, files, where), str(root))
+    first = files[0].state.get("extra", {})
+    shared = {key: first[key] for key in SHARED_EXTRA if key in first}
+    source = rng_source(meta, layout, where)
+    if source is None:
+        logger.info(
+            "%s: the checkpoint has no dp rank %d (dp size %s); this rank keeps its RNG states "
+            "and per-rank counters (the sampler's generator) as initialised",
+            where, layout.dp_rank, meta.get("dp_size"),
+        )  # fmt: skip
+        return shared
+    restore_rng(files[source].state["rng"], engine.device)
+    return {**files[source].state.get("extra", {}), **shared}
 
 
 def export_hf_checkpoint(
@@ -433,14 +438,14 @@ def export_hf_checkpoint(
         if "model_chunks" not in state:
             raise CheckpointError(f"{where}: {path} has no block layout (model_chunks)")
         shards.append(state)
+    names = list(dict.fromkeys(name for state in shards for name in state["model"]))
     full: dict[str, torch.Tensor] = {}
-    for name in shards[0]["model"]:
-        blocks = []
-        for rank, state in enumerate(shards):
-            if name not in state["model"]:
-                raise CheckpointError(f"{where}: rank {rank} has no {name}")
-            shape, offsets = state["model_chunks"][name]
-            blocks.append((list(shape), list(offsets), state["model"][name]))
-        full[name] = _assemble(name, blocks)
+    for name in names:  # a pipeline stage's file holds that stage's parameters only
+        blocks = [
+            (_rank_file(rank, world), *state["model_chunks"][name], state["model"][name])
+            for rank, state in enumerate(shards)
+            if name in state["model"]
+        ]
+        full[name] = assemble_full(where, name, blocks)
     save_hf_model(full, kind, root / HF_DIR, out_dir)
     return str(out_dir)

@@ -145,6 +145,7 @@ class CriticWorker(WorkerBase):
     def load_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
     ) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (same world size and layout)."""
+        """Restore what :meth:`save_checkpoint` wrote, at this or any other layout (world
+        size, dp/tp sizes, strategy): another layout is resharded on load."""
         engine = self._engine("load_checkpoint")
         self._load(engine, local_path, hdfs_path, del_local_after_load)
