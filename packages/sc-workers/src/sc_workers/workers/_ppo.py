@@ -216,10 +216,14 @@ def update_policy(
     """PPO epochs over mini-batches with gradient accumulation over micro-batches.
 
     Each loss term is divided by the *global* token (or sequence) count of the mini-batch
-    and multiplied by the dp size (FSDP averages gradients over dp), so the update equals
-    the one a single process would make on the whole mini-batch.
+    (counted over the dp group) and multiplied by the number of ranks FSDP averages
+    gradients over (:attr:`Engine.grad_average_ranks`: dp x sp), so the update equals the
+    one a single process would make on the whole mini-batch. With Ulysses sequence
+    parallelism every sp rank computes the same loss on the gathered full-sequence logits
+    and its parameters receive the gradient of its own shard of positions only; FSDP sums
+    the shards' gradients.
     """
-    dp_size = dist.get_world_size(engine.dp_group)
+    grad_scale = engine.grad_average_ranks
     mode = config.loss_agg_mode
     meter = _Meter(engine.dp_group)
     for mb in _mini_batches(engine, tensors, config, sizes, seed, where):
@@ -252,7 +256,7 @@ def update_policy(
                 kl_loss = agg_loss(kld, mask, mode, denom)
                 loss = loss + config.kl_loss_coef * kl_loss
                 meter.add("actor/kl_loss", kl_loss)
-            torch.autograd.backward(loss * dp_size)
+            torch.autograd.backward(loss * grad_scale)
             n_tok = mask.sum()
             meter.add("actor/pg_loss", pg_loss)
             meter.add("actor/entropy", entropy)
@@ -280,7 +284,7 @@ def update_critic(
     where: str,
 ) -> dict[str, float]:
     """Clipped value-loss epochs over mini-batches (same normalisation as the actor)."""
-    dp_size = dist.get_world_size(engine.dp_group)
+    grad_scale = engine.grad_average_ranks
     mode = config.loss_agg_mode
     meter = _Meter(engine.dp_group)
     for mb in _mini_batches(engine, tensors, config, sizes, seed, where):
@@ -300,7 +304,7 @@ def update_critic(
                 mode,
                 denom,
             )
-            torch.autograd.backward(vf_loss * dp_size)
+            torch.autograd.backward(vf_loss * grad_scale)
             n_tok = mask.sum()
             meter.add("critic/vf_loss", vf_loss)
             meter.add("critic/vf_clipfrac", vf_clipfrac * n_tok)
