@@ -15,6 +15,7 @@ from .models._hf import (
     import_transformers,
     load_hf_tokenizer,
 )
+from .models._hf_ulysses import check_hf_sequence_parallel
 
 __all__ = ["hf_model_config", "hf_worker_configs"]
 
@@ -134,7 +135,8 @@ def hf_worker_configs(
     ``actor_rollout_ref`` and ``critic`` (defaults when omitted) keep every setting but
     their ``model``, which becomes :func:`hf_model_config` ``(path, dtype=dtype,
     seed=seed)``. With the megatron strategy, the model's head counts and MLP width must
-    divide by the tensor-parallel size (:class:`ConfigError` otherwise).
+    divide by the tensor-parallel size, and with Ulysses sequence parallelism its attention
+    heads by ``ulysses_sequence_parallel_size`` (:class:`ConfigError` otherwise).
     """
     model = hf_model_config(path, dtype=dtype, seed=seed)
     actor_cfg = dataclasses.replace(actor_rollout_ref or ActorRolloutRefConfig(), model=model)
@@ -148,4 +150,11 @@ def hf_worker_configs(
     for owner, strategy, tp in sections:
         if strategy == "megatron":
             check_hf_tensor_parallel(config, tp, f"{owner}: model {path!r}")
+    sp_sizes = {
+        "actor": actor_cfg.actor.ulysses_sequence_parallel_size,
+        "ref": actor_cfg.ref.ulysses_sequence_parallel_size,
+        "critic": critic_cfg.ulysses_sequence_parallel_size,
+    }
+    for owner, sp in sp_sizes.items():
+        check_hf_sequence_parallel(config, sp, f"{owner}: model {path!r}")
     return actor_cfg, critic_cfg

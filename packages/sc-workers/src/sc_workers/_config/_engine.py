@@ -15,6 +15,7 @@ __all__ = [
     "MegatronConfig",
     "OptimConfig",
     "PIPELINE_SCHEDULES",
+    "check_sp_divides",
     "check_strategy",
     "check_tp_divides",
 ]
@@ -200,4 +201,18 @@ def check_tp_divides(owner: str, model: ModelConfig, tp: int) -> None:
         raise ConfigError(
             f"{owner}: model.intermediate_size {model.intermediate_size} is not divisible by "
             f"tensor_model_parallel_size {tp}"
+        )
+
+
+def check_sp_divides(owner: str, model: ModelConfig, sp: int) -> None:
+    """Ulysses sequence parallelism splits the attention heads over the sp ranks: the
+    built-in model's head count must divide by ``sp``."""
+    # A Hugging Face model's head count lives in its config.json: hf_worker_configs checks
+    # it when it reads the directory, and the FSDP engine when it loads the model.
+    if sp == 1 or model.path is not None:
+        return
+    if model.num_attention_heads % sp:
+        raise ConfigError(
+            f"{owner}: model.num_attention_heads {model.num_attention_heads} is not divisible "
+            f"by ulysses_sequence_parallel_size {sp}"
         )

@@ -9,7 +9,14 @@ from typing import ClassVar, Literal
 
 from .._errors import ConfigError
 from ._base import KL_TYPES, LOSS_AGG_MODES, ConfigBase, non_negative, one_of, positive
-from ._engine import FSDPConfig, MegatronConfig, OptimConfig, check_strategy, check_tp_divides
+from ._engine import (
+    FSDPConfig,
+    MegatronConfig,
+    OptimConfig,
+    check_sp_divides,
+    check_strategy,
+    check_tp_divides,
+)
 from ._model import ModelConfig
 
 __all__ = [
@@ -249,6 +256,7 @@ class ActorRolloutRefConfig(ConfigBase):
                 f"{ref}; one worker has one mesh layout"
             )
         check_tp_divides(self._section, self.model, actor.tp)
+        check_sp_divides(self._section, self.model, actor.sp)
 
 
 @dataclass
@@ -291,6 +299,7 @@ class CriticConfig(ConfigBase):
         one_of(o, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         one_of(o, "device", self.device, ("auto", "cpu", "cuda"))
         check_tp_divides(o, self.model, self.megatron.tensor_model_parallel_size)
+        check_sp_divides(o, self.model, self.ulysses_sequence_parallel_size)
 
     @property
     def parallel_sizes(self) -> ParallelSizes:

@@ -24,6 +24,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from .._config import FSDPConfig, ModelConfig, OptimConfig
 from .._errors import NotInitializedError
 from ..models import HFCausalLM, HFModelKind, HFValueModel
+from ..models._ulysses import SequenceParallel, sharded_forward
 from ._modules import create_module
 from ._optim import clip_grad_norm, make_optimizer
 from ._parallel import ParallelLayout, init_distributed
@@ -63,6 +64,8 @@ class Engine(ABC):
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: LambdaLR | None = None
         self.device_mesh: DeviceMesh | None = None
+        #: this rank's Ulysses group, set by an engine that shards sequences (sp size > 1)
+        self.sequence_parallel: SequenceParallel | None = None
         self._params_on_device = True
         self._optim_on_device = True
 
@@ -81,6 +84,14 @@ class Engine(ABC):
     @abstractmethod
     def dp_group(self) -> dist.ProcessGroup:
         """The process group over which the batch is split (for global token counts)."""
+
+    @property
+    def grad_average_ranks(self) -> int:
+        """How many ranks FSDP averages every gradient over: the dp ranks times the sp ranks
+        of each (every rank it shards or replicates parameters over; tp ranks hold other
+        parts of the same parameters). A loss normalised by dp-global counts is multiplied
+        by this, so that the averaged gradient is the sum over the whole batch."""
+        return self.layout.dp_size * self.layout.sp_size
 
     @property
     def step_group(self) -> dist.ProcessGroup | None:
@@ -106,6 +117,11 @@ class Engine(ABC):
     def _create_module(self) -> nn.Module:
         return create_module(self.model_config, self.value_head)
 
+    def _check_layout(self) -> None:
+        """Reject a layout or setting this engine cannot run, before joining any group
+        (the base engine accepts every layout; subclasses narrow it)."""
+        return None
+
     @abstractmethod
     def _make_mesh(self) -> DeviceMesh: ...
 
@@ -116,6 +132,7 @@ class Engine(ABC):
         """Join the process group, create and shard the model, and set up the optimizer."""
         if self._module is not None:
             return
+        self._check_layout()
         init_distributed(self.layout.world_size, self.layout.rank, self.device)
         mesh = self._make_mesh()
         self.device_mesh = mesh
@@ -126,11 +143,13 @@ class Engine(ABC):
                 self._module.parameters(), self.optim_config
             )
         logger.info(
-            "rank %d: built %s engine (dp %d/%d, tp %d/%d) on %s",
+            "rank %d: built %s engine (dp %d/%d, sp %d/%d, tp %d/%d) on %s",
             self.layout.rank,
             self.strategy,
             self.layout.dp_rank,
             self.layout.dp_size,
+            self.layout.sp_rank,
+            self.layout.sp_size,
             self.layout.tp_rank,
             self.layout.tp_size,
             self.device,
@@ -144,7 +163,21 @@ class Engine(ABC):
         position_ids: Tensor,
         cache: Any = None,
     ) -> Tensor:
-        """Logits ``[b, s, vocab]`` (or values ``[b, s]``) for the given tokens."""
+        """Logits ``[b, s, vocab]`` (or values ``[b, s]``) for the given tokens.
+
+        With a Ulysses group (:attr:`sequence_parallel`) and no cache, each sp rank runs its
+        shard of the (right-padded) sequence and every rank returns the full output; with a
+        cache (generation) every rank runs the whole sequence.
+        """
+        sp = self.sequence_parallel
+        if sp is not None and cache is None:
+            return sharded_forward(
+                self.module,
+                sp,
+                input_ids.to(self.device),
+                attention_mask.to(self.device),
+                position_ids.to(self.device),
+            )
         out: Tensor = self.module(
             input_ids.to(self.device),
             attention_mask.to(self.device),

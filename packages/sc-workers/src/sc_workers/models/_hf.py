@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .._errors import BatchError, CheckpointError, ConfigError, OptionalDependencyError
+from ._ulysses import SP_KWARG, ULYSSES_ATTENTION, SequenceParallel, causal_padding_mask
 
 __all__ = [
     "HFCache",
@@ -100,6 +101,33 @@ def _cache_of(output: Mapping[str, Any]) -> Any:
     return None
 
 
+def _sequence_parallel_args(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    sp: SequenceParallel,
+    kwargs: dict[str, Any],
+) -> Tensor:
+    """The full ``[b, 1, s, s]`` mask for a sequence-sharded forward (transformers passes a
+    4-D mask through as is), with ``sp`` added to ``kwargs`` for the attention function."""
+    config: Any = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != ULYSSES_ATTENTION:
+        raise ConfigError(
+            f"{type(model).__name__}: a sequence_parallel forward needs the Ulysses attention "
+            "implementation (enable_hf_sequence_parallel); the FSDP engine sets it when "
+            "ulysses_sequence_parallel_size > 1"
+        )
+    b, s = input_ids.shape
+    if tuple(attention_mask.shape) != (b, s * sp.size):
+        raise BatchError(
+            f"{type(model).__name__} (sp rank {sp.rank}): attention_mask shape "
+            f"{tuple(attention_mask.shape)} does not match batch {b} x (shard {s} x sp size "
+            f"{sp.size}) tokens"
+        )
+    kwargs[SP_KWARG] = sp
+    return causal_padding_mask(attention_mask)
+
+
 class HFCausalLM(nn.Module):
     """A transformers causal LM: ``forward(input_ids, attention_mask, position_ids, cache=None)``.
 
@@ -107,7 +135,10 @@ class HFCausalLM(nn.Module):
     :meth:`new_cache`), ``input_ids`` holds only the tokens not yet in the cache,
     ``attention_mask`` covers the cached tokens plus the new ones, and the logits are
     those of the last new token only (``[batch, 1, vocab]``, where the model supports
-    ``logits_to_keep``).
+    ``logits_to_keep``). With ``sequence_parallel`` (after
+    :func:`~._hf_ulysses.enable_hf_sequence_parallel`), ``input_ids`` and ``position_ids``
+    are this rank's shard of the sequence, ``attention_mask`` the whole sequence's, and
+    the logits the shard's.
     """
 
     supports_kv_cache = True
@@ -132,8 +163,17 @@ class HFCausalLM(nn.Module):
         attention_mask: Tensor,
         position_ids: Tensor,
         cache: HFCache | None = None,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> Tensor:
         kwargs: dict[str, Any] = {"use_cache": cache is not None}
+        if sequence_parallel is not None:
+            if cache is not None:
+                raise BatchError(
+                    "HFCausalLM: a key/value cache is not combined with sequence_parallel"
+                )
+            attention_mask = _sequence_parallel_args(
+                self.model, input_ids, attention_mask, sequence_parallel, kwargs
+            )
         if cache is not None:
             if not isinstance(cache, HFCache):
                 raise BatchError(
@@ -192,14 +232,20 @@ class HFValueModel(nn.Module):
         attention_mask: Tensor,
         position_ids: Tensor,
         cache: Any = None,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> Tensor:
         if cache is not None:
             raise ConfigError("HFValueModel (a critic) does not take a key/value cache")
+        kwargs: dict[str, Any] = {"use_cache": False}
+        if sequence_parallel is not None:
+            attention_mask = _sequence_parallel_args(
+                self.model, input_ids, attention_mask, sequence_parallel, kwargs
+            )
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            use_cache=False,
+            **kwargs,
         )
         hidden: Tensor = out.last_hidden_state
         values: Tensor = self.score(hidden).squeeze(-1)

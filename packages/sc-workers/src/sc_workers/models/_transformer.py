@@ -7,7 +7,9 @@ cache for generation. Projection names follow the Llama convention (``q_proj`` .
 ``down_proj``) so the tensor-parallel plan of the megatron engine can address them.
 Attention reads the number of heads from the width of its (possibly tensor-parallel, hence
 local) projections, so the same module works unsharded and under column/row-parallel
-sharding.
+sharding. With a :class:`~._ulysses.SequenceParallel` (``sequence_parallel=``) the model runs
+one shard of each sequence and attention gathers the full sequence for a slice of the heads
+(Ulysses).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import Tensor, nn
 
 from .._config import ModelConfig
 from .._errors import BatchError
+from ._ulysses import SequenceParallel
 
 __all__ = ["KVCache", "RotaryEmbedding", "TinyCausalLM", "attention_allowed", "checked_positions"]
 
@@ -91,6 +94,7 @@ class Attention(nn.Module):
         allowed: Tensor,
         cache: KVCache | None,
         layer: int,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> Tensor:
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
@@ -100,7 +104,12 @@ class Attention(nn.Module):
         k = k * cos.to(k.dtype) + _rotate_half(k) * sin.to(k.dtype)
         if cache is not None:
             k, v = cache.update(layer, k, v)
+        sp = sequence_parallel
+        if sp is not None:  # [b, heads, s/sp, d] -> [b, heads/sp, s, d]
+            q, k, v = sp.seq_to_heads(q), sp.seq_to_heads(k), sp.seq_to_heads(v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        if sp is not None:
+            out = sp.heads_to_seq(out)
         projected: Tensor = self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
         return projected
 
@@ -133,8 +142,10 @@ class DecoderLayer(nn.Module):
         allowed: Tensor,
         cache: KVCache | None,
         layer: int,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, allowed, cache, layer)
+        attn_in = self.input_layernorm(x)
+        x = x + self.self_attn(attn_in, cos, sin, allowed, cache, layer, sequence_parallel)
         mlp_out: Tensor = self.mlp(self.post_attention_layernorm(x))
         return x + mlp_out
 
@@ -145,7 +156,9 @@ class TinyCausalLM(nn.Module):
     ``forward(input_ids, attention_mask, position_ids, cache=None)`` takes ``[batch, seq]``
     tensors and returns logits ``[batch, seq, vocab]`` (or values ``[batch, seq]`` with a
     value head). With a :class:`KVCache`, ``input_ids`` holds only the new tokens and
-    ``attention_mask`` covers the cached tokens plus the new ones.
+    ``attention_mask`` covers the cached tokens plus the new ones. With
+    ``sequence_parallel``, ``input_ids`` and ``position_ids`` are this rank's shard of the
+    sequence, ``attention_mask`` covers the whole sequence, and the outputs are the shard's.
     """
 
     supports_kv_cache = True
@@ -193,19 +206,26 @@ class TinyCausalLM(nn.Module):
         attention_mask: Tensor,
         position_ids: Tensor,
         cache: KVCache | None = None,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> Tensor:
         b, s = input_ids.shape
         past = 0 if cache is None else cache.length
-        if attention_mask.shape != (b, past + s):
+        shards = 1 if sequence_parallel is None else sequence_parallel.size
+        if sequence_parallel is not None and cache is not None:
             raise BatchError(
-                f"attention_mask shape {tuple(attention_mask.shape)} does not match "
-                f"batch {b} x (cached {past} + new {s}) tokens"
+                "TinyCausalLM: a key/value cache is not combined with sequence_parallel"
+            )
+        total = past + s * shards  # attention sees every shard's tokens
+        if attention_mask.shape != (b, total):
+            raise BatchError(
+                f"TinyCausalLM: attention_mask shape {tuple(attention_mask.shape)} does not "
+                f"match batch {b} x (cached {past} + new {s} x sp shards {shards}) tokens"
             )
         allowed = attention_allowed(attention_mask, past)
         cos, sin = self.rotary(position_ids)
         x = self.embed(input_ids, position_ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, allowed, cache, i)
+            x = layer(x, cos, sin, allowed, cache, i, sequence_parallel)
         return self.head(x)
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:

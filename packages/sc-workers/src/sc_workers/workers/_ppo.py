@@ -313,10 +313,14 @@ def update_policy(
     """PPO epochs over mini-batches with gradient accumulation over micro-batches.
 
     Each loss term is divided by the *global* token (or sequence) count of the mini-batch
-    and multiplied by the dp size (FSDP averages gradients over dp), so the update equals
-    the one a single process would make on the whole mini-batch.
+    (counted over the dp group) and multiplied by the number of ranks FSDP averages
+    gradients over (:attr:`Engine.grad_average_ranks`: dp x sp), so the update equals the
+    one a single process would make on the whole mini-batch. With Ulysses sequence
+    parallelism every sp rank computes the same loss on the gathered full-sequence logits
+    and its parameters receive the gradient of its own shard of positions only; FSDP sums
+    the shards' gradients.
     """
-    dp_size = dist.get_world_size(engine.dp_group)
+    grad_scale = engine.grad_average_ranks
     meter = _Meter(engine.dp_group)
     total = tensors["input_ids"].shape[0]
     for mb in _mini_batches(engine, tensors, total, config, sizes, seed, where):
@@ -325,7 +329,7 @@ def update_policy(
             log_prob = logprobs_from_logits(logits, micro["responses"].to(logits.device))
             entropy = entropy_from_logits(logits)
             loss = policy_loss(log_prob, entropy, micro, config, mb.denominator, meter)
-            torch.autograd.backward(loss * dp_size)
+            torch.autograd.backward(loss * grad_scale)
         close_policy_step(meter, mb.tokens, engine.optimizer_step(config.grad_clip))
     metrics = meter.result()
     if config.use_kl_loss:
@@ -342,7 +346,7 @@ def update_critic(
     where: str,
 ) -> dict[str, float]:
     """Clipped value-loss epochs over mini-batches (same normalisation as the actor)."""
-    dp_size = dist.get_world_size(engine.dp_group)
+    grad_scale = engine.grad_average_ranks
     meter = _Meter(engine.dp_group)
     total = tensors["input_ids"].shape[0]
     for mb in _mini_batches(engine, tensors, total, config, sizes, seed, where):
@@ -351,6 +355,6 @@ def update_critic(
             length = micro["responses"].shape[1]
             vpreds = out[:, -length - 1 : -1].float()
             loss = value_loss(vpreds, micro, config, mb.denominator, meter)
-            torch.autograd.backward(loss * dp_size)
+            torch.autograd.backward(loss * grad_scale)
         close_value_step(meter, mb.tokens, engine.optimizer_step(config.grad_clip))
     return meter.result()

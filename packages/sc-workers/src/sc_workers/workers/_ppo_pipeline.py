@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from .._config import ActorConfig, BatchSizes, CriticConfig
@@ -205,7 +204,7 @@ def pipelined_update_policy(
     last stage's metrics are dp-reduced; the gradient norm covers every stage.
     """
     last = engine.is_last_stage
-    dp_size = dist.get_world_size(engine.dp_group)
+    grad_scale = engine.grad_average_ranks
     meter = _Meter(engine.dp_group)
     meters = _MicroMeters(meter)
     batches = _mini_batches(engine, tensors, total, config, sizes, seed, where, count=last)
@@ -216,7 +215,7 @@ def pipelined_update_policy(
             config=config,
             denominator=mb.denominator,
             meters=meters,
-            scale=dp_size,
+            scale=grad_scale,
         )
         heads = [
             _response_head(m["responses"], temperature) if last else None for m in mb.micro_batches
@@ -244,7 +243,7 @@ def pipelined_update_critic(
 ) -> dict[str, float]:
     """:func:`._ppo.update_critic` through the pipeline schedule."""
     last = engine.is_last_stage
-    dp_size = dist.get_world_size(engine.dp_group)
+    grad_scale = engine.grad_average_ranks
     meter = _Meter(engine.dp_group)
     meters = _MicroMeters(meter)
     length = int(tensors["responses"].shape[1]) if last else 0
@@ -256,7 +255,7 @@ def pipelined_update_critic(
             config=config,
             denominator=mb.denominator,
             meters=meters,
-            scale=dp_size,
+            scale=grad_scale,
         )
         heads = [_value_head(length) if last else None for _ in mb.micro_batches]
         inputs = [_inputs(m) for m in mb.micro_batches] if engine.is_first_stage else []
