@@ -178,7 +178,11 @@ def test_get_and_set_dispatch_collect_copy_registrations() -> None:
     source = _bare_worker()
     source._register_dispatch_collect_info("engine", 1, True)
     tables = source.get_dispatch_collect()
-    assert tables == {"dispatch_dp_rank": {"engine": 1}, "collect_dp_rank": {"engine": True}}
+    assert tables == {
+        "dispatch_dp_rank": {"engine": 1},
+        "collect_dp_rank": {"engine": True},
+        "receives_data": {"engine": True},
+    }
     tables["dispatch_dp_rank"]["engine"] = 9  # a copy: the worker's table is unchanged
     assert source.get_dispatch_collect()["dispatch_dp_rank"] == {"engine": 1}
 
@@ -188,6 +192,7 @@ def test_get_and_set_dispatch_collect_copy_registrations() -> None:
     assert target.get_dispatch_collect() == {
         "dispatch_dp_rank": {"actor": 1, "engine": 1},
         "collect_dp_rank": {"actor": True, "engine": True},
+        "receives_data": {"actor": True, "engine": True},
     }
     with pytest.raises(MeshRegistrationError, match="not exactly one entry"):
         target.set_dispatch_collect("other", {"a": 0, "b": 1}, {"a": True, "b": False})
@@ -207,6 +212,7 @@ def test_a_worker_that_skipped_worker_init_can_still_register() -> None:
     assert w.get_dispatch_collect() == {
         "dispatch_dp_rank": {"m": 0},
         "collect_dp_rank": {"m": True},
+        "receives_data": {"m": True},
     }
     with pytest.raises(MeshRegistrationError, match="rank unknown"):
         w._register_dispatch_collect_info("m", 0, True)

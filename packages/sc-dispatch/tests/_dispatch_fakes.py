@@ -155,14 +155,18 @@ def run_call(
     **kwargs: Any,
 ) -> Any:
     """One call through a worker group: ``worker(rank, *args, **kwargs)`` runs on every rank
-    of a unit's slot (unpinned units go to the slots in turn); the collect rank's output of
-    each unit is joined."""
+    of a unit's slot with the arguments the plan gives that rank (unpinned units go to the
+    slots in turn); the collect rank's output of each unit is joined."""
     spec: DispatchModeSpec = resolve_dispatch_mode(dispatch_mode)
     plan = spec.plan(worker_group, execute_mode, args, kwargs)
     outputs: list[Any] = []
     for i, unit in enumerate(plan.units):
-        slot = plan.slots[i % len(plan.slots) if unit.slot is None else unit.slot]
-        ran = {rank: worker(rank, *unit.args, **unit.kwargs) for rank in slot.ranks}
+        index = i % len(plan.slots) if unit.slot is None else unit.slot
+        slot = plan.slots[index]
+        ran = {
+            rank: worker(rank, *a, **k)
+            for rank, (a, k) in zip(slot.ranks, plan.rank_arguments(unit, index), strict=True)
+        }
         outputs.append(ran[slot.collect_rank])
     return plan.join(outputs)
 

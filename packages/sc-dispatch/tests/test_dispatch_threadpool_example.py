@@ -51,10 +51,13 @@ class ThreadPoolWorkerGroup:
             plan = spec.plan(self, attrs.execute_mode, call_args, call_kwargs)  # 1. plan
             kept: list[Future[Any]] = []
             for i, unit in enumerate(plan.units):  # 2. run each unit on its slot's ranks
-                slot = plan.slots[i % len(plan.slots) if unit.slot is None else unit.slot]
-                for rank in slot.ranks:
+                index = i % len(plan.slots) if unit.slot is None else unit.slot
+                slot = plan.slots[index]
+                # what each rank receives (a rank that does not read the batch: metadata only)
+                rank_args = plan.rank_arguments(unit, index)
+                for rank, (args, kwargs) in zip(slot.ranks, rank_args, strict=True):
                     method = getattr(self.workers[rank], name)
-                    future = self.pool.submit(method, *unit.args, **unit.kwargs)
+                    future = self.pool.submit(method, *args, **kwargs)
                     if rank == slot.collect_rank:  # the output the join keeps
                         kept.append(future)
             if not attrs.blocking:

@@ -20,6 +20,7 @@ from sc_dispatch.ext import (
     get_shard_adapter,
     is_future,
     materialize,
+    payload_nbytes,
     resolve_dispatch_mode,
     split_args_kwargs,
     unpad_output,
@@ -239,3 +240,56 @@ def test_with_func_and_nd_dispatch() -> None:
     assert out.batch["ids"][:, 0].tolist() == [i * 6 for i in range(6)]
     td = TensorDict({"x": torch.arange(4)}, batch_size=[4])
     assert run_call(mesh_wg, mode, lambda t: t, td)["x"].tolist() == [0, 1, 2, 3]
+
+
+def test_the_dataproto_metadata_form_keeps_rows_and_meta_info_only() -> None:
+    dp = make_dp(6, meta={"temperature": 0.5})
+    meta = DataProtoAdapter().metadata_only(dp)
+    assert type(meta) is DataProto
+    assert len(meta) == 6
+    assert meta.meta_info == {"temperature": 0.5}
+    assert meta.meta_info is not dp.meta_info
+    assert meta.batch is not None
+    assert list(meta.batch.keys()) == []
+    assert meta.batch.batch_size == torch.Size([6])
+    assert meta.non_tensor_batch == {}
+    assert payload_nbytes(meta) == 0
+    no_batch = DataProtoAdapter().metadata_only(make_dp(3, tensors=False))
+    assert len(no_batch) == 3
+
+
+def test_nd_dispatch_sends_middle_stages_metadata_only_dataprotos() -> None:
+    # pp 3 x dp 2 (pp slowest): stages 0 and 2 read the batch, stage 1 gets metadata only
+    layout = MeshLayout(
+        (0, 1) * 3,
+        (False,) * 4 + (True, True),
+        receives_data=(True, True, False, False, True, True),
+    )
+    wg = FakeWorkerGroup(6, {"actor": layout})
+    mode = make_nd_compute_dataproto_dispatch_fn("actor")
+    spec = resolve_dispatch_mode(mode)
+    dp = make_dp(4, meta={"step": 3})
+    plan = spec.plan(wg, Execute.ALL, (dp,), {})
+    got = {}
+    for unit in plan.units:
+        assert unit.slot is not None
+        slot = plan.slots[unit.slot]
+        for rank, (args, _) in zip(slot.ranks, plan.rank_arguments(unit, unit.slot), strict=True):
+            got[rank] = args[0]
+    assert [row_ids(got[r]) for r in (0, 4)] == [[0, 1], [0, 1]]
+    assert [row_ids(got[r]) for r in (1, 5)] == [[2, 3], [2, 3]]
+    assert got[2] is got[3]
+    assert len(got[2]) == 2
+    assert got[2].meta_info == {"step": 3}
+    assert got[2].batch is not None
+    assert list(got[2].batch.keys()) == []
+    sizes = plan.rank_nbytes()
+    assert sizes[2] == sizes[3] == 0
+    assert sizes[0] == sizes[4] == payload_nbytes(dp) // 2
+    # a TensorDict has no metadata form: every rank gets its shard
+    td = TensorDict({"x": torch.arange(4)}, batch_size=[4])
+    td_plan = spec.plan(wg, Execute.ALL, (td,), {})
+    firsts = td_plan.rank_arguments(td_plan.units[0], 0)
+    assert all(a[0] is td_plan.units[0].args[0] for a, _ in firsts)
+    out = run_call(wg, mode, double_ids, dp)
+    assert out.batch["ids"][:, 0].tolist() == [i * 6 for i in range(4)]

@@ -14,6 +14,7 @@ import torch
 from sc_core import SpanRecorder, Worker, WorkerError
 from sc_dispatch import (
     Dispatch,
+    Execute,
     make_balanced_dispatch_fn,
     make_nd_compute_dataproto_dispatch_fn,
     register,
@@ -44,6 +45,14 @@ class Producer(Worker):
         super().__init__()
         # Two dp groups of two ranks each on the mesh "dp" (ranks 0, 2 collect).
         self._register_dispatch_collect_info("dp", self.rank // 2, self.rank % 2 == 0)
+        # Pipeline stages (pp slowest), the first and last stage reading the batch: 2 stages
+        # x 2 dp on "pp2" (every rank is a first or last stage), 4 stages x 1 dp on "pp4"
+        # (ranks 1 and 2 are middle stages: metadata only).
+        self._register_dispatch_collect_info("pp2", self.rank % 2, self.rank // 2 == 1)
+        self._register_dispatch_collect_info(
+            "pp4", 0, self.rank == 3, receives_data=self.rank in (0, 3)
+        )
+        self._stage_seen: dict[str, tuple[int, list[str], dict[str, Any], float]] = {}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def double(self, data: DataProto) -> DataProto:
@@ -75,6 +84,25 @@ class Producer(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"))
     def nd_rows(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"r": torch.full((len(data),), self.rank)})
+
+    def _stage(self, mesh: str, data: DataProto) -> DataProto:
+        columns = [] if data.batch is None else list(data.batch.keys())  # iter() is rows
+        keys = sorted(str(k) for k in columns)
+        first = float(_col(data, "x")[0, 0]) if keys else -1.0
+        self._stage_seen[mesh] = (len(data), keys, dict(data.meta_info), first)
+        return DataProto.from_dict({"r": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("pp2"))
+    def stage_pp2(self, data: DataProto) -> DataProto:
+        return self._stage("pp2", data)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("pp4"))
+    def stage_pp4(self, data: DataProto) -> DataProto:
+        return self._stage("pp4", data)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stage_seen(self, mesh: str) -> tuple[int, list[str], dict[str, Any], float]:
+        return self._stage_seen[mesh]
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("dp"), blocking=False)
     def nd_rows_later(self, data: DataProto) -> DataProto:
@@ -187,6 +215,43 @@ def test_large_shards_are_put_once_each(
     assert torch.equal(_col(out, "y"), _col(data, "x") * 2)
     (span,) = rec.spans
     assert span.bytes_put == 4 * 8192 * 4 * 4
+
+
+def test_middle_pipeline_stages_receive_the_shards_metadata_only(
+    groups: tuple[RayWorkerGroup, RayWorkerGroup],
+) -> None:
+    wg, _ = groups
+    data = _batch(8)
+    data.meta_info["step"] = 3
+    nbytes = 8 * 4 * 4
+    assert wg.query_mesh("pp2").receives_data == (True, True, True, True)
+    assert wg.query_mesh("pp4").receives_data == (True, False, False, True)
+    with SpanRecorder() as rec:
+        out2 = wg.stage_pp2(data)
+        out4 = wg.stage_pp4(data)
+    # pp2: dp 0 is ranks 0 (stage 0) and 2 (stage 1, collects), dp 1 ranks 1 and 3
+    assert _col(out2, "r").tolist() == [2] * 4 + [3] * 4
+    step = {"step": 3}
+    assert wg.stage_seen("pp2") == [
+        (4, ["x"], step, 0.0),
+        (4, ["x"], step, 16.0),
+        (4, ["x"], step, 0.0),
+        (4, ["x"], step, 16.0),
+    ]
+    # pp4: the last stage collects; the middle stages get the row count and meta_info only
+    assert _col(out4, "r").tolist() == [3] * 8
+    assert wg.stage_seen("pp4") == [
+        (8, ["x"], step, 0.0),
+        (8, [], step, -1.0),
+        (8, [], step, -1.0),
+        (8, ["x"], step, 0.0),
+    ]
+    spans = {s.method: s for s in rec.spans}
+    # each shard is put once for the ranks that read it; the metadata object weighs nothing
+    assert spans["stage_pp2"].bytes_put == nbytes
+    assert spans["stage_pp4"].bytes_put == nbytes
+    plan = wg.stage_pp4.spec.plan(wg, Execute.ALL, (data,), {})
+    assert plan.rank_nbytes() == {0: nbytes, 1: 0, 2: 0, 3: nbytes}
 
 
 def test_nd_future_holds_collect_ranks_only(

@@ -3,10 +3,10 @@
 ``WorkerGroup.query_mesh(mesh)`` (what sc-dispatch's N-d modes read, through the public
 ``DispatchWorkerGroup`` protocol) answers from the group's :class:`MeshCache`; on a miss it
 asks every worker through the group's verl-named methods ``_query_dispatch_info`` /
-``_query_collect_info`` (registered ``ONE_TO_ALL`` on ``Worker``) and keeps the checked
-layout. Each group has its own cache (a spawned role group starts empty); replacing workers
-clears the caches of every group over them (``_replace.py``), since a new worker registers
-its own meshes.
+``_query_collect_info`` and sc's ``_query_receives_data_info`` (all registered
+``ONE_TO_ALL`` on ``Worker``) and keeps the checked layout. Each group has its own cache
+(a spawned role group starts empty); replacing workers clears the caches of every group
+over them (``_replace.py``), since a new worker registers its own meshes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["MeshCache", "MeshSource"]
 
 
 class MeshSource(Protocol):
-    """What the cache asks: a group's size and its two per-rank mesh queries."""
+    """What the cache asks: a group's size and its three per-rank mesh queries."""
 
     @property
     def world_size(self) -> int: ...
@@ -28,6 +28,8 @@ class MeshSource(Protocol):
     def _query_dispatch_info(self, mesh_name: str) -> Sequence[int | None]: ...
 
     def _query_collect_info(self, mesh_name: str) -> Sequence[bool | None]: ...
+
+    def _query_receives_data_info(self, mesh_name: str) -> Sequence[bool | None]: ...
 
 
 class MeshCache:
@@ -48,7 +50,11 @@ class MeshCache:
         found = self._layouts.get(mesh_name)
         if found is None:
             found = ask_mesh_layout(
-                mesh_name, group.world_size, group._query_dispatch_info, group._query_collect_info
+                mesh_name,
+                group.world_size,
+                group._query_dispatch_info,
+                group._query_collect_info,
+                group._query_receives_data_info,
             )
             found = self._layouts.setdefault(mesh_name, found)
         return found

@@ -209,11 +209,16 @@ class Units:
 
     def _start_pinned(self, pinned: list[WorkUnit], check_alive: bool) -> CallHandle:
         """Start every pinned unit in one backend call over all their ranks."""
-        slots = self._plan.slots
-        by_rank = {rank: unit for unit in pinned for rank in slots[unit.slot or 0].ranks}
+        plan = self._plan
+        by_rank: dict[int, RankArgs] = {}
+        for unit in pinned:
+            index = unit.slot or 0
+            by_rank.update(
+                zip(plan.slots[index].ranks, plan.rank_arguments(unit, index), strict=True)
+            )
         ranks = tuple(sorted(by_rank))
         call = self._call if ranks == self._call.ranks else self._call.part(ranks)
-        rank_args = [(by_rank[r].args, by_rank[r].kwargs) for r in ranks]
+        rank_args = [by_rank[r] for r in ranks]
         handle = start(self._site, call, self._method, rank_args, self._backend, check_alive)
         self._started_at = time.monotonic()
         self._untracked = pinned
@@ -317,7 +322,7 @@ class Units:
     def _launch(self, unit: WorkUnit, index: int) -> None:
         slot = self._plan.slots[index]
         part = self._call.part(slot.ranks)
-        rank_args = [(unit.args, unit.kwargs)] * len(slot.ranks)
+        rank_args = self._plan.rank_arguments(unit, index)
         handle = start(self._site, part, self._method, rank_args, self._backend)
         if not self._running[index]:
             self._speeds.started(index)

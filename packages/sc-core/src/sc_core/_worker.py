@@ -20,6 +20,7 @@ from ._context import (
     worker_environ,
 )
 from ._errors import (
+    ConfigTypeError,
     MeshRegistrationError,
     MethodCollisionError,
     MissingEnvironmentError,
@@ -48,6 +49,7 @@ RESERVED_WORKER_ATTRS = frozenset(
     {
         "_query_dispatch_info",
         "_query_collect_info",
+        "_query_receives_data_info",
         "_fuw_execute",
         "fused_worker_dict",
         "_rank",
@@ -271,6 +273,7 @@ class Worker(WorkerHelper):
         self.fused_worker_dict: dict[str, Any] = {}
         self._sc_mesh_dp_rank: dict[str, int] = {}
         self._sc_mesh_collect: dict[str, bool] = {}
+        self._sc_mesh_receives_data: dict[str, bool] = {}
 
     # --- replacement (see _replace.py) -----------------------------------------------------
 
@@ -366,14 +369,24 @@ class Worker(WorkerHelper):
             self.__dict__.setdefault("_sc_mesh_collect", {}),
         )
 
+    def _sc_mesh_receives_table(self) -> dict[str, bool]:
+        table: dict[str, bool] = self.__dict__.setdefault("_sc_mesh_receives_data", {})
+        return table
+
     def _sc_rank_text(self) -> str:
         rank = self.__dict__.get("_rank")
         return f"rank {rank}" if rank is not None else "rank unknown"
 
     def _register_dispatch_collect_info(
-        self, mesh_name: str, dp_rank: int, is_collect: bool
+        self, mesh_name: str, dp_rank: int, is_collect: bool, receives_data: bool = True
     ) -> None:
-        """Declare this worker's dp rank on ``mesh_name`` and whether its output is collected."""
+        """Declare this worker's dp rank on ``mesh_name``, whether its output is collected,
+        and whether it reads the batch: a rank registered with ``receives_data=False`` (a
+        middle pipeline stage, which gets its activations from the previous stage) receives
+        its dp shard's metadata only -- for a DataProto, one with the same ``meta_info`` and
+        row count and no columns. Every dp group needs at least one rank that receives the
+        data (checked on the driver). ``receives_data`` that is not a ``bool`` is a
+        :class:`~sc_core.ConfigTypeError`."""
         where = (
             f"{type(self).__qualname__}._register_dispatch_collect_info ({self._sc_rank_text()})"
         )
@@ -389,6 +402,11 @@ class Worker(WorkerHelper):
             raise MeshRegistrationError(
                 f"{where}: is_collect for mesh {mesh_name!r} must be a bool, got {is_collect!r}"
             )
+        if not isinstance(receives_data, bool):
+            raise ConfigTypeError(
+                f"{where}: receives_data for mesh {mesh_name!r} must be a bool, got "
+                f"{type(receives_data).__qualname__} {receives_data!r}"
+            )
         dp_table, collect_table = self._sc_mesh_tables()
         if mesh_name in dp_table:
             raise MeshRegistrationError(
@@ -397,6 +415,7 @@ class Worker(WorkerHelper):
             )
         dp_table[mesh_name] = dp_rank
         collect_table[mesh_name] = is_collect
+        self._sc_mesh_receives_table()[mesh_name] = receives_data
 
     def _sc_lookup_mesh(self, table: Mapping[str, T], mesh_name: str, method: str) -> T:
         if mesh_name not in table:
@@ -420,6 +439,14 @@ class Worker(WorkerHelper):
         registered is an :class:`~sc_core.UnknownMeshError`, as in :meth:`_query_dispatch_info`."""
         return self._sc_lookup_mesh(self._sc_mesh_tables()[1], mesh_name, "_query_collect_info")
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_receives_data_info(self, mesh_name: str) -> bool:
+        """Whether this worker receives its dp shard's data on ``mesh_name`` (``False``: its
+        metadata only); a mesh it never registered is an :class:`~sc_core.UnknownMeshError`,
+        as in :meth:`_query_dispatch_info`."""
+        self._sc_lookup_mesh(self._sc_mesh_tables()[0], mesh_name, "_query_receives_data_info")
+        return self._sc_mesh_receives_table().get(mesh_name, True)
+
     def query_collect_info(self, mesh_name: str) -> bool:
         """Whether this worker's output is collected on ``mesh_name`` (called in the worker);
         a mesh never registered is an :class:`~sc_core.UnknownMeshError`."""
@@ -427,23 +454,31 @@ class Worker(WorkerHelper):
 
     def get_dispatch_collect(self) -> dict[str, dict[str, Any]]:
         """Every registered mesh, as verl returns it: ``{"dispatch_dp_rank": {mesh: dp_rank},
-        "collect_dp_rank": {mesh: is_collect}}`` (copies). Give it to another worker's
-        :meth:`set_dispatch_collect` with ``**`` to adopt this worker's layout."""
+        "collect_dp_rank": {mesh: is_collect}}``, plus sc's ``"receives_data": {mesh:
+        receives_data}`` (copies). Give it to another worker's :meth:`set_dispatch_collect`
+        with ``**`` to adopt this worker's layout."""
         dp_table, collect_table = self._sc_mesh_tables()
-        return {"dispatch_dp_rank": dict(dp_table), "collect_dp_rank": dict(collect_table)}
+        receives = self._sc_mesh_receives_table()
+        return {
+            "dispatch_dp_rank": dict(dp_table),
+            "collect_dp_rank": dict(collect_table),
+            "receives_data": {mesh: receives.get(mesh, True) for mesh in dp_table},
+        }
 
     def set_dispatch_collect(
         self,
         mesh_name: str,
         dispatch_dp_rank: Mapping[str, int],
         collect_dp_rank: Mapping[str, bool],
+        receives_data: Mapping[str, bool] | None = None,
     ) -> None:
-        """Register ``mesh_name`` with another worker's layout, from the two tables of its
+        """Register ``mesh_name`` with another worker's layout, from the tables of its
         :meth:`get_dispatch_collect` (``w.set_dispatch_collect("ref",
         **other.get_dispatch_collect())``): the tables' entry for ``mesh_name`` if present,
         else their single entry. Tables with several other meshes are ambiguous (verl takes
         the last one; sc raises :class:`~sc_core.MeshRegistrationError`), and so is a mesh
-        this worker has registered already."""
+        this worker has registered already. Without ``receives_data`` (verl's two tables)
+        the worker receives the data."""
         where = f"{type(self).__qualname__}.set_dispatch_collect ({self._sc_rank_text()})"
 
         def pick(table: Mapping[str, T], label: str) -> T:
@@ -460,6 +495,7 @@ class Worker(WorkerHelper):
             mesh_name,
             pick(dispatch_dp_rank, "dispatch_dp_rank"),
             pick(collect_dp_rank, "collect_dp_rank"),
+            True if receives_data is None else pick(receives_data, "receives_data"),
         )
 
     # --- generic remote execution ---------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Any, NewType
 
 from ._errors import DispatchArgumentError, MeshLayoutError
 from ._mesh import MeshLayout, ask_mesh, check_mesh_name
+from ._metadata import MetadataCache, metadata_arguments
 from ._plan import Slot, WorkPlan, even_plan
 from ._protocols import DispatchWorkerGroup
 from ._shard import PADDING_SIZE_KEY, concat_outputs, split_args_kwargs
@@ -45,13 +46,19 @@ class MeshDispatchFnDict(DispatchFnDict):
 def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list[int], list[bool]]:
     """Each rank's dp rank and collect flag on ``mesh_name``: the group's
     ``query_mesh(mesh_name)`` (which asks the workers once per mesh and caches the answer),
-    checked against the group's world size.
+    checked against the group's world size. (``worker_group.query_mesh(mesh_name)`` has the
+    receives-data flags too.)
 
     A mesh some rank never registered is a :class:`~sc_dispatch.MeshLayoutError` naming the
     mesh and the ranks (a ``KeyError`` from ``query_mesh`` included), and so is a layout with
     a number of ranks other than the group's ``world_size``.
     """
     check_mesh_name("mesh_layout", mesh_name)
+    layout = _checked_layout(worker_group, mesh_name)
+    return list(layout.dp_ranks), list(layout.collect)
+
+
+def _checked_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> MeshLayout:
     mode = f"nd dispatch on mesh {mesh_name!r}"
     world = worker_group.world_size
     layout: object = ask_mesh(worker_group.query_mesh, mesh_name, world)
@@ -65,19 +72,51 @@ def mesh_layout(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[list
             f"{mode}: expected one dp rank and one collect flag per rank (world size {world}), "
             f"got {layout.world_size} dp ranks and {len(layout.collect)} collect flags"
         )
-    return list(layout.dp_ranks), list(layout.collect)
+    return layout
 
 
 def mesh_slots(worker_group: DispatchWorkerGroup, mesh_name: str) -> tuple[Slot, ...]:
-    """One slot per dp group of ``mesh_name``: its ranks, and its collect rank."""
-    dp_ranks, collect = mesh_layout(worker_group, mesh_name)
-    groups: dict[int, list[int]] = {}
-    collectors: dict[int, int] = {}
-    for rank, (dp, flag) in enumerate(zip(dp_ranks, collect, strict=True)):
-        groups.setdefault(dp, []).append(rank)
-        if flag:
-            collectors[dp] = rank
-    return tuple(Slot(tuple(groups[d]), collectors[d]) for d in sorted(groups))
+    """One slot per dp group of ``mesh_name``: its ranks, its collect rank, and the ranks
+    that receive the data (``None`` when all of them do)."""
+    check_mesh_name("mesh_slots", mesh_name)
+    layout = _checked_layout(worker_group, mesh_name)
+    everyone = all(layout.receives_data)
+    return tuple(
+        Slot(ranks, collect, None if everyone else data)
+        for ranks, collect, data in zip(
+            layout.dp_groups, layout.collect_ranks, layout.data_ranks, strict=True
+        )
+    )
+
+
+def _strip_for_non_receivers(
+    mode: str,
+    layout: MeshLayout,
+    split_args: list[list[Any]],
+    split_kwargs: dict[str, list[Any]],
+    out_args: list[list[Any]],
+    out_kwargs: dict[str, Any],
+) -> None:
+    """Give each rank that does not receive the data its dp shard's metadata-only form (in
+    place in ``out_args`` / ``out_kwargs``; one object per argument and row count)."""
+    cache: MetadataCache = {}
+    meta_by_dp = [
+        metadata_arguments(
+            mode,
+            tuple(shards[d] for shards in split_args),
+            {k: shards[d] for k, shards in split_kwargs.items()},
+            cache,
+        )
+        for d in range(layout.dp_size)
+    ]
+    for rank, (dp, receives) in enumerate(zip(layout.dp_ranks, layout.receives_data, strict=True)):
+        if receives:
+            continue
+        meta_args, meta_kwargs = meta_by_dp[dp]
+        for i, value in enumerate(meta_args):
+            out_args[i][rank] = value
+        for key, value in meta_kwargs.items():
+            out_kwargs[key][rank] = value
 
 
 def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
@@ -87,6 +126,11 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
     auto-padding is on); every rank of a dp group receives the same shard object; outputs
     are collected from each group's collect rank, in dp order. Use it as
     ``@register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))``.
+
+    A rank registered with ``receives_data=False`` (a middle pipeline stage) receives its
+    shard's metadata-only form instead: for a DataProto, one with the same ``meta_info`` and
+    row count and no columns, one object shared by all such ranks of the call; arguments
+    whose type has no such form (plain ``Rows``, TensorDicts, futures) reach it unchanged.
     """
     check_mesh_name("make_nd_compute_dataproto_dispatch_fn", mesh_name)
     mode = f"nd dispatch on mesh {mesh_name!r}"
@@ -94,13 +138,15 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
     def nd_dispatch_fn(
         worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any
     ) -> tuple[list[list[Any]], dict[str, Any]]:
-        dp_ranks, _ = mesh_layout(worker_group, mesh_name)
-        dp_size = max(dp_ranks) + 1
-        split_args, split_kwargs, pad = split_args_kwargs(mode, dp_size, args, kwargs)
+        layout = _checked_layout(worker_group, mesh_name)
+        dp_ranks = layout.dp_ranks
+        split_args, split_kwargs, pad = split_args_kwargs(mode, layout.dp_size, args, kwargs)
         out_args = [[shards[d] for d in dp_ranks] for shards in split_args]
         out_kwargs: dict[str, Any] = {
             k: [shards[d] for d in dp_ranks] for k, shards in split_kwargs.items()
         }
+        if not all(layout.receives_data):
+            _strip_for_non_receivers(mode, layout, split_args, split_kwargs, out_args, out_kwargs)
         if pad:
             out_kwargs[PADDING_SIZE_KEY] = pad
         return out_args, out_kwargs

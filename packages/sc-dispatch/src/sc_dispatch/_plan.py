@@ -4,7 +4,9 @@ A dispatch mode turns the arguments of one call into a :class:`WorkPlan`:
 
 * **slots** -- the groups of ranks that take work together (one rank each for
   ``DP_COMPUTE_PROTO`` and the per-rank modes; every dp group of a mesh for the N-d modes:
-  all its ranks receive the same unit and the output of its collect rank is kept);
+  all its ranks run the same unit and the output of its collect rank is kept; the ranks
+  registered with ``receives_data=False`` get the unit's metadata-only form,
+  :meth:`WorkPlan.rank_arguments`);
 * **units** -- the arguments of one piece of work, each naming the input rows its output
   holds (none for modes whose outputs are not rows), and the slot it is pinned to
   (``None``: whichever slot is free first);
@@ -30,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._errors import DispatchArgumentError, NotShardableError
+from ._metadata import MetadataCache, metadata_arguments
+from ._nbytes import payload_nbytes
 from ._protocols import DispatchWorkerGroup
 from ._shard import (
     _describe,
@@ -55,16 +59,28 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Slot:
-    """Ranks that take the same unit together; the output of ``collect_rank`` is kept."""
+    """Ranks that take the same unit together; the output of ``collect_rank`` is kept.
+
+    ``data_ranks`` are the ranks that receive the unit's data (``None``, the default: all
+    of them); the others receive its metadata-only form (see :meth:`WorkPlan.rank_arguments`).
+    """
 
     ranks: tuple[int, ...]
     collect_rank: int
+    data_ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.ranks or self.collect_rank not in self.ranks:
             raise DispatchArgumentError(
                 f"a slot needs ranks that include its collect rank, got ranks {self.ranks} "
                 f"and collect rank {self.collect_rank}"
+            )
+        if self.data_ranks is not None and (
+            not self.data_ranks or not set(self.data_ranks) <= set(self.ranks)
+        ):
+            raise DispatchArgumentError(
+                f"a slot needs data ranks among its ranks and at least one, got ranks "
+                f"{self.ranks} and data ranks {self.data_ranks}"
             )
 
 
@@ -107,6 +123,7 @@ class WorkPlan:
     length: int | None
     release: Callable[[WorkUnit], None] | None = field(default=None)
     collect: Callable[[list[Any]], Any] | None = field(default=None)
+    _metadata: MetadataCache = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         slots = [u.slot for u in self.units if u.slot is not None]
@@ -129,6 +146,38 @@ class WorkPlan:
                     "another unit is pinned to already (a slot takes one pinned unit)"
                 )
             pinned.add(unit.slot)
+
+    def rank_arguments(
+        self, unit: WorkUnit, slot: int
+    ) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The ``(args, kwargs)`` each rank of ``self.slots[slot]`` receives to run ``unit``,
+        in the slot's rank order: the unit's own for its data ranks (all of them unless the
+        slot names some), its metadata-only form for the others -- each batch argument whose
+        adapter has ``metadata_only`` replaced by that (one object per argument and row count
+        for the whole call, which a backend sends once), any other argument unchanged."""
+        target = self.slots[slot]
+        whole = (unit.args, unit.kwargs)
+        if target.data_ranks is None or len(target.data_ranks) == len(target.ranks):
+            return [whole] * len(target.ranks)
+        meta = metadata_arguments(self.mode, unit.args, unit.kwargs, self._metadata)
+        return [whole if r in target.data_ranks else meta for r in target.ranks]
+
+    def rank_nbytes(self) -> dict[int, int]:
+        """The payload bytes (:func:`~sc_dispatch.ext.payload_nbytes`) of the arguments each
+        rank receives for the pinned units, by rank: what the call delivers to each worker
+        (a value several ranks receive counts once for each). Free units, which go to
+        whichever slot is idle, are not counted."""
+        sizes: dict[int, int] = {}
+        for unit in self.units:
+            if unit.slot is None:
+                continue
+            ranks = self.slots[unit.slot].ranks
+            for rank, (args, kwargs) in zip(
+                ranks, self.rank_arguments(unit, unit.slot), strict=True
+            ):
+                total = sum(payload_nbytes(v) for v in (*args, *kwargs.values()))
+                sizes[rank] = sizes.get(rank, 0) + total
+        return sizes
 
     @property
     def row_aligned(self) -> bool:

@@ -24,12 +24,13 @@ class DispatchWorkerGroup(Protocol):
     """What dispatch and collect functions need from a worker group.
 
     ``world_size`` is the number of ranks. ``query_mesh(mesh_name)`` returns the
-    :class:`~sc_dispatch.MeshLayout` of a named device mesh (each rank's dp rank and collect
-    flag) for N-d dispatch; the group asks its workers once per mesh and caches the answer
-    (:func:`~sc_dispatch.ask_mesh_layout` builds it from verl's two per-rank queries). A mesh
-    some rank never registered is a :class:`~sc_dispatch.MeshLayoutError` naming the ranks (a
-    ``KeyError`` from ``query_mesh`` is turned into one). A group may also have
-    ``dead_ranks`` (a list of ranks), which the balanced and sticky modes avoid.
+    :class:`~sc_dispatch.MeshLayout` of a named device mesh (each rank's dp rank, collect
+    flag and receives-data flag) for N-d dispatch; the group asks its workers once per mesh
+    and caches the answer (:func:`~sc_dispatch.ask_mesh_layout` builds it from the workers'
+    per-rank queries). A mesh some rank never registered is a
+    :class:`~sc_dispatch.MeshLayoutError` naming the ranks (a ``KeyError`` from
+    ``query_mesh`` is turned into one). A group may also have ``dead_ranks`` (a list of
+    ranks), which the balanced and sticky modes avoid.
     ``sc_dispatch.testing.FakeWorkerGroup`` is a ready-made one for tests.
     """
 
@@ -50,7 +51,12 @@ class ShardAdapter(Protocol[T]):
     An adapter may also define ``nbytes(obj) -> int``, the payload bytes of ``obj`` counted
     without copying; :func:`sc_dispatch.ext.payload_nbytes` then uses it (see
     :class:`SizedShardAdapter`). And ``take(obj, positions) -> T``, the rows at
-    ``positions`` (a list of ints) in that order: the sticky mode routes rows with it.
+    ``positions`` (a list of ints) in that order: the sticky mode routes rows with it. And
+    ``metadata_only(obj) -> T``, an object of ``obj``'s length that holds its batch-level
+    metadata but no row data: what an N-d mode sends the ranks of a mesh registered with
+    ``receives_data=False`` (middle pipeline stages). It must depend only on the length and
+    the metadata, which the shards of one batch share: a call makes one per argument and
+    row count. Without it, those ranks receive the shard itself.
     """
 
     def length(self, obj: T) -> int | None:

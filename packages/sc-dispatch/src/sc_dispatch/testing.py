@@ -22,18 +22,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from ._errors import DispatchArgumentError
 from ._mesh import MeshLayout, ask_mesh_layout, check_mesh_name
 
-__all__ = ["FakeWorkerGroup", "MeshAnswers"]
+__all__ = ["FakeWorkerGroup", "MeshAnswers", "MeshAnswersWithData"]
 
 #: What the workers of a mesh answer, rank by rank: each rank's dp rank and collect flag,
 #: ``None`` for a rank that never registered the mesh (verl's answer).
 MeshAnswers = tuple[Sequence[int | None], Sequence[bool | None]]
+
+#: The same, with each rank's receives-data flag as well.
+MeshAnswersWithData = tuple[Sequence[int | None], Sequence[bool | None], Sequence[bool | None]]
 
 
 class FakeWorkerGroup:
     """A :class:`~sc_dispatch.DispatchWorkerGroup` of ``world_size`` ranks and no workers.
 
     ``meshes`` maps a mesh name to its :class:`~sc_dispatch.MeshLayout`, or to the workers'
-    raw answers ``(dp_ranks, collect_flags)`` (:data:`MeshAnswers`), which are checked only
+    raw answers ``(dp_ranks, collect_flags)`` (:data:`MeshAnswers`) or ``(dp_ranks,
+    collect_flags, receives_data_flags)`` (:data:`MeshAnswersWithData`), which are checked only
     when the mesh is first asked for, as a real group's workers' answers are: so a test can
     give a bad layout and see the error a dispatch raises. A mesh that is not in ``meshes``
     is one no rank registered. ``dead_ranks`` are ranks the balanced and sticky modes avoid;
@@ -46,7 +50,7 @@ class FakeWorkerGroup:
     def __init__(
         self,
         world_size: int,
-        meshes: Mapping[str, MeshLayout | MeshAnswers] | None = None,
+        meshes: Mapping[str, MeshLayout | MeshAnswers | MeshAnswersWithData] | None = None,
         *,
         dead_ranks: Iterable[int] = (),
     ) -> None:
@@ -55,18 +59,21 @@ class FakeWorkerGroup:
                 f"FakeWorkerGroup: world_size must be an int >= 1, got {world_size!r}"
             )
         self._world_size = world_size
-        self._answers: dict[str, MeshAnswers] = {}
+        self._answers: dict[str, MeshAnswersWithData] = {}
         self.mesh_cache: dict[str, MeshLayout] = {}
         for name, value in (meshes or {}).items():
             check_mesh_name("FakeWorkerGroup", name)
             if isinstance(value, MeshLayout):
-                self._answers[name] = (value.dp_ranks, value.collect)
+                self._answers[name] = (value.dp_ranks, value.collect, value.receives_data)
             elif isinstance(value, tuple) and len(value) == 2:
-                self._answers[name] = (tuple(value[0]), tuple(value[1]))
+                self._answers[name] = (tuple(value[0]), tuple(value[1]), (True,) * world_size)
+            elif isinstance(value, tuple) and len(value) == 3:
+                self._answers[name] = (tuple(value[0]), tuple(value[1]), tuple(value[2]))
             else:
                 raise DispatchArgumentError(
                     f"FakeWorkerGroup: mesh {name!r} must be a MeshLayout or a pair (dp ranks, "
-                    f"collect flags), got {type(value).__qualname__} {value!r}"
+                    f"collect flags) or a triple (dp ranks, collect flags, receives-data "
+                    f"flags), got {type(value).__qualname__} {value!r}"
                 )
         dead: list[object] = list(dead_ranks)
         bad = [r for r in dead if type(r) is not int or not 0 <= r < world_size]
@@ -91,9 +98,15 @@ class FakeWorkerGroup:
         if cached is not None:
             return cached
         self.mesh_queries[mesh_name] += 1
-        unregistered: MeshAnswers = ((None,) * self._world_size, (None,) * self._world_size)
-        dp_ranks, collect = self._answers.get(mesh_name, unregistered)
-        layout = ask_mesh_layout(mesh_name, self._world_size, lambda _: dp_ranks, lambda _: collect)
+        none = (None,) * self._world_size
+        dp_ranks, collect, receives = self._answers.get(mesh_name, (none, none, none))
+        layout = ask_mesh_layout(
+            mesh_name,
+            self._world_size,
+            lambda _: dp_ranks,
+            lambda _: collect,
+            lambda _: receives,
+        )
         self.mesh_cache[mesh_name] = layout
         return layout
 

@@ -11,7 +11,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 from sc_dispatch.ext import chunk_sizes, register_future_type, register_nbytes, register_shardable
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from ._columns import _tensor_nbytes, cat_tensordicts
 from ._config import DataProtoConfig
@@ -31,7 +31,8 @@ __all__ = [
 
 
 class DataProtoAdapter:
-    """DataProto rows: chunks are views, padding repeats rows from the start on a new object."""
+    """DataProto rows: chunks are views, padding repeats rows from the start on a new object;
+    the metadata-only form keeps the row count and ``meta_info``, no columns."""
 
     def length(self, obj: DataProto) -> int:
         return len(obj)
@@ -66,6 +67,13 @@ class DataProtoAdapter:
     def nbytes(self, obj: DataProto) -> int:
         """Tensor elements of every leaf plus the ``nbytes`` of every numpy column."""
         return columns_nbytes(obj.batch, obj.non_tensor_batch)
+
+    def metadata_only(self, obj: DataProto) -> DataProto:
+        """What a rank that does not read the batch receives (a middle pipeline stage on a
+        mesh registered with ``receives_data=False``): a DataProto of the same class, row
+        count and ``meta_info`` (a shallow copy), whose batch is a TensorDict of
+        ``batch_size [n]`` with no keys and which has no numpy columns."""
+        return obj._new(TensorDict({}, batch_size=[len(obj)]), {})
 
 
 def _td_rows(td: TensorDictBase) -> int:
