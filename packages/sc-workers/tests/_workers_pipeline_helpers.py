@@ -16,9 +16,10 @@ from _workers_helpers import (
     critic_config,
     full_weights,
     make_tensors,
-    proto,
     rows,
 )
+from _workers_helpers import proto as make_proto
+from sc_protocol import DataProto
 from sc_workers import (
     ActorRolloutRefConfig,
     ActorRolloutRefWorker,
@@ -26,6 +27,7 @@ from sc_workers import (
     CriticWorker,
     MegatronConfig,
 )
+from tensordict import TensorDict
 
 #: four decoder layers: two stages of two, or four virtual stages of one
 LAYERS = 4
@@ -73,15 +75,31 @@ def configs(layout: Layout | None) -> tuple[ActorRolloutRefConfig, CriticConfig]
     return actor, dataclasses.replace(critic, megatron=meg)
 
 
+def _metadata_only(data: DataProto) -> DataProto:
+    """What the dispatch sends a rank registered with ``receives_data=False``."""
+    return DataProto(batch=TensorDict({}, batch_size=[len(data)]), meta_info=data.meta_info)
+
+
 def run_steps(
-    actor: Any, critic: Any, tensors: dict[str, torch.Tensor], order: torch.Tensor | None
+    actor: Any,
+    critic: Any,
+    tensors: dict[str, torch.Tensor],
+    order: torch.Tensor | None,
+    reads_batch: bool = True,
 ) -> dict[str, Any]:
-    """log-prob, ref log-prob, one actor update, log-prob again; values, one critic update."""
+    """Greedy generation; log-prob, ref log-prob, one actor update, log-prob again; values,
+    one critic update. With ``reads_batch=False`` (a middle pipeline stage) the scoring and
+    training calls get the batch's metadata only, as the dispatch sends it."""
     upd = tensors if order is None else rows(tensors, order)
     out: dict[str, Any] = {}
+
+    def proto(t: dict[str, torch.Tensor], **meta: Any) -> DataProto:
+        data = make_proto(t, **meta)
+        return data if reads_batch else _metadata_only(data)
+
     # greedy decoding through the stages, a few eos tokens: rows finish at different steps
     prompt_mask = tensors["attention_mask"][:, :PROMPT_LEN]
-    prompts = proto(
+    prompts = make_proto(
         {
             "input_ids": tensors["prompts"],
             "attention_mask": prompt_mask,
@@ -120,9 +138,21 @@ def pipeline_job(layout: Layout, rank: int, world: int, out: Path) -> None:
     mine = rows(make_tensors(), slice(lay.dp_rank * shard, (lay.dp_rank + 1) * shard))
     actor.init_model()
     critic.init_model()
-    result = run_steps(actor, critic, mine, None)
+    result = run_steps(actor, critic, mine, None, reads_batch=lay.reads_batch)
     result["layout"] = (lay.pp_rank, lay.dp_rank, lay.tp_rank, lay.is_collect)
-    result["mesh"] = (actor._query_dispatch_info("actor"), actor._query_collect_info("actor"))
+    result["mesh"] = {
+        name: (
+            worker._query_dispatch_info(name),
+            worker._query_collect_info(name),
+            worker._query_receives_data_info(name),
+        )
+        for worker, name in (
+            (actor, "actor"),
+            (actor, "ref"),
+            (actor, "rollout"),
+            (critic, "critic"),
+        )
+    }
     torch.save(result, out / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

@@ -88,6 +88,14 @@ class ParallelLayout:
         return self.pp_rank == self.pp_size - 1
 
     @property
+    def reads_batch(self) -> bool:
+        """Whether this rank reads a batch's columns for scoring and training: the first
+        stage reads the model inputs, the last the loss columns; a middle stage receives its
+        inputs from the previous stage (with virtual stages, pipeline rank 0 still runs the
+        first stage and rank pp - 1 the last)."""
+        return self.is_first_stage or self.is_last_stage
+
+    @property
     def is_collect(self) -> bool:
         """Whether this rank's outputs are returned (tp and sp rank 0 on the last stage)."""
         return self.tp_rank == 0 and self.sp_rank == 0 and self.is_last_stage

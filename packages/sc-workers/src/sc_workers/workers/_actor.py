@@ -73,14 +73,19 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
             self.actor_batch_sizes = config.actor.normalized_batch_sizes(
                 config.rollout.n, self.layout.dp_size
             )
-        for mesh, present in (
-            ("actor", self._is_actor),
-            ("rollout", self._is_rollout),
-            ("ref", self._is_ref),
+        # "rollout": every pipeline stage samples (each needs the prompts); "actor" and
+        # "ref": a middle stage gets its inputs from the previous stage, not the batch
+        for mesh, present, reads in (
+            ("actor", self._is_actor, self.layout.reads_batch),
+            ("rollout", self._is_rollout, True),
+            ("ref", self._is_ref, self.layout.reads_batch),
         ):
             if present:
                 self._register_dispatch_collect_info(
-                    mesh, dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect
+                    mesh,
+                    dp_rank=self.layout.dp_rank,
+                    is_collect=self.layout.is_collect,
+                    receives_data=reads,
                 )
         self.actor_engine: Engine | None = None
         self.ref_engine: Engine | None = None

@@ -40,7 +40,10 @@ class CriticWorker(WorkerBase):
         self._setup_identity(config.device, config.parallel_sizes)
         self.batch_sizes = config.normalized_batch_sizes(self.layout.dp_size)
         self._register_dispatch_collect_info(
-            "critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect
+            "critic",
+            dp_rank=self.layout.dp_rank,
+            is_collect=self.layout.is_collect,
+            receives_data=self.layout.reads_batch,
         )
         self.critic_engine: Engine | None = None
 

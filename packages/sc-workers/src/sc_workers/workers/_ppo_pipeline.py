@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .._config import ActorConfig, BatchSizes, CriticConfig
 from ..algos import entropy_from_logits, logprobs_from_logits
-from ..engine import PipelineEngine
+from ..engine import Engine, PipelineEngine
 from ._ppo import (
     _Meter,
     _micro_slices,
@@ -64,13 +64,10 @@ def _value_head(length: int) -> Callable[[Tensor], Tensor]:
     return head
 
 
-def reads_batch(engine: object) -> bool:
-    """Whether this rank reads a batch's columns: every rank of an engine without pipeline
-    stages, the first and the last stage of a pipelined one (a middle stage receives its
-    inputs from the previous stage)."""
-    if not isinstance(engine, PipelineEngine):
-        return True
-    return engine.is_first_stage or engine.is_last_stage
+def reads_batch(engine: Engine) -> bool:
+    """Whether this rank reads a batch's columns (:attr:`ParallelLayout.reads_batch`); the
+    workers register it, so a middle stage is sent the batch's metadata only."""
+    return engine.layout.reads_batch
 
 
 def _inputs(micro: dict[str, Tensor]) -> _Inputs:
