@@ -113,10 +113,10 @@ class ActorConfig(ConfigBase):
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
     data_loader_seed: int = 0
-    ulysses_sequence_parallel_size: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    ulysses_sequence_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         o = self._section
@@ -213,9 +213,9 @@ class RefConfig(ConfigBase):
 
     strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp"
     log_prob_micro_batch_size_per_gpu: int = 2
-    ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    ulysses_sequence_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         check_strategy(
@@ -277,11 +277,11 @@ class CriticConfig(ConfigBase):
     grad_clip: float = 1.0
     rollout_n: int = 1
     data_loader_seed: int = 0
-    ulysses_sequence_parallel_size: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    ulysses_sequence_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         o = self._section
