@@ -156,3 +156,35 @@ def pipeline_job(layout: Layout, rank: int, world: int, out: Path) -> None:
     torch.save(result, out / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def failure_job(method: str, rank: int, world: int, out: Path) -> None:
+    """PP=2: the last stage gets a response token outside the vocabulary (its head fails
+    inside the schedule) while the first stage has nothing wrong; record how each rank's
+    call ended and how long it took, then whether the pipeline still runs."""
+    import time
+
+    import torch.distributed as dist
+
+    actor_cfg, _ = configs(Layout(pp=2))
+    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
+    actor.init_model()
+    tensors = make_tensors()
+    if actor.layout.is_last_stage:
+        tensors["responses"] = tensors["responses"].clone()
+        tensors["responses"][3, 1] = 10_000  # not a token of the 32-token vocabulary
+    call = getattr(actor, method)
+    start = time.monotonic()
+    try:
+        call(make_proto(tensors, temperature=1.0))
+        outcome = ("ok", "")
+    except Exception as exc:
+        outcome = (type(exc).__name__, str(exc))
+    elapsed = time.monotonic() - start
+    try:
+        actor.compute_log_prob(make_proto(make_tensors()))
+        after = ("ok", "")
+    except Exception as exc:
+        after = (type(exc).__name__, str(exc))
+    torch.save({"outcome": outcome, "elapsed": elapsed, "after": after}, out / f"rank{rank}.pt")
+    dist.destroy_process_group()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from _workers_helpers import BATCH, dp_mini_batch_order, launch, make_tensors
-from _workers_pipeline_helpers import Layout, configs, pipeline_job, run_steps
+from _workers_pipeline_helpers import Layout, configs, failure_job, pipeline_job, run_steps
 from sc_workers import ActorRolloutRefWorker, CriticWorker
 
 ATOL = 1e-5
@@ -111,3 +111,29 @@ def test_pipeline_matches_single_rank(
     layout: Layout, references: dict[int, dict[str, Any]], tmp_path: Path
 ) -> None:
     _check(references[layout.dp], _run(layout, tmp_path), layout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["update_actor", "compute_log_prob"])
+def test_a_stage_that_raises_inside_a_schedule_does_not_strand_its_peer(
+    method: str, tmp_path: Path
+) -> None:
+    """The last stage fails inside the schedule; the first stage, waiting for it (for a
+    gradient, or to send the next activation), fails within seconds, not after the
+    pipeline timeout (300 s here), and both name where the failure was."""
+    launch(functools.partial(failure_job, method), 2, tmp_path, timeout=120)
+    first, last = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    kind, message = last["outcome"]
+    assert kind == "PipelineStageError"
+    step = "train_step" if method == "update_actor" else "forward_only"
+    assert f"rank 1 (pipeline stage 1 of 2): {step} failed" in message
+    assert "index" in message.lower()  # the original error (an index out of range)
+    kind, message = first["outcome"]
+    assert kind == "PipelineStageError"
+    assert "rank 0 (pipeline stage 0 of 2)" in message
+    for out in (first, last):
+        assert out["elapsed"] < 60, out
+        # the pipeline is gone on both ranks: the next call says so, and how it went
+        after_kind, after_message = out["after"]
+        assert after_kind == "PipelineStageError"
+        assert "torn down after a stage failed" in after_message

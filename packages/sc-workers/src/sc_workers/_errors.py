@@ -10,9 +10,10 @@ catch either the sc-workers class or the builtin::
     │                                             divisible by the dp size or the micro-batch
     │                                             size, heads not divisible by the tp size, a
     │                                             model.path that is not a model directory
-    ├── UnsupportedParallelismError               a layout this release cannot run (pipeline
-    │   (NotImplementedError)                     parallelism, TP on a Hugging Face model
-    │                                             without Llama-style decoder layers)
+    ├── UnsupportedParallelismError               a layout this release cannot run (TP on a
+    │   (NotImplementedError)                     Hugging Face model without Llama-style
+    │                                             decoder layers, tied embeddings split over
+    │                                             pipeline stages)
     ├── BatchError (ValueError)                   a DataProto a worker method cannot use: a
     │                                             batch size that does not split into the
     │                                             configured mini-/micro-batches, mismatched
@@ -30,6 +31,11 @@ catch either the sc-workers class or the builtin::
     ├── WeightSyncError (RuntimeError)            a weight sync failed (a rank died, a piece did
     │                                             not fit); names the rank and the version, and
     │                                             the rollout keeps its previous weights
+    ├── PipelineStageError (RuntimeError)         a pipeline stage failed inside a schedule
+    │                                             (its own error, or a peer stage's: the
+    │                                             pipeline group was torn down); names the
+    │                                             rank and its stages; the pipelined engine
+    │                                             needs init_model again
     ├── CheckpointError (RuntimeError)            a checkpoint that is missing or incomplete (a
     │                                             rank's file, a parameter no saved rank holds,
     │                                             saved blocks that leave a gap), of another
@@ -51,6 +57,7 @@ __all__ = [
     "MissingBatchKeyError",
     "NotInitializedError",
     "OptionalDependencyError",
+    "PipelineStageError",
     "ScWorkersError",
     "SyncLayoutError",
     "UnsupportedParallelismError",
@@ -87,6 +94,10 @@ class DistributedError(ScWorkersError, RuntimeError):
 
 class NotInitializedError(ScWorkersError, RuntimeError):
     """A worker method called before ``init_model`` or outside the worker's role."""
+
+
+class PipelineStageError(ScWorkersError, RuntimeError):
+    """A pipeline stage failed inside a schedule; the pipeline group was torn down."""
 
 
 class CheckpointError(ScWorkersError, RuntimeError):

@@ -17,12 +17,16 @@ receives the hidden states with the attention mask and positions.
 
 from __future__ import annotations
 
+import gc
 import logging
+import traceback
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from sc_core import worker_environ
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.pipelining import (
@@ -35,7 +39,8 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor
 
 from .._config import FSDPConfig, MegatronConfig, ModelConfig, OptimConfig
-from .._errors import ConfigError, UnsupportedParallelismError
+from .._errors import ConfigError, PipelineStageError, UnsupportedParallelismError
+from .._settings import PIPELINE_TIMEOUT
 from ..models import KVCache, TinyCausalLM, TinyStage, split_layers
 from ._fsdp import shard_module
 from ._megatron import MegatronEngine
@@ -49,6 +54,21 @@ logger = logging.getLogger(__name__)
 #: ``loss_fn(stage_output, index) -> scalar`` on the last stage (``index``: the
 #: micro-batch's number, a 0-d tensor)
 LossFn = Callable[[Any, Tensor], Tensor]
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error of a chain (torch's schedule wraps a stage's error in its own),
+    as ``Type: message``; a broken connection says that a peer stage failed or died."""
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root).strip()
+    if "Connection closed by peer" in text or "Connection reset by peer" in text:
+        return (
+            f"a peer stage failed or died, and the pipeline group's connection to it closed "
+            f"({type(root).__name__}: {text.splitlines()[0][:200]})"
+        )
+    return f"{type(root).__name__}: {text}"
 
 
 class PipelineModel(nn.Module):
@@ -108,16 +128,14 @@ class PipelineEngine(MegatronEngine):
         self.megatron = megatron
         self.stages: list[TinyStage] = []
         self.stage_ids: list[int] = []
+        self._p2p_group: dist.ProcessGroup | None = None
+        self._failure = ""
 
     # ------------------------------------------------------------------ layout
     @property
     def num_stages(self) -> int:
         """Stages of the whole pipeline: ``pp x vpp``."""
         return self.layout.pp_size * self.megatron.virtual_stages
-
-    @property
-    def pp_group(self) -> dist.ProcessGroup:
-        return self._mesh_group("pp")
 
     @property
     def dp_group(self) -> dist.ProcessGroup:
@@ -163,6 +181,7 @@ class PipelineEngine(MegatronEngine):
                 f"{where}: tie_word_embeddings puts one weight on the first and the last stage; "
                 "untie them (model.tie_word_embeddings=False) for pipeline parallelism"
             )
+        self._p2p_group = self._pipeline_group()
         ranges = split_layers(len(module.layers), self.num_stages)
         pp, last = self.layout.pp_size, self.num_stages - 1
         self.stage_ids = [self.layout.pp_rank + k * pp for k in range(self.megatron.virtual_stages)]
@@ -180,6 +199,65 @@ class PipelineEngine(MegatronEngine):
             [list(ranges[i]) for i in self.stage_ids],
         )
         return PipelineModel(self.stages)
+
+    def _pipeline_group(self) -> dist.ProcessGroup:
+        """This rank's pipeline group (its column of the mesh: same dp and tp rank, every
+        stage), made for the schedules' sends and receives alone, with its own timeout
+        (``SC_WORKERS_PIPELINE_TIMEOUT_S``), so that it can be torn down on a failure
+        without touching the groups of FSDP and tensor parallelism. ``new_group`` is a
+        collective: every rank creates every column, in the same order."""
+        lay = self.layout
+        timeout = timedelta(seconds=PIPELINE_TIMEOUT.get(worker_environ()))
+        mine: dist.ProcessGroup | None = None
+        for dp in range(lay.dp_size):
+            for tp in range(lay.tp_size):
+                ranks = [(pp * lay.dp_size + dp) * lay.tp_size + tp for pp in range(lay.pp_size)]
+                group = dist.new_group(ranks, timeout=timeout)
+                if isinstance(group, dist.ProcessGroup) and lay.rank in ranks:
+                    mine = group
+        if mine is None:  # pragma: no cover - every rank is in one column
+            raise ConfigError(f"rank {lay.rank} is in no pipeline column")
+        return mine
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup:
+        group = self._p2p_group
+        if group is None:
+            raise PipelineStageError(
+                f"rank {self.layout.rank}: this pipeline was torn down after a stage failed "
+                f"({self._failure}); re-form the group and call init_model again"
+            )
+        return group
+
+    def _run_schedule(self, what: str, run: Callable[[], Any]) -> Any:
+        """Run ``run()`` (a schedule step on this rank); if it raises, tear the pipeline
+        group down, so that no peer stage stays blocked waiting for this one (their sends
+        and receives fail at once and they tear down theirs), and raise
+        :class:`PipelineStageError` naming this rank, its stages and the first error."""
+        self.pp_group  # noqa: B018  # raises if an earlier failure tore the pipeline down
+        try:
+            return run()
+        except Exception as exc:
+            stages = ", ".join(map(str, self.stage_ids))
+            plural = "s" if len(self.stage_ids) > 1 else ""
+            where = (
+                f"rank {self.layout.rank} (pipeline stage{plural} {stages} of {self.num_stages})"
+            )
+            self._failure = f"{where}: {what}: {_root_cause(exc)}"
+            self._tear_down_pipeline(exc)
+            logger.error("%s; the pipeline group is torn down", self._failure)
+            raise PipelineStageError(f"{where}: {what} failed: {_root_cause(exc)}") from exc
+
+    def _tear_down_pipeline(self, exc: BaseException) -> None:
+        """Drop every reference to the pipeline group (the failed schedule's frames hold
+        some) and destroy it: gloo closes its connections, and a peer waiting on one fails
+        instead of waiting for the timeout."""
+        traceback.clear_frames(exc.__traceback__)
+        group, self._p2p_group = self._p2p_group, None
+        if group is not None:
+            dist.destroy_process_group(group)
+            del group
+            gc.collect()
 
     # ----------------------------------------------------------------- compute
     def forward(
@@ -282,14 +360,16 @@ class PipelineEngine(MegatronEngine):
         (no optimizer step). Every rank of the pipeline group calls it with the same
         number of micro-batches.
         """
-        schedule = self._schedule(len(heads), loss_fn)
         kwargs = [{"head": head} for head in heads]
         target_mbs = [torch.tensor(i) for i in range(len(heads))] if self.is_last_stage else None
-        schedule.step(
-            arg_mbs=self._micro_args(inputs),
-            kwarg_mbs=kwargs,
-            target_mbs=target_mbs,
-            return_outputs=False,
+        args = self._micro_args(inputs)
+        # the schedule (and its stages, which hold the pipeline group) lives in the frame
+        # of the lambda only, so a teardown after a failure can drop every reference
+        self._run_schedule(
+            "train_step",
+            lambda: self._schedule(len(heads), loss_fn).step(
+                arg_mbs=args, kwarg_mbs=kwargs, target_mbs=target_mbs, return_outputs=False
+            ),
         )
 
     def forward_only(
@@ -297,10 +377,13 @@ class PipelineEngine(MegatronEngine):
     ) -> Any:
         """Forward of ``len(heads)`` micro-batches, no backward; the last stage returns the
         heads' outputs merged along the batch dimension, other stages ``None``."""
-        schedule = self._schedule(len(heads), None)
         kwargs = [{"head": head} for head in heads]
+        args = self._micro_args(inputs)
         with torch.no_grad():
-            return schedule.eval(arg_mbs=self._micro_args(inputs), kwarg_mbs=kwargs)
+            return self._run_schedule(
+                "forward_only",
+                lambda: self._schedule(len(heads), None).eval(arg_mbs=args, kwarg_mbs=kwargs),
+            )
 
     # ------------------------------------------------------------- checkpoint
     def full_state_dict(self) -> dict[str, Tensor]:
