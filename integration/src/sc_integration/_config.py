@@ -159,6 +159,24 @@ class TrainerConfig:
         default=1,
         metadata=option(group="run", help="tensor-parallel size of a separately placed rollout"),
     )
+    actor_pp: int = field(
+        default=1,
+        metadata=option(
+            group="run",
+            metavar="N",
+            help="pipeline stages of the actor and reference model (the megatron-style engine, "
+            "split by decoder layers); their dp size is workers_per_role / N",
+        ),
+    )
+    sp: int = field(
+        default=1,
+        metadata=option(
+            group="run",
+            metavar="N",
+            help="Ulysses sequence parallelism of the actor, reference and critic (FSDP): each "
+            "sequence split over N ranks; the dp size is workers_per_role / N",
+        ),
+    )
     rollout_engine: RolloutEngineName = field(
         default="workers",
         metadata=option(
@@ -333,6 +351,24 @@ class TrainerConfig:
             raise TrainerConfigError(
                 f"{owner}: rollout_tp ({self.rollout_tp}) must divide the rollout group's "
                 f"{self.workers_per_role} workers (workers_per_role)"
+            )
+        _int_at_least(owner, "actor_pp", self.actor_pp, 1)
+        _int_at_least(owner, "sp", self.sp, 1)
+        if self.actor_pp > 1 and self.sp > 1:
+            raise TrainerConfigError(
+                f"{owner}: actor_pp={self.actor_pp} and sp={self.sp}: the actor runs pipeline "
+                "stages on the megatron-style engine and Ulysses on the FSDP engine; pick one"
+            )
+        for name, size in (("actor_pp", self.actor_pp), ("sp", self.sp)):
+            if self.workers_per_role % size:
+                raise TrainerConfigError(
+                    f"{owner}: {name} ({size}) must divide workers_per_role "
+                    f"({self.workers_per_role})"
+                )
+        if self.actor_pp > self.num_layers and self.model_path is None:
+            raise TrainerConfigError(
+                f"{owner}: actor_pp={self.actor_pp} stages need at least as many decoder layers; "
+                f"num_layers is {self.num_layers}"
             )
         _int_at_least(owner, "async_staleness", self.async_staleness, 0)
         if (

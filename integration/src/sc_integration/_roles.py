@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from sc_core import ClassWithInitArgs, ResourcePoolManager, Worker, WorkerGroup
 from sc_dispatch.ext import get_register_attrs
@@ -25,6 +25,7 @@ from sc_workers import (
     ActorRolloutRefWorker,
     CriticConfig,
     CriticWorker,
+    MegatronConfig,
     ModelConfig,
     OptimConfig,
     RefConfig,
@@ -86,15 +87,39 @@ def model_config(config: TrainerConfig, task: DigitsTask) -> ModelConfig:
     )
 
 
+def _micro_batch(rows: int, pp: int) -> int:
+    """Micro-batch rows for a rank's ``rows``: all of them (the tiny model needs no
+    accumulation), or with pipeline stages 4 x pp micro-batches (else 2 x pp, else pp),
+    so that a schedule has micro-batches to overlap."""
+    if pp == 1:
+        return rows
+    for count in (4 * pp, 2 * pp, pp):
+        if rows % count == 0:
+            return rows // count
+    return rows
+
+
 def worker_configs(
-    config: TrainerConfig, task: DigitsTask, dp_size: int
+    config: TrainerConfig, task: DigitsTask
 ) -> tuple[ActorRolloutRefConfig, CriticConfig]:
-    """The sc-workers configuration of the actor/rollout/ref and critic workers."""
+    """The sc-workers configuration of the actor/rollout/ref and critic workers.
+
+    The actor and reference model run ``actor_pp`` pipeline stages on the megatron-style
+    engine, or Ulysses over ``sp`` ranks on FSDP; the critic runs FSDP (with Ulysses over
+    ``sp``). Each role's dp size is what its model parallelism leaves of the workers.
+    """
     model = model_config(config, task)
     n = config.responses_per_prompt
+    pp, sp = config.actor_pp, config.sp
+    actor_dp = config.workers_per_role // (pp * sp)
+    critic_dp = config.workers_per_role // sp
     mini_prompts = config.prompts_per_step // config.ppo_mini_batches
-    micro = mini_prompts * n // dp_size  # one micro-batch per mini-batch: tiny model, few rows
-    rows_per_rank = config.rows_per_step // dp_size
+    micro = _micro_batch(mini_prompts * n // actor_dp, pp)
+    rows_per_rank = _micro_batch(config.rows_per_step // actor_dp, pp)
+    critic_micro = mini_prompts * n // critic_dp
+    critic_rows = config.rows_per_step // critic_dp
+    strategy: Literal["fsdp", "megatron"] = "megatron" if pp > 1 else "fsdp"
+    megatron = MegatronConfig(pipeline_model_parallel_size=pp)
     actor_rollout_ref = ActorRolloutRefConfig(
         model=model,
         actor=ActorConfig(
@@ -108,6 +133,9 @@ def worker_configs(
             kl_loss_type="low_var_kl",
             data_loader_seed=config.seed,
             optim=OptimConfig(lr=config.actor_lr, weight_decay=0.0),
+            megatron=megatron,
+            strategy=strategy,
+            ulysses_sequence_parallel_size=sp,
         ),
         rollout=RolloutConfig(
             temperature=config.temperature,
@@ -117,19 +145,25 @@ def worker_configs(
             seed=config.seed,
             tensor_model_parallel_size=config.rollout_tp,
         ),
-        ref=RefConfig(log_prob_micro_batch_size_per_gpu=rows_per_rank),
+        ref=RefConfig(
+            log_prob_micro_batch_size_per_gpu=rows_per_rank,
+            strategy=strategy,
+            megatron=megatron,
+            ulysses_sequence_parallel_size=sp,
+        ),
         device=config.device,
     )
     critic = CriticConfig(
         model=model,
         ppo_mini_batch_size=mini_prompts,
-        ppo_micro_batch_size_per_gpu=micro,
-        forward_micro_batch_size_per_gpu=rows_per_rank,
+        ppo_micro_batch_size_per_gpu=critic_micro,
+        forward_micro_batch_size_per_gpu=critic_rows,
         ppo_epochs=config.ppo_epochs,
         rollout_n=n,
         data_loader_seed=config.seed,
         optim=OptimConfig(lr=config.critic_lr, weight_decay=0.0),
         device=config.device,
+        ulysses_sequence_parallel_size=sp,
     )
     return actor_rollout_ref, critic
 

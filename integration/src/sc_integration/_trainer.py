@@ -96,9 +96,7 @@ class RayPPOTrainer:
         self.output = output
         self.use_critic = self._classes.critic is not None
         self.dp_size = config.workers_per_role
-        self.actor_rollout_ref_config, self.critic_config = worker_configs(
-            config, task, self.dp_size
-        )
+        self.actor_rollout_ref_config, self.critic_config = worker_configs(config, task)
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
         self._groups: TrainerGroups | None = None
