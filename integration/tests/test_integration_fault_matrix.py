@@ -12,6 +12,9 @@ process for both roles), at a point drawn with a seeded random generator:
 * ``checkpoint``: some milliseconds into ``save_checkpoint``, while the state is copied or
   written in the background.
 
+The pipelined cases put the actor on two pipeline stages (PP=2) and kill a rank inside an
+update's 1F1B schedule, inside a log-prob pass, or as a step begins.
+
 Every run must finish within its deadline and end with weights bit-identical to the run
 without a fault (which equals a resume from any of its checkpoints, as the resume tests
 show). The draws are fixed (seeded), so a failure names a case that replays.
@@ -166,3 +169,45 @@ def test_a_killed_rank_is_recovered_bit_identically(
     # the fault fired and was recovered from (a fault armed for a method that did not run
     # again before the end would not have fired: the draws avoid that)
     assert sum("recovery/count" in r for r in history) == 1, case
+
+
+#: pipelined cases: the actor on two pipeline stages (PP=2, dp=1) loses a rank inside the
+#: 1F1B schedule of an update, or inside a log-prob pass (a forward-only schedule), or as a
+#: step begins; its peer stage, waiting in a send or receive, fails at once (gloo's
+#: connection closes), and the group recovers in place like an FSDP one
+PIPELINED = [
+    "actor:1@step=3:update_actor+0.02",
+    "actor:0@step=2:compute_log_prob+0.01",
+    "actor:1@step=4",
+]
+
+
+@pytest.fixture(scope="module")
+def clean_pipelined_run(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from _integration_runs import run
+
+    return run(_config(tmp_path_factory.mktemp("clean-pp"), True, actor_pp=2))
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(f, marks=() if i == 0 else pytest.mark.fault_matrix)
+        for i, f in enumerate(PIPELINED)
+    ],
+)
+def test_a_killed_pipeline_stage_is_recovered_bit_identically(
+    fault: str, clean_pipelined_run: Any, tmp_path: Path
+) -> None:
+    from _integration_runs import run
+    from sc_integration import read_metrics
+
+    result = run(_config(tmp_path, True, actor_pp=2, inject_fault=fault, standby=1))
+    got = _final_weights(result.checkpoint)
+    expected = _final_weights(clean_pipelined_run.checkpoint)
+    assert got.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(got[key], tensor), (fault, key)
+    history = read_metrics(result.output.metrics_path)
+    assert [r["step"] for r in history] == list(range(STEPS + 1))
+    assert sum("recovery/count" in r for r in history) == 1, fault
