@@ -343,7 +343,8 @@ class PipelineEngine(MegatronEngine):
     ) -> list[tuple[Tensor, ...]] | None:
         if not self.is_first_stage:
             return None
-        return [tuple(t.to(self.device) for t in micro) for micro in inputs]
+        # contiguous: the masks travel to the next stage with the activations, through gloo
+        return [tuple(t.to(self.device).contiguous() for t in micro) for micro in inputs]
 
     def train_step(
         self,
