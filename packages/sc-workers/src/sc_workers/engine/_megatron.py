@@ -7,9 +7,8 @@ are replicated over tp. In the built-in model the embeddings and the output head
 replicated too; in a Hugging Face model with untied embeddings whose vocabulary divides by
 tp, the input embedding is split by vocabulary rows (one all-reduce) and the output head
 by vocabulary columns (logits all-gathered, so every tp rank sees the full vocabulary).
-FSDP2 then shards every parameter over the dp dimension. Pipeline parallelism is not
-implemented (:class:`~sc_workers.MegatronConfig` rejects ``pipeline_model_parallel_size``
-> 1).
+FSDP2 then shards every parameter over the dp dimension. Pipeline stages
+(:class:`~sc_workers.engine.PipelineEngine`) are split the same way, one stage at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from torch.distributed.tensor.parallel import (
 from .._errors import ConfigError, UnsupportedParallelismError
 from ..models import (
     HFCausalLM,
+    HFStage,
     HFValueModel,
     TinyCausalLM,
     TinyStage,
@@ -86,8 +86,19 @@ def _submodule(layer: nn.Module, name: str) -> nn.Module | None:
         return None
 
 
+def _vocab_modules(module: HFCausalLM | HFValueModel | HFStage) -> tuple[Any, Any]:
+    """The input embedding and the causal LM's output head that ``module`` holds (None
+    where it has none: a critic's head, a pipeline stage's missing ends)."""
+    if isinstance(module, HFStage):
+        return module.embed_tokens, module.output_head
+    hf_model: Any = module.model
+    embed = hf_model.get_input_embeddings()
+    head = hf_model.get_output_embeddings() if isinstance(module, HFCausalLM) else None
+    return embed, head
+
+
 def parallelize_hf_model(
-    module: HFCausalLM | HFValueModel, tp_mesh: DeviceMesh, where: str
+    module: HFCausalLM | HFValueModel | HFStage, tp_mesh: DeviceMesh, where: str
 ) -> None:
     """Apply tensor parallelism to a transformers decoder-only model, in place.
 
@@ -97,17 +108,19 @@ def parallelize_hf_model(
     attention infers the local head count from the projection width; attention classes
     that keep head counts as attributes get them divided). Untied embeddings whose
     vocabulary divides by tp are split over the vocabulary; tied ones stay replicated.
+    ``module`` may be one pipeline stage (:class:`~sc_workers.models.HFStage`): its layers,
+    and the embedding or output head it holds, are split the same way.
     Raises :class:`ConfigError` when a head count or the MLP width does not divide by tp,
     and :class:`UnsupportedParallelismError` for a layer without the Llama-style
     projections.
     """
     tp = tp_mesh.size()
-    config = module.hf_config
-    check_hf_tensor_parallel(config, tp, where)
+    check_hf_tensor_parallel(module.hf_config, tp, where)
     layers = block_modules(module)
     if not layers:
+        owner = module if isinstance(module, HFStage) else module.model
         raise UnsupportedParallelismError(
-            f"{where}: found no decoder layers in {type(module.model).__name__}"
+            f"{where}: found no decoder layers in {type(owner).__name__}"
         )
     plan = decoder_layer_plan()
     for layer in layers:
@@ -123,15 +136,12 @@ def parallelize_hf_model(
             value = getattr(attention, attr, None)
             if isinstance(value, int) and not isinstance(value, bool):
                 setattr(attention, attr, value // tp)
-    hf_model: Any = module.model
-    embed = hf_model.get_input_embeddings()
-    head = hf_model.get_output_embeddings() if isinstance(module, HFCausalLM) else None
-    tied = head is not None and head.weight is embed.weight
-    vocab = int(embed.weight.shape[0])
-    if tied or vocab % tp:
-        return
-    parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
-    if head is not None:
+    embed, head = _vocab_modules(module)
+    if embed is not None and head is not None and head.weight is embed.weight:
+        return  # tied: replicated
+    if embed is not None and int(embed.weight.shape[0]) % tp == 0:
+        parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+    if head is not None and int(head.weight.shape[0]) % tp == 0:
         parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
 
 
@@ -162,7 +172,7 @@ class MegatronEngine(Engine):
             where = f"rank {self.layout.rank}: tensor_model_parallel_size {tp}"
             if isinstance(module, (TinyCausalLM, TinyStage)):
                 parallelize_module(module, mesh["tp"], tensor_parallel_plan())
-            elif isinstance(module, (HFCausalLM, HFValueModel)):
+            elif isinstance(module, (HFCausalLM, HFValueModel, HFStage)):
                 where += f", model {self.model_config.path!r}"
                 parallelize_hf_model(module, mesh["tp"], where)
             else:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .._config import ModelConfig
-from ..models import TinyCausalLM, TinyStage, load_hf_model
+from ..models import ModelStage, TinyCausalLM, load_hf_model
 
 __all__ = ["DTYPES", "block_modules", "create_module", "param_dtype_for"]
 
@@ -39,15 +39,16 @@ def create_module(config: ModelConfig, value_head: bool) -> nn.Module:
 def block_modules(module: nn.Module) -> list[nn.Module]:
     """The repeated transformer blocks (each gets its own FSDP unit), outermost first.
 
-    The built-in model's ``layers``; for a transformers model the modules whose class its
+    The built-in model's ``layers``, a pipeline stage's own (:meth:`ModelStage.blocks`);
+    for a transformers model the modules whose class its
     ``_no_split_modules`` names (the decoder layers, e.g. every ``model.model.layers[i]``
     of a Llama), else the children of a ``ModuleList`` called ``layers``, ``h`` or
     ``blocks``.
     """
     if isinstance(module, TinyCausalLM):
         return list(module.layers)
-    if isinstance(module, TinyStage):
-        return list(module.layers.values())
+    if isinstance(module, ModelStage):
+        return module.blocks()
     block_classes: set[str] = set()
     for child in module.modules():
         block_classes.update(getattr(child, "_no_split_modules", None) or ())

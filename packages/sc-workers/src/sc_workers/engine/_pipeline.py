@@ -3,8 +3,10 @@
 A ``(pp, dp, tp)`` DeviceMesh; ``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``. The
 model is split by decoder layers (:func:`~sc_workers.models.split_layers`) into
 ``pp x vpp`` stages; pipeline rank ``r`` runs stages ``r, r + pp, r + 2 pp ...`` (one
-without virtual pipelining). Each stage is a :class:`~sc_workers.models.TinyStage` that
-keeps the whole model's parameter names; tensor parallelism splits its layers over the
+without virtual pipelining). Each stage is a :class:`~sc_workers.models.ModelStage` that
+keeps the whole model's parameter names: a :class:`~sc_workers.models.TinyStage` of the
+built-in model, or a :class:`~sc_workers.models.HFStage` of a Hugging Face Llama, Mistral,
+Qwen2 or Qwen3 decoder (actor or critic); tensor parallelism splits its layers over the
 mesh's ``tp`` dimension and FSDP2 shards it over ``dp``, as in :class:`MegatronEngine`.
 
 Micro-batches run through a ``torch.distributed.pipelining`` schedule (1F1B, GPipe or
@@ -41,10 +43,21 @@ from torch.distributed.tensor import DTensor
 from .._config import FSDPConfig, MegatronConfig, ModelConfig, OptimConfig
 from .._errors import ConfigError, PipelineStageError, UnsupportedParallelismError
 from .._settings import PIPELINE_TIMEOUT
-from ..models import KVCache, TinyCausalLM, TinyStage, split_layers
+from ..models import (
+    HFCausalLM,
+    HFModelKind,
+    HFStageSplit,
+    HFValueModel,
+    KVCache,
+    ModelStage,
+    TinyCausalLM,
+    TinyStage,
+    split_layers,
+)
+from ..models._stage import graft
 from ._fsdp import shard_module
 from ._megatron import MegatronEngine
-from ._modules import param_dtype_for
+from ._modules import block_modules, param_dtype_for
 from ._parallel import ParallelLayout
 
 __all__ = ["PipelineEngine", "PipelineModel"]
@@ -54,6 +67,9 @@ logger = logging.getLogger(__name__)
 #: ``loss_fn(stage_output, index) -> scalar`` on the last stage (``index``: the
 #: micro-batch's number, a 0-d tensor)
 LossFn = Callable[[Any, Tensor], Tensor]
+
+#: ``(layers, first, last) -> stage`` of one model
+StageFactory = Callable[[range, bool, bool], ModelStage]
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -74,23 +90,20 @@ def _root_cause(exc: BaseException) -> str:
 class PipelineModel(nn.Module):
     """The stages one pipeline rank runs, seen as one module with the whole model's names.
 
-    It shares the stages' submodules (embeddings on the first stage, the layers by their
-    original index, norm and head on the last), so ``named_parameters()`` lists this
-    rank's parameters under the names they have in the unsplit model; the optimizer,
-    checkpoints, weight sync and gradient clipping use it like any engine's module. It has
-    no forward: micro-batches run through the engine's pipeline schedule.
+    It shares the stages' submodules (:meth:`~sc_workers.models.ModelStage.parts`:
+    embeddings on the first stage, the layers, norm and head on the last) at their names
+    in the unsplit model, so ``named_parameters()`` lists this rank's parameters under
+    the names they have there (``layers.3.…`` of the built-in model,
+    ``model.model.layers.3.…`` of a Hugging Face causal LM); the optimizer, checkpoints,
+    weight sync and gradient clipping use it like any engine's module. It has no forward:
+    micro-batches run through the engine's pipeline schedule.
     """
 
-    def __init__(self, stages: Sequence[TinyStage]) -> None:
+    def __init__(self, stages: Sequence[ModelStage]) -> None:
         super().__init__()
-        self.layers = nn.ModuleDict()
         for stage in stages:
-            for name, child in stage.named_children():
-                if name == "layers":
-                    for index, layer in child.named_children():
-                        self.layers[index] = layer
-                elif name != "rotary":
-                    setattr(self, name, child)
+            for name, part in stage.parts().items():
+                graft(self, name, part)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise UnsupportedParallelismError(
@@ -100,8 +113,10 @@ class PipelineModel(nn.Module):
 
 
 class PipelineEngine(MegatronEngine):
-    """Pipeline stages x FSDP2 data parallelism x tensor parallelism (the built-in model).
+    """Pipeline stages x FSDP2 data parallelism x tensor parallelism.
 
+    The built-in model, or a Hugging Face decoder loaded from ``model.path`` (see
+    :class:`~sc_workers.models.HFStageSplit` for the architectures that split).
     ``megatron`` gives the number of virtual stages per rank and the schedule. Training
     and scoring go through :meth:`train_step` and :meth:`forward_only` (micro-batches in a
     schedule); :meth:`forward` runs the stages one after another for generation.
@@ -126,8 +141,9 @@ class PipelineEngine(MegatronEngine):
                 pipeline_model_parallel_size=layout.pp_size,
             )
         self.megatron = megatron
-        self.stages: list[TinyStage] = []
+        self.stages: list[ModelStage] = []
         self.stage_ids: list[int] = []
+        self._hf_kind: HFModelKind | None = None
         self._p2p_group: dist.ProcessGroup | None = None
         self._failure = ""
 
@@ -169,25 +185,41 @@ class PipelineEngine(MegatronEngine):
             mesh_dim_names=("pp", "dp", "tp"),
         )
 
+    def _stage_factory(self, module: nn.Module, where: str) -> tuple[int, StageFactory]:
+        """The number of decoder layers of ``module`` and how to build its stages."""
+        if isinstance(module, TinyCausalLM):
+            if module.lm_head.weight is module.embed_tokens.weight:
+                raise UnsupportedParallelismError(
+                    f"{where}: tie_word_embeddings puts one weight on the first and the last "
+                    "stage; untie them (model.tie_word_embeddings=False) for pipeline "
+                    "parallelism"
+                )
+
+            def tiny(layers: range, first: bool, last: bool) -> ModelStage:
+                return TinyStage(module, layers, first, last)
+
+            return len(module.layers), tiny
+        if isinstance(module, (HFCausalLM, HFValueModel)):
+            split = HFStageSplit(
+                module, block_modules(module), f"{where}, model {self.model_config.path!r}"
+            )
+            self._hf_kind = "causal_lm" if isinstance(module, HFCausalLM) else "value_model"
+            return split.num_layers, split.stage
+        raise UnsupportedParallelismError(
+            f"{where} splits the built-in model and Hugging Face decoders by decoder layers; "
+            f"{type(module).__name__} (model {self.model_config.path!r}) cannot be split"
+        )
+
     def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         where = f"rank {self.layout.rank}: pipeline_model_parallel_size {self.layout.pp_size}"
-        if not isinstance(module, TinyCausalLM):
-            raise UnsupportedParallelismError(
-                f"{where} splits the built-in model by decoder layers; "
-                f"{type(module).__name__} (model {self.model_config.path!r}) cannot be split yet"
-            )
-        if module.lm_head.weight is module.embed_tokens.weight:
-            raise UnsupportedParallelismError(
-                f"{where}: tie_word_embeddings puts one weight on the first and the last stage; "
-                "untie them (model.tie_word_embeddings=False) for pipeline parallelism"
-            )
+        num_layers, make_stage = self._stage_factory(module, where)
         self._p2p_group = self._pipeline_group()
-        ranges = split_layers(len(module.layers), self.num_stages)
+        ranges = split_layers(num_layers, self.num_stages)
         pp, last = self.layout.pp_size, self.num_stages - 1
         self.stage_ids = [self.layout.pp_rank + k * pp for k in range(self.megatron.virtual_stages)]
         self.stages = []
         for stage_id in self.stage_ids:
-            stage = TinyStage(module, ranges[stage_id], stage_id == 0, stage_id == last)
+            stage = make_stage(ranges[stage_id], stage_id == 0, stage_id == last)
             self._tensor_parallel(stage, mesh)  # in place
             shard_module(self, stage, mesh["dp"])
             self.stages.append(stage)
@@ -285,7 +317,8 @@ class PipelineEngine(MegatronEngine):
             host = stage_id % pp
             if host == me:
                 stage = self.stages[self.stage_ids.index(stage_id)]
-                result = stage(ids if stage_id == 0 else hidden, mask, pos, cache=cache)
+                x = ids if stage_id == 0 else hidden
+                result = stage(x, mask, pos) if cache is None else stage(x, mask, pos, cache=cache)
                 if stage.is_last:
                     out = result
                     break
@@ -314,7 +347,15 @@ class PipelineEngine(MegatronEngine):
 
     @property
     def supports_kv_cache(self) -> bool:
-        return True
+        """The built-in model's stages decode with a key/value cache; a Hugging Face
+        model's stages recompute the sequence at each step."""
+        return all(isinstance(stage, TinyStage) for stage in self.stages)
+
+    @property
+    def hf_kind(self) -> HFModelKind | None:
+        """The kind of the Hugging Face model split into these stages; None if built in."""
+        _ = self.module  # raises NotInitializedError before build()
+        return self._hf_kind
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache of the whole model (this rank fills its layers)."""

@@ -12,15 +12,19 @@ from ._hf import (
     load_hf_tokenizer,
     save_hf_model,
 )
-from ._stage import TinyStage, split_layers
+from ._hf_stage import HFStage, HFStageSplit
+from ._stage import ModelStage, TinyStage, split_layers
 from ._transformer import KVCache, TinyCausalLM
 
 __all__ = [
     "HFCache",
     "HFCausalLM",
     "HFModelKind",
+    "HFStage",
+    "HFStageSplit",
     "HFValueModel",
     "KVCache",
+    "ModelStage",
     "TinyCausalLM",
     "TinyStage",
     "check_hf_tensor_parallel",
