@@ -357,8 +357,11 @@ class PipelineEngine(MegatronEngine):
         _ = self.module  # raises NotInitializedError before build()
         return self._hf_kind
 
-    def new_cache(self) -> KVCache:
-        """An empty key/value cache of the whole model (this rank fills its layers)."""
+    def new_cache(self) -> KVCache | None:
+        """An empty key/value cache of the whole model (this rank fills its layers); None
+        for stages that decode without one."""
+        if not self.supports_kv_cache:
+            return None
         return KVCache(self.model_config.num_hidden_layers)
 
     def _schedule(self, n_micro: int, loss_fn: LossFn | None) -> Any:
