@@ -101,7 +101,7 @@ def _rank(rank: int, args: dict[str, Any], port: int, out: str) -> None:
                 if step >= args["warmup"]:
                     spans.append((wall, cpu))
             results[f"{schedule}/m{m}"] = spans
-        dist.destroy_process_group()
+    dist.destroy_process_group()
     torch.save(results, Path(out) / f"rank{rank}.pt")
 
 

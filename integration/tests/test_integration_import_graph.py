@@ -43,6 +43,12 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "tensordict is imported once, with torch.compile's marks deferred (see the module)"
     ),
     ("sc_workers.models._hf", "transformers"): "the optional extra sc-workers[hf]",
+    ("sc_workers.models._hf_stage", "transformers"): (
+        "as sc_workers.models._hf: only a pipelined Hugging Face model needs its mask builders"
+    ),
+    ("sc_workers.models._hf_ulysses", "transformers"): (
+        "as sc_workers.models._hf: only Ulysses on a Hugging Face model wraps its attention"
+    ),
     ("sc_workers.rollout._weights", "safetensors"): (
         "the optional extra sc-workers[hf], as transformers: only the built-in engine reads it"
     ),
