@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from _workers_helpers import critic_config, full_weights, launch, make_tensors, proto
-from _workers_reshard_helpers import Step, load_and_update, reshard_job
+from _workers_reshard_helpers import Step, load_and_update, pipeline_reshard_job, reshard_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sc_workers import CheckpointError, CriticWorker
@@ -404,3 +404,30 @@ def test_the_layouts_make_the_same_updates(runs: dict[str, dict[str, Any]]) -> N
     assert fsdp["names"] == megatron["names"]
     for name, tensor in fsdp["weights"].items():
         torch.testing.assert_close(megatron["weights"][name], tensor, atol=2e-5, rtol=0, msg=name)
+
+
+#: a checkpoint of a pipelined run (PP 2 x DP 2, each stage's files holding its own layers)
+#: loaded without stages (PP 1 x DP 4) and at PP 2 x TP 2, in one world of 4
+PIPELINE_STEPS = [
+    ("save", 1, 2, "pp2_dp2", "pp2_dp2"),
+    ("load", 1, 1, "pp2_dp2", "pp2_dp2_to_pp1_dp4"),
+    ("load", 2, 2, "pp2_dp2", "pp2_dp2_to_pp2_tp2"),
+]
+
+
+@pytest.fixture(scope="module")
+def pipeline_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("reshard-pp")
+    launch(functools.partial(pipeline_reshard_job, PIPELINE_STEPS), world=4, out=out, timeout=300)
+    return {p.stem: torch.load(p, weights_only=False) for p in out.glob("*.pt")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("loaded", ["pp2_dp2_to_pp1_dp4", "pp2_dp2_to_pp2_tp2"])
+def test_a_pipelined_checkpoint_loads_into_another_layout(
+    pipeline_runs: dict[str, dict[str, Any]], loaded: str
+) -> None:
+    """Saved at PP 2 x DP 2: loaded at PP 1 x DP 4 and at PP 2 x TP 2, the weights are the
+    saved ones bit for bit and the next update equals the run that never changed layout."""
+    _check(pipeline_runs, "pp2_dp2", loaded)
