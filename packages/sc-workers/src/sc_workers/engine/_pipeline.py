@@ -19,9 +19,7 @@ receives the hidden states with the attention mask and positions.
 
 from __future__ import annotations
 
-import gc
 import logging
-import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -59,6 +57,7 @@ from ._fsdp import shard_module
 from ._megatron import MegatronEngine
 from ._modules import block_modules, param_dtype_for
 from ._parallel import ParallelLayout
+from ._pipeline_group import pipeline_group, root_cause, tear_down
 
 __all__ = ["PipelineEngine", "PipelineModel"]
 
@@ -70,21 +69,6 @@ LossFn = Callable[[Any, Tensor], Tensor]
 
 #: ``(layers, first, last) -> stage`` of one model
 StageFactory = Callable[[range, bool, bool], ModelStage]
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The innermost error of a chain (torch's schedule wraps a stage's error in its own),
-    as ``Type: message``; a broken connection says that a peer stage failed or died."""
-    root = exc
-    while root.__cause__ is not None:
-        root = root.__cause__
-    text = str(root).strip()
-    if "Connection closed by peer" in text or "Connection reset by peer" in text:
-        return (
-            f"a peer stage failed or died, and the pipeline group's connection to it closed "
-            f"({type(root).__name__}: {text.splitlines()[0][:200]})"
-        )
-    return f"{type(root).__name__}: {text}"
 
 
 class PipelineModel(nn.Module):
@@ -213,7 +197,9 @@ class PipelineEngine(MegatronEngine):
     def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         where = f"rank {self.layout.rank}: pipeline_model_parallel_size {self.layout.pp_size}"
         num_layers, make_stage = self._stage_factory(module, where)
-        self._p2p_group = self._pipeline_group()
+        self._p2p_group = pipeline_group(
+            self.layout, timedelta(seconds=PIPELINE_TIMEOUT.get(worker_environ()))
+        )
         ranges = split_layers(num_layers, self.num_stages)
         pp, last = self.layout.pp_size, self.num_stages - 1
         self.stage_ids = [self.layout.pp_rank + k * pp for k in range(self.megatron.virtual_stages)]
@@ -231,25 +217,6 @@ class PipelineEngine(MegatronEngine):
             [list(ranges[i]) for i in self.stage_ids],
         )
         return PipelineModel(self.stages)
-
-    def _pipeline_group(self) -> dist.ProcessGroup:
-        """This rank's pipeline group (its column of the mesh: same dp and tp rank, every
-        stage), made for the schedules' sends and receives alone, with its own timeout
-        (``SC_WORKERS_PIPELINE_TIMEOUT_S``), so that it can be torn down on a failure
-        without touching the groups of FSDP and tensor parallelism. ``new_group`` is a
-        collective: every rank creates every column, in the same order."""
-        lay = self.layout
-        timeout = timedelta(seconds=PIPELINE_TIMEOUT.get(worker_environ()))
-        mine: dist.ProcessGroup | None = None
-        for dp in range(lay.dp_size):
-            for tp in range(lay.tp_size):
-                ranks = [(pp * lay.dp_size + dp) * lay.tp_size + tp for pp in range(lay.pp_size)]
-                group = dist.new_group(ranks, timeout=timeout)
-                if isinstance(group, dist.ProcessGroup) and lay.rank in ranks:
-                    mine = group
-        if mine is None:  # pragma: no cover - every rank is in one column
-            raise ConfigError(f"rank {lay.rank} is in no pipeline column")
-        return mine
 
     @property
     def pp_group(self) -> dist.ProcessGroup:
@@ -275,21 +242,11 @@ class PipelineEngine(MegatronEngine):
             where = (
                 f"rank {self.layout.rank} (pipeline stage{plural} {stages} of {self.num_stages})"
             )
-            self._failure = f"{where}: {what}: {_root_cause(exc)}"
-            self._tear_down_pipeline(exc)
+            self._failure = f"{where}: {what}: {root_cause(exc)}"
+            group, self._p2p_group = self._p2p_group, None
+            tear_down(group, exc)
             logger.error("%s; the pipeline group is torn down", self._failure)
-            raise PipelineStageError(f"{where}: {what} failed: {_root_cause(exc)}") from exc
-
-    def _tear_down_pipeline(self, exc: BaseException) -> None:
-        """Drop every reference to the pipeline group (the failed schedule's frames hold
-        some) and destroy it: gloo closes its connections, and a peer waiting on one fails
-        instead of waiting for the timeout."""
-        traceback.clear_frames(exc.__traceback__)
-        group, self._p2p_group = self._p2p_group, None
-        if group is not None:
-            dist.destroy_process_group(group)
-            del group
-            gc.collect()
+            raise PipelineStageError(f"{where}: {what} failed: {root_cause(exc)}") from exc
 
     # ----------------------------------------------------------------- compute
     def forward(
