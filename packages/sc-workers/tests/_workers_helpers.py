@@ -256,6 +256,22 @@ def launch(
                 p.join(timeout=10)
 
 
+def greedy_prompts(tensors: dict[str, torch.Tensor]) -> DataProto:
+    """The prompts of ``tensors`` for greedy decoding with a few eos tokens: sequences (and
+    ranks) finish at different steps."""
+    prompt_mask = tensors["attention_mask"][:, :PROMPT_LEN]
+    return proto(
+        {
+            "input_ids": tensors["prompts"],
+            "attention_mask": prompt_mask,
+            "position_ids": (prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        },
+        do_sample=False,
+        eos_token_id=EOS_IDS,
+        response_length=6,
+    )
+
+
 def run_pipeline(
     actor: Any, critic: Any, tensors: dict[str, torch.Tensor], update_order: torch.Tensor | None
 ) -> dict[str, Any]:
@@ -266,19 +282,7 @@ def run_pipeline(
     """
     upd = tensors if update_order is None else rows(tensors, update_order)
     out: dict[str, Any] = {}
-    # greedy decoding with a few eos tokens: sequences (and ranks) finish at different steps
-    prompt_mask = tensors["attention_mask"][:, :PROMPT_LEN]
-    prompts = proto(
-        {
-            "input_ids": tensors["prompts"],
-            "attention_mask": prompt_mask,
-            "position_ids": (prompt_mask.cumsum(-1) - 1).clamp(min=0),
-        },
-        do_sample=False,
-        eos_token_id=EOS_IDS,
-        response_length=6,
-    )
-    gen = actor.generate_sequences(prompts)
+    gen = actor.generate_sequences(greedy_prompts(tensors))
     out["gen_responses"] = col(gen, "responses")
     out["gen_mask"] = col(gen, "response_mask")
     out["old_log_probs"] = actor.compute_log_prob(proto(tensors, temperature=1.0)).batch[

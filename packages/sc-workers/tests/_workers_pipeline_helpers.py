@@ -9,12 +9,11 @@ from typing import Any
 import torch
 from _workers_helpers import (
     BATCH,
-    EOS_IDS,
-    PROMPT_LEN,
     actor_config,
     col,
     critic_config,
     full_weights,
+    greedy_prompts,
     make_tensors,
     rows,
 )
@@ -97,19 +96,7 @@ def run_steps(
         data = make_proto(t, **meta)
         return data if reads_batch else _metadata_only(data)
 
-    # greedy decoding through the stages, a few eos tokens: rows finish at different steps
-    prompt_mask = tensors["attention_mask"][:, :PROMPT_LEN]
-    prompts = make_proto(
-        {
-            "input_ids": tensors["prompts"],
-            "attention_mask": prompt_mask,
-            "position_ids": (prompt_mask.cumsum(-1) - 1).clamp(min=0),
-        },
-        do_sample=False,
-        eos_token_id=EOS_IDS,
-        response_length=6,
-    )
-    gen = actor.generate_sequences(prompts)
+    gen = actor.generate_sequences(greedy_prompts(tensors))  # through the stages
     out["gen_responses"] = col(gen, "responses")
     out["gen_mask"] = col(gen, "response_mask")
     out["old_log_probs"] = actor.compute_log_prob(proto(tensors, temperature=1.0)).batch[
