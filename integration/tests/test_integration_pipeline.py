@@ -5,11 +5,13 @@ as the actor (which samples through its stages)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from sc_core import WorkerError
 from sc_dispatch import Dispatch, register
 from sc_integration import TaskRunner, make_launcher
 from sc_integration._roles import Role
@@ -91,5 +93,61 @@ def test_pipelined_actor_syncs_to_a_tensor_parallel_rollout(
             assert mine.meta_info["weight_version"] == version
             assert torch.equal(mine.batch["responses"], theirs.batch["responses"])
             assert torch.equal(mine.batch["response_mask"], theirs.batch["response_mask"])
+            _a_stage_that_raises_does_not_hang_the_driver(trainer, actor)
         finally:
             trainer.close()
+
+
+def _a_stage_that_raises_does_not_hang_the_driver(trainer: Any, actor: Any) -> None:
+    """An update whose batch has a response token outside the vocabulary: the last stage
+    fails inside the 1F1B schedule while the first waits for its gradients. The driver gets
+    the failing stage's error within seconds (not its peer's, nor after the 300 s pipeline
+    timeout), no rank is left blocked, and the next call says the pipeline was torn down."""
+    batch = trainer._prompt_batch(trainer.task.val_strings[:16], "v", {"do_sample": False})
+    out = actor.generate_sequences(batch)
+    rows, length = out.batch["responses"].shape
+    zeros = torch.zeros(rows, length)
+    out.batch["old_log_probs"] = zeros
+    out.batch["advantages"] = zeros
+    out.batch["ref_log_prob"] = zeros
+    out.batch["responses"][0, 0] = 10_000
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as failed:
+        actor.update_actor(out)
+    assert time.monotonic() - start < 60
+    assert "PipelineStageError" in str(failed.value)
+    assert "(pipeline stage 1 of 2): train_step failed" in str(failed.value)
+    # the first stage's part of the call ends too (its peer's teardown closed its wait)
+    deadline = time.monotonic() + 30
+    while actor.busy_ranks and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not actor.busy_ranks
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="torn down after a stage failed"):
+        actor.compute_log_prob(out)
+    assert time.monotonic() - start < 30
+
+
+def test_pipeline_and_sequence_parallel_config_errors(tmp_path: Path) -> None:
+    from _integration_runs import tiny_config
+    from sc_integration import TrainerConfigError
+    from sc_integration.demo import build_parser, config_from_args
+
+    with pytest.raises(TrainerConfigError, match=r"actor_pp must be >= 1, got 0"):
+        tiny_config(tmp_path, actor_pp=0)
+    with pytest.raises(
+        TrainerConfigError, match=r"actor_pp \(2\) must divide workers_per_role \(3\)"
+    ):
+        tiny_config(tmp_path, workers_per_role=3, actor_pp=2)
+    with pytest.raises(TrainerConfigError, match=r"sp \(2\) must divide workers_per_role \(3\)"):
+        tiny_config(tmp_path, workers_per_role=3, sp=2)
+    with pytest.raises(TrainerConfigError, match=r"actor_pp=2 and sp=2: .* pick one"):
+        tiny_config(tmp_path, workers_per_role=4, actor_pp=2, sp=2)
+    with pytest.raises(TrainerConfigError, match=r"actor_pp=4 stages need at least as many"):
+        tiny_config(tmp_path, workers_per_role=4, actor_pp=4)
+    with pytest.raises(TrainerConfigError, match=r"the in-process backend .* use backend='ray'"):
+        tiny_config(tmp_path, backend="local", workers_per_role=1, actor_pp=2)
+    config = config_from_args(build_parser().parse_args(["--actor-pp", "2"]))
+    assert (config.actor_pp, config.sp) == (2, 1)
+    config = config_from_args(build_parser().parse_args(["--sp", "2"]))
+    assert (config.actor_pp, config.sp) == (1, 2)

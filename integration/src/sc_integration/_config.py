@@ -359,6 +359,12 @@ class TrainerConfig:
                 f"{owner}: actor_pp={self.actor_pp} and sp={self.sp}: the actor runs pipeline "
                 "stages on the megatron-style engine and Ulysses on the FSDP engine; pick one"
             )
+        if self.backend == "local" and (self.actor_pp > 1 or self.sp > 1):
+            raise TrainerConfigError(
+                f"{owner}: actor_pp={self.actor_pp}, sp={self.sp} need a process per stage or "
+                "sequence shard; the in-process backend (backend='local') runs one rank per "
+                "role: use backend='ray'"
+            )
         for name, size in (("actor_pp", self.actor_pp), ("sp", self.sp)):
             if self.workers_per_role % size:
                 raise TrainerConfigError(

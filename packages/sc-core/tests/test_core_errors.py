@@ -217,3 +217,42 @@ def test_remote_tracebacks_lose_their_terminal_colour_codes() -> None:
     assert "\x1b" not in err.remote_traceback
     assert err.error_message == "bad"
     assert "ray::Worker.fail()" in err.remote_traceback
+
+
+class _PeerGone(RuntimeError):
+    """A rank's error that says another rank caused it (a collective whose peer failed)."""
+
+    sc_caused_by_peer = True
+
+
+class Pipeline(Worker):
+    """Rank 2 fails on its own; ranks 0 and 1 fail because it did."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def step(self) -> int:
+        if self.rank == 2:
+            raise ValueError("rank 2: index out of range")
+        raise _PeerGone(f"rank {self.rank}: connection closed by peer")
+
+
+def test_the_reported_error_is_the_one_not_caused_by_a_peer() -> None:
+    """Several ranks failed: the error reported is the lowest rank's whose error is its own,
+    the others listed; with every error caused by a peer, the lowest rank's."""
+    wg = LocalWorkerGroup(ResourcePool([3]), ClassWithInitArgs(Pipeline))
+    try:
+        with pytest.raises(WorkerError) as info:
+            wg.step()
+        assert info.value.rank == 2
+        assert info.value.other_failed_ranks == (0, 1)
+        assert isinstance(info.value.cause, ValueError)
+    finally:
+        wg.close()
+    errors: dict[int, BaseException | None] = {0: _PeerGone("a"), 1: _PeerGone("b")}
+    assert sc_core.backend.reported_rank(errors) == 0
+    errors[3] = ValueError("own")
+    assert sc_core.backend.reported_rank(errors) == 3
+    wrapped = WorkerError.from_exception("step", 1, _PeerGone("x"))
+    assert sc_core.backend.caused_by_peer(wrapped)
+    assert not sc_core.backend.caused_by_peer(WorkerError.from_exception("s", 0, KeyError("k")))
+    assert not sc_core.backend.caused_by_peer(None)
+    assert sc_core.backend.CAUSED_BY_PEER_ATTR == "sc_caused_by_peer"

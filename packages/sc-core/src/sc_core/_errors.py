@@ -59,7 +59,7 @@ import pickle
 import re
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -122,11 +122,13 @@ class InjectedFaultError(ScCoreError, RuntimeError):
 class WorkerError(ScCoreError, RuntimeError):
     """A worker method raised an exception.
 
-    Attributes: ``method`` (the method name), ``rank`` (the lowest failing rank, whose error
-    is reported), ``error_type`` (the original exception's class name), ``error_message``,
-    ``remote_traceback`` (the traceback text as formatted where the error happened),
-    ``other_failed_ranks`` and ``cause`` (the original exception object when the backend
-    could recover it, else ``None``; it is also chained as ``__cause__``).
+    Attributes: ``method`` (the method name), ``rank`` (the failing rank whose error is
+    reported: the lowest one whose error is its own, not the consequence of another rank's
+    failure, see :func:`~sc_core.backend.reported_rank`), ``error_type`` (the original
+    exception's class name), ``error_message``, ``remote_traceback`` (the traceback text as
+    formatted where the error happened), ``other_failed_ranks`` and ``cause`` (the original
+    exception object when the backend could recover it, else ``None``; it is also chained
+    as ``__cause__``).
 
     When ``cause`` is given, the error is an instance of a subclass of both
     ``WorkerError`` and ``type(cause)`` (``isinstance(err, ValueError)`` holds for a worker
@@ -294,6 +296,29 @@ def _rebuild_worker_error(
         other_failed_ranks=other_failed_ranks,
         cause=cause,
     )
+
+
+#: The attribute (on an exception class or instance) that marks a worker's error as the
+#: consequence of another rank's failure: a collective or a send whose peer is gone.
+CAUSED_BY_PEER_ATTR = "sc_caused_by_peer"
+
+
+def caused_by_peer(error: BaseException | None) -> bool:
+    """Whether ``error`` (or, for a :class:`WorkerError`, the worker's exception it carries)
+    says it failed because another rank did (``sc_caused_by_peer = True``)."""
+    if error is None:
+        return False
+    if getattr(error, CAUSED_BY_PEER_ATTR, False) is True:
+        return True
+    cause = error.cause if isinstance(error, WorkerError) else None
+    return cause is not None and getattr(cause, CAUSED_BY_PEER_ATTR, False) is True
+
+
+def reported_rank(errors: Mapping[int, BaseException | None]) -> int:
+    """The rank whose error a call that failed on several ranks reports: the lowest rank
+    whose error is its own, or, when every error says a peer caused it, the lowest rank.
+    ``errors`` holds at least one rank."""
+    return min(errors, key=lambda rank: (caused_by_peer(errors[rank]), rank))
 
 
 class WorkerDiedError(ScCoreError, RuntimeError):

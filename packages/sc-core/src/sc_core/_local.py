@@ -33,6 +33,7 @@ from ._errors import (
     WorkerDiedError,
     WorkerError,
     WorkerGroupError,
+    reported_rank,
 )
 from ._faults import take_fault
 from ._fused import check_fused_worker_used
@@ -188,14 +189,15 @@ class LocalBackend:
         died = [r for r, o in zip(ranks, outcomes, strict=True) if o.died]
         if died:
             raise WorkerDiedError(call.method_name, died, "killed with kill_worker")
-        failed = [(r, o) for r, o in zip(ranks, outcomes, strict=True) if o.error is not None]
+        failed = {r: o for r, o in zip(ranks, outcomes, strict=True) if o.error is not None}
         if failed:
-            rank, first = failed[0]
+            rank = reported_rank({r: o.error for r, o in failed.items()})
+            first = failed[rank]
             raise WorkerError.from_exception(
                 call.method_name,
                 rank,
                 cast(BaseException, first.error),
-                other_failed_ranks=[r for r, _ in failed[1:]],
+                other_failed_ranks=[r for r in failed if r != rank],
                 remote_traceback=first.traceback,
             )
         return [o.value for o in outcomes]

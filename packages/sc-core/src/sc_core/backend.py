@@ -14,7 +14,9 @@ collects; it holds a :class:`Backend` that runs the workers and hands it each ca
   several calls) and :class:`ReplacingBackend` (start a worker in place of a dead one,
   answering :class:`ReplacedWorkers`); :class:`AbandonedCall`, a call a rank still runs
   after the group gave up on it; :class:`BackendNotImplementedError`, raised when a group
-  lacks what a call needs.
+  lacks what a call needs; :func:`reported_rank`, which of several ranks' errors a failed
+  call reports (the lowest rank whose error is not the consequence of another's: an error
+  marked with :data:`CAUSED_BY_PEER_ATTR`, see :func:`caused_by_peer`).
 * The in-process backend, :class:`LocalBackend` with its :class:`LocalHandle`.
 * A worker's side: the :class:`WorkerContext` a backend gives each worker
   (:func:`worker_context`, :func:`current_worker_context`), the :class:`Rendezvous` through
@@ -39,12 +41,20 @@ from ._context import (
     rendezvous_from_env,
     worker_context,
 )
-from ._errors import BackendNotImplementedError, RendezvousError, RendezvousTimeoutError
+from ._errors import (
+    CAUSED_BY_PEER_ATTR,
+    BackendNotImplementedError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    caused_by_peer,
+    reported_rank,
+)
 from ._faults import ArmedFault, take_fault
 from ._local import LocalBackend, LocalHandle
 from ._units import StreamingBackend
 
 __all__ = [
+    "CAUSED_BY_PEER_ATTR",
     "AbandonedCall",
     "ArmedFault",
     "Backend",
@@ -63,9 +73,11 @@ __all__ = [
     "ReplacingBackend",
     "StreamingBackend",
     "WorkerContext",
+    "caused_by_peer",
     "current_worker_context",
     "register_class_unwrapper",
     "rendezvous_from_env",
+    "reported_rank",
     "take_fault",
     "worker_context",
 ]

@@ -19,7 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sc_core import CallTimeoutError, WorkerDiedError, WorkerError, WorkerGroupError
-from sc_core.backend import Call, CallHandle, RankArgs, ReplacedWorkers
+from sc_core.backend import (
+    Call,
+    CallHandle,
+    RankArgs,
+    ReplacedWorkers,
+    caused_by_peer,
+    reported_rank,
+)
 from sc_dispatch.ext import is_future
 
 from . import _ray_api as rapi
@@ -38,6 +45,9 @@ logger = logging.getLogger("sc_ray")
 #: How often a blocking wait looks at the ranks that already answered (seconds): a failed
 #: or dead rank is reported within this long even while other ranks keep running.
 _POLL_S = 0.25
+#: how long a call whose only errors say another rank caused them waits for that rank's own
+#: error (it arrives a moment later: the rank fails first, then its peers notice)
+_PEER_GRACE_S = 5.0
 
 _put_pool_lock = threading.Lock()
 _put_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -312,7 +322,8 @@ def wait_refs(
     call: Call | None,
 ) -> list[Any]:
     """The values of ``refs`` (one per rank in ``ranks``); raises as soon as a rank
-    fails, or when the deadline passes.
+    fails (after up to ``_PEER_GRACE_S`` more when every error so far says another rank
+    caused it, for that rank's own error), or when the deadline passes.
 
     The common case costs one ``ray.get`` (without a timeout when the call has no deadline:
     a timed ``ray.get`` costs a few per cent more on a no-op call). ``ray.get`` of a list
@@ -330,6 +341,8 @@ def wait_refs(
         return got
     pending: dict[int, rapi.ObjectRef] = dict(enumerate(refs))
     values: list[Any] = [None] * len(refs)
+    failures: dict[int, rapi.RemoteFailure] = {}
+    grace_until: float | None = None
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         slice_s = _POLL_S if remaining is None else min(_POLL_S, remaining)
@@ -337,10 +350,22 @@ def wait_refs(
         if ready:
             ready_ids = {id(r) for r in ready}
             done = [i for i, r in pending.items() if id(r) in ready_ids]
-            _collect(done, pending, values, ranks, method, call, start)
-        elif remaining is not None and remaining <= 0:
+            _collect(done, pending, values, ranks, call, start, failures)
+        if failures:
+            # an error that says a peer caused it waits briefly for the peer's own
+            if grace_until is None:
+                grace_until = time.monotonic() + _PEER_GRACE_S
+            own = any(not caused_by_peer(f.cause) for f in failures.values())
+            died = any(f.kind == "died" for f in failures.values())
+            if own or died or time.monotonic() >= grace_until:
+                _raise_failures(failures, method)
+        if not ready and remaining is not None and remaining <= 0:
+            if failures:
+                _raise_failures(failures, method)
             waiting = [ranks[i] for i in sorted(pending)]
             raise CallTimeoutError(method, waiting, timeout)
+    if failures:
+        _raise_failures(failures, method)
     return values
 
 
@@ -360,10 +385,11 @@ def _collect(
     pending: dict[int, rapi.ObjectRef],
     values: list[Any],
     ranks: Sequence[int],
-    method: str,
     call: Call | None,
     start: float,
+    failures: dict[int, rapi.RemoteFailure],
 ) -> None:
+    """Move the ``done`` ranks' values into ``values`` and their errors into ``failures``."""
     try:
         got = rapi.get([pending[i] for i in done])
     except Exception:
@@ -374,14 +400,12 @@ def _collect(
             del pending[i]
         _record(call, ranks, done, got, start)
         return
-    failures: dict[int, rapi.RemoteFailure] = {}
     for i in done:
         try:
             values[i] = rapi.get([pending[i]])[0]
         except Exception as exc:
             failures[ranks[i]] = rapi.classify_failure(exc)
         del pending[i]
-    _raise_failures(failures, method)
 
 
 def _raise_failures(failures: Mapping[int, rapi.RemoteFailure], method: str) -> None:
@@ -389,7 +413,7 @@ def _raise_failures(failures: Mapping[int, rapi.RemoteFailure], method: str) -> 
     if died:
         reason = failures[died[0]].cause_type
         raise WorkerDiedError(method, died, reason) from failures[died[0]].cause
-    first = min(failures)
+    first = reported_rank({rank: f.cause for rank, f in failures.items()})
     failure = failures[first]
     others = sorted(r for r in failures if r != first)
     if isinstance(failure.cause, WorkerError):  # raised by the worker's entry point

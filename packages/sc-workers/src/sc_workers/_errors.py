@@ -97,7 +97,12 @@ class NotInitializedError(ScWorkersError, RuntimeError):
 
 
 class PipelineStageError(ScWorkersError, RuntimeError):
-    """A pipeline stage failed inside a schedule; the pipeline group was torn down."""
+    """A pipeline stage failed inside a schedule; the pipeline group was torn down.
+
+    ``sc_caused_by_peer`` is true on the stages that failed because a peer stage did (sc-core
+    then reports the peer's own error when several ranks fail in one call)."""
+
+    sc_caused_by_peer: bool = False
 
 
 class CheckpointError(ScWorkersError, RuntimeError):

@@ -242,11 +242,15 @@ class PipelineEngine(MegatronEngine):
             where = (
                 f"rank {self.layout.rank} (pipeline stage{plural} {stages} of {self.num_stages})"
             )
-            self._failure = f"{where}: {what}: {root_cause(exc)}"
+            cause, peer = root_cause(exc)
+            self._failure = f"{where}: {what}: {cause}"
             group, self._p2p_group = self._p2p_group, None
             tear_down(group, exc)
             logger.error("%s; the pipeline group is torn down", self._failure)
-            raise PipelineStageError(f"{where}: {what} failed: {root_cause(exc)}") from exc
+            error = PipelineStageError(f"{where}: {what} failed: {cause}")
+            # a peer's failure seen from here: the driver reports the peer's own error
+            error.sc_caused_by_peer = peer
+            raise error from exc
 
     # ----------------------------------------------------------------- compute
     def forward(

@@ -52,16 +52,19 @@ def tear_down(group: dist.ProcessGroup | None, exc: BaseException) -> None:
         gc.collect()
 
 
-def root_cause(exc: BaseException) -> str:
+def root_cause(exc: BaseException) -> tuple[str, bool]:
     """The innermost error of a chain (torch's schedule wraps a stage's error in its own),
-    as ``Type: message``; a broken connection says that a peer stage failed or died."""
+    as ``Type: message``, and whether it is a peer's failure seen from here (a connection
+    of the pipeline group that closed or reset: the peer stage failed or died)."""
     root = exc
     while root.__cause__ is not None:
         root = root.__cause__
     text = str(root).strip()
     if "Connection closed by peer" in text or "Connection reset by peer" in text:
+        first_line = text.splitlines()[0][:200] if text else ""
         return (
-            f"a peer stage failed or died, and the pipeline group's connection to it closed "
-            f"({type(root).__name__}: {text.splitlines()[0][:200]})"
+            "a peer stage failed or died, and the pipeline group's connection to it closed "
+            f"({type(root).__name__}: {first_line})",
+            True,
         )
-    return f"{type(root).__name__}: {text}"
+    return f"{type(root).__name__}: {text}", False
