@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import multiprocessing
 import os
 import statistics
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import machine, write_result  # noqa: E402
+from _machine import machine, write_result
 
 RESULT = Path(__file__).resolve().parent / "results" / "pipeline_bubble.json"
 
@@ -182,9 +181,7 @@ def main() -> None:
             "stages": p,
             "settings": args,
             "results": rows,
-            "machine": machine(
-                torch=torch.__version__, load_before=round(load_before, 2)
-            ),
+            "machine": machine(torch=torch.__version__, load_before=round(load_before, 2)),
         },
     )
 
