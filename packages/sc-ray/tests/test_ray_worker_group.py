@@ -49,6 +49,12 @@ ENV_KEYS = (
 )
 
 
+class PeerGone(RuntimeError):
+    """An error that says another rank caused it."""
+
+    sc_caused_by_peer = True
+
+
 class Tiny(Worker):
     """A small worker: reports its environment, echoes, fails and dies on request."""
 
@@ -93,6 +99,15 @@ class Tiny(Worker):
             os._exit(1)
         time.sleep(others_sleep)
         return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail_after_peer(self, rank: int, delay: float) -> int:
+        """Rank ``rank`` fails on its own after ``delay`` s; the others at once, with an
+        error that says a peer caused it (as a collective's peers do)."""
+        if self.rank == rank:
+            time.sleep(delay)
+            raise ValueError(f"rank {self.rank} failed on its own")
+        raise PeerGone(f"rank {self.rank}: the peer's connection closed")
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL)
     async def async_add(self, x: int) -> int:
@@ -213,6 +228,25 @@ def test_errors_deadlines_and_dead_workers() -> None:
         assert wg.alive_ranks() == [0, 2]
         with pytest.raises(WorkerDiedError, match="rank 1"):
             wg.times(1)  # refused at once: rank 1 is known dead
+
+
+def test_the_error_reported_is_the_failing_ranks_own() -> None:
+    """Ranks 0 and 2 fail at once because of rank 1, whose own error comes a second later:
+    the call waits for it and reports rank 1's, the others listed."""
+    with RayWorkerGroup(_pool([3]), RayClassWithInitArgs(Tiny)) as wg:
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            wg.fail_after_peer(1, 1.0)
+        assert info.value.rank == 1
+        assert isinstance(info.value.cause, ValueError)
+        assert info.value.other_failed_ranks == (0, 2)
+        assert time.monotonic() - start < 10
+        # with only peer-caused errors in sight for long, the call ends anyway (5 s grace)
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as only_peers:
+            wg.fail_after_peer(1, 20.0)
+        assert only_peers.value.rank == 0
+        assert time.monotonic() - start < 15
 
 
 def test_killed_worker_is_reported() -> None:

@@ -168,10 +168,19 @@ def failure_job(method: str, rank: int, world: int, out: Path) -> None:
     except Exception as exc:
         outcome = (type(exc).__name__, str(exc))
     elapsed = time.monotonic() - start
+    if actor.layout.is_last_stage:
+        # the failed stage stays alive (holding whatever it holds) until its peer's call
+        # has ended: the peer must not depend on this process exiting
+        done = out / "rank0.pt"
+        deadline = time.monotonic() + 90
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
     try:
         actor.compute_log_prob(make_proto(make_tensors()))
         after = ("ok", "")
     except Exception as exc:
         after = (type(exc).__name__, str(exc))
-    torch.save({"outcome": outcome, "elapsed": elapsed, "after": after}, out / f"rank{rank}.pt")
+    result = {"outcome": outcome, "elapsed": elapsed, "after": after}
+    torch.save(result, out / f"rank{rank}.tmp")
+    (out / f"rank{rank}.tmp").rename(out / f"rank{rank}.pt")
     dist.destroy_process_group()

@@ -118,9 +118,9 @@ def test_pipeline_matches_single_rank(
 def test_a_stage_that_raises_inside_a_schedule_does_not_strand_its_peer(
     method: str, tmp_path: Path
 ) -> None:
-    """The last stage fails inside the schedule; the first stage, waiting for it (for a
-    gradient, or to send the next activation), fails within seconds, not after the
-    pipeline timeout (300 s here), and both name where the failure was."""
+    """The last stage fails inside the schedule and stays alive; the first stage, waiting
+    for it (for a gradient, or to send the next activation), fails within seconds, not
+    after the pipeline timeout (300 s here), and both name where the failure was."""
     launch(functools.partial(failure_job, method), 2, tmp_path, timeout=120)
     first, last = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     kind, message = last["outcome"]
@@ -131,8 +131,10 @@ def test_a_stage_that_raises_inside_a_schedule_does_not_strand_its_peer(
     kind, message = first["outcome"]
     assert kind == "PipelineStageError"
     assert "rank 0 (pipeline stage 0 of 2)" in message
+    # the last stage stayed alive until the first one's call ended: the first one was
+    # released by the teardown, not by the failed process exiting
+    assert first["elapsed"] < 30, first
     for out in (first, last):
-        assert out["elapsed"] < 60, out
         # the pipeline is gone on both ranks: the next call says so, and how it went
         after_kind, after_message = out["after"]
         assert after_kind == "PipelineStageError"

@@ -20,6 +20,7 @@ receives the hidden states with the attention mask and positions.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -232,25 +233,39 @@ class PipelineEngine(MegatronEngine):
         """Run ``run()`` (a schedule step on this rank); if it raises, tear the pipeline
         group down, so that no peer stage stays blocked waiting for this one (their sends
         and receives fail at once and they tear down theirs), and raise
-        :class:`PipelineStageError` naming this rank, its stages and the first error."""
+        :class:`PipelineStageError` naming this rank, its stages and the first error.
+
+        The error carries the original's text and traceback, not the original itself: the
+        original's frames and the schedule's pending sends and receives hold the group's
+        connections open for as long as they live."""
         self.pp_group  # noqa: B018  # raises if an earlier failure tore the pipeline down
+        failure: tuple[str, bool, str] | None = None
         try:
             return run()
         except Exception as exc:
-            stages = ", ".join(map(str, self.stage_ids))
-            plural = "s" if len(self.stage_ids) > 1 else ""
-            where = (
-                f"rank {self.layout.rank} (pipeline stage{plural} {stages} of {self.num_stages})"
-            )
             cause, peer = root_cause(exc)
-            self._failure = f"{where}: {what}: {cause}"
-            group, self._p2p_group = self._p2p_group, None
-            tear_down(group, exc)
-            logger.error("%s; the pipeline group is torn down", self._failure)
-            error = PipelineStageError(f"{where}: {what} failed: {cause}")
-            # a peer's failure seen from here: the driver reports the peer's own error
-            error.sc_caused_by_peer = peer
-            raise error from exc
+            failure = (cause, peer, "".join(traceback.format_exception(exc)))
+        # past the except clause: the original error and its frames are gone
+        cause, peer, detail = failure
+        stages = ", ".join(map(str, self.stage_ids))
+        plural = "s" if len(self.stage_ids) > 1 else ""
+        of = self.num_stages
+        where = f"rank {self.layout.rank} (pipeline stage{plural} {stages} of {of})"
+        self._failure = f"{where}: {what}: {cause}"
+        self._release_pipeline_group()
+        logger.error("%s; the pipeline group is torn down", self._failure)
+        error = PipelineStageError(
+            f"{where}: {what} failed: {cause}\n\nThe stage's error, as raised:\n{detail}"
+        )
+        # a peer's failure seen from here: the driver reports the peer's own error
+        error.sc_caused_by_peer = peer
+        raise error
+
+    def _release_pipeline_group(self) -> None:
+        """Drop and destroy the pipeline group. In a frame of its own, which ends before
+        the error is raised: a raised error's traceback keeps its frames' locals alive."""
+        group, self._p2p_group = self._p2p_group, None
+        tear_down(group)
 
     # ----------------------------------------------------------------- compute
     def forward(

@@ -12,7 +12,6 @@ groups of FSDP and tensor parallelism are not touched.
 from __future__ import annotations
 
 import gc
-import traceback
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -40,16 +39,15 @@ def pipeline_group(layout: ParallelLayout, timeout: timedelta) -> dist.ProcessGr
     return mine
 
 
-def tear_down(group: dist.ProcessGroup | None, exc: BaseException) -> None:
-    """Destroy ``group`` after ``exc`` ended a schedule. The failed schedule's frames (in
-    ``exc``'s traceback) hold the stages and with them the group: their locals are cleared
-    first, so that the group's last reference goes and gloo closes its connections. The
-    caller has dropped its own reference."""
-    traceback.clear_frames(exc.__traceback__)
+def tear_down(group: dist.ProcessGroup | None) -> None:
+    """Destroy ``group`` after a failed schedule, once the caller has dropped its own
+    reference and the failed schedule's error (whose frames, and the schedule's pending
+    sends and receives, hold the group): the collection frees the last references, and
+    gloo closes the group's connections."""
     if group is not None:
         dist.destroy_process_group(group)
         del group
-        gc.collect()
+    gc.collect()
 
 
 def root_cause(exc: BaseException) -> tuple[str, bool]:
