@@ -54,11 +54,11 @@ from ._local import LocalBackend, LocalHandle
 from ._units import StreamingBackend
 
 __all__ = [
-    "CAUSED_BY_PEER_ATTR",
     "AbandonedCall",
     "ArmedFault",
     "Backend",
     "BackendNotImplementedError",
+    "CAUSED_BY_PEER_ATTR",
     "Call",
     "CallHandle",
     "CallOptions",
