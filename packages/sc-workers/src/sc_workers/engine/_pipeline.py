@@ -139,22 +139,14 @@ class PipelineEngine(MegatronEngine):
         return self.layout.pp_size * self.megatron.virtual_stages
 
     @property
-    def dp_group(self) -> dist.ProcessGroup:
-        return self._mesh_group("dp")
-
-    def _mesh_group(self, dim: str) -> dist.ProcessGroup:
-        mesh = self.device_mesh
-        if mesh is None:
-            raise ConfigError(f"rank {self.layout.rank}: the pipelined engine is not built")
-        return mesh.get_group(dim)
-
-    @property
     def is_first_stage(self) -> bool:
-        return 0 in self.stage_ids
+        """Pipeline rank 0 runs stage 0 (with virtual stages too)."""
+        return self.layout.is_first_stage
 
     @property
     def is_last_stage(self) -> bool:
-        return self.num_stages - 1 in self.stage_ids
+        """Pipeline rank pp - 1 runs the last stage (with virtual stages too)."""
+        return self.layout.is_last_stage
 
     # ------------------------------------------------------------------- build
     def _make_mesh(self) -> DeviceMesh:

@@ -16,7 +16,7 @@ from ..engine import Engine, PipelineEngine, make_engine
 from ._common import WorkerBase
 from ._generation import generate_batch, meta_float, sampling_params
 from ._ppo import compute_log_prob, gather_tensors, update_policy
-from ._ppo_pipeline import pipelined_log_prob, pipelined_update_policy, reads_batch
+from ._ppo_pipeline import pipelined_log_prob, pipelined_update_policy
 from ._sync import WeightSyncEndpoint
 
 __all__ = ["ROLES", "ActorRolloutRefWorker"]
@@ -219,7 +219,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         calculate_entropy: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         where = self._where("compute_log_prob")
-        t = gather_tensors(data, _MODEL_INPUTS if reads_batch(engine) else (), (), where)
+        t = gather_tensors(data, _MODEL_INPUTS if engine.layout.reads_batch else (), (), where)
         if isinstance(engine, PipelineEngine):
             length = self.config.rollout.response_length
             if "responses" in t:
@@ -245,7 +245,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         keys = [*_MODEL_INPUTS, "old_log_probs", "advantages"]
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
-        if not reads_batch(engine):
+        if not engine.layout.reads_batch:
             keys = []
         t = gather_tensors(data, keys, ("response_mask",), where)
         temperature = meta_float(

@@ -13,7 +13,7 @@ from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, PipelineEngine, make_engine
 from ._common import WorkerBase
 from ._ppo import compute_values, gather_tensors, update_critic
-from ._ppo_pipeline import pipelined_update_critic, pipelined_values, reads_batch
+from ._ppo_pipeline import pipelined_update_critic, pipelined_values
 
 __all__ = ["CriticWorker"]
 
@@ -81,7 +81,7 @@ class CriticWorker(WorkerBase):
         """``values`` ``[batch, response_length]``, zero outside the response mask."""
         where = self._where("compute_values")
         engine = self._engine("compute_values")
-        keys = _MODEL_INPUTS if reads_batch(engine) else ()
+        keys = _MODEL_INPUTS if engine.layout.reads_batch else ()
         t = gather_tensors(data, keys, ("response_mask",), where)
         micro = self.config.forward_micro_batch_size_per_gpu
         with engine.on_device():
@@ -102,7 +102,7 @@ class CriticWorker(WorkerBase):
         """
         where = self._where("update_critic")
         engine = self._engine("update_critic")
-        keys = [*_MODEL_INPUTS, "values", "returns"] if reads_batch(engine) else []
+        keys = [*_MODEL_INPUTS, "values", "returns"] if engine.layout.reads_batch else []
         t = gather_tensors(data, keys, ("response_mask",), where)
         cfg, sizes = self.config, self.batch_sizes
         if isinstance(engine, PipelineEngine):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .._config import ActorConfig, BatchSizes, CriticConfig
 from ..algos import entropy_from_logits, logprobs_from_logits
-from ..engine import Engine, PipelineEngine
+from ..engine import PipelineEngine
 from ._ppo import (
     _Meter,
     _micro_slices,
@@ -36,7 +36,6 @@ __all__ = [
     "pipelined_update_critic",
     "pipelined_update_policy",
     "pipelined_values",
-    "reads_batch",
 ]
 
 _Inputs = tuple[Tensor, Tensor, Tensor]
@@ -62,12 +61,6 @@ def _value_head(length: int) -> Callable[[Tensor], Tensor]:
         return values[:, -length - 1 : -1].float().clone()
 
     return head
-
-
-def reads_batch(engine: Engine) -> bool:
-    """Whether this rank reads a batch's columns (:attr:`ParallelLayout.reads_batch`); the
-    workers register it, so a middle stage is sent the batch's metadata only."""
-    return engine.layout.reads_batch
 
 
 def _inputs(micro: dict[str, Tensor]) -> _Inputs:
