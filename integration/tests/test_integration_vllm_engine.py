@@ -5,8 +5,11 @@ minute to start on two cores). The trainer's side is sc-workers' Hugging Face mo
 through its real loading code. Checked: greedy outputs equal the trainer model's token for
 token at the initial weights and after each of three weight pushes (the trainer model is
 trained a little between pushes, so the outputs change); the log-probs of sampled tokens
-match the trainer's recomputation; an update during a request shows in its version span;
-and the errors of a bad push, a long prompt and a model vLLM cannot serve.
+match the trainer's recomputation; a three-turn agent session with tool tokens between the
+turns sends the engine the session's sequence so far at each turn, and its model tokens'
+log-probs match the trainer's recomputation over the whole sequence; an update during a
+request shows in its version span; and the errors of a bad push, a long prompt and a model
+vLLM cannot serve.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ import pytest
 import torch
 from sc_integration._tiny_gpt2 import save_tiny_gpt2
 from sc_rollout import (
+    AgentSession,
+    AppendedTokens,
     GenerateRequest,
     GenerateResult,
     PromptTooLongError,
     RolloutClient,
     SamplingParams,
     ServerProcess,
+    Turn,
     UnservableModelError,
     VLLMEngineConfig,
     WeightMismatchError,
@@ -153,6 +159,107 @@ def test_sampled_log_probs_match_the_trainers_recomputation(
     mean, worst = sum(diffs) / len(diffs), max(diffs)
     log.warning(
         "vLLM vs trainer log-probs: mean |diff| %.2e, max %.2e over %d tokens",
+        mean,
+        worst,
+        len(diffs),
+    )
+    assert mean <= 1e-3, f"mean |diff| {mean:.2e} (max {worst:.2e})"
+
+
+class _RecordingClient(RolloutClient):
+    """The module's server, recording every request before it is sent."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.requests: list[GenerateRequest] = []
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.requests.append(request)
+        return super().generate(request)
+
+
+#: the tool answers appended after the first and the second turn
+TOOL_TOKENS = [(12, 4, 7), (13, 9)]
+
+
+def _three_turn_session(
+    url: str, prompt: list[int], sampling: SamplingParams
+) -> tuple[AgentSession, list[GenerateRequest], list[tuple[int, ...]]]:
+    """Three model turns with the tool tokens appended between them; the requests the
+    engine got, and the session's whole sequence before each turn."""
+    engine = _RecordingClient(url)
+    before: list[tuple[int, ...]] = []
+    with AgentSession(engine, prompt, sampling=sampling) as session:
+        for k in range(3):
+            before.append(session.token_ids)
+            session.generate()
+            if k < len(TOOL_TOKENS):
+                session.append_tokens(TOOL_TOKENS[k])
+    return session, engine.requests, before
+
+
+def _check_session_sequence(
+    session: AgentSession, requests: list[GenerateRequest], before: list[tuple[int, ...]]
+) -> None:
+    """Each request is the session's sequence so far; the segments tile the response."""
+    turns = session.turns
+    assert len(turns) == len(requests) == 3
+    prompt, response = session.prompt_ids, session.response_ids
+    for turn, request, seen in zip(turns, requests, before, strict=True):
+        assert request.prompt_ids == seen == prompt + response[: turn.start]
+        assert request.request_id == turn.request_id
+        assert request.session_id == session.session_id
+        assert len(turn.token_ids) == request.sampling.max_tokens  # vLLM ignores eos here
+    mask = session.response_mask
+    assert len(mask) == len(response) == len(session.response_logprobs)
+    tiled: list[int] = []
+    for segment in session.segments:
+        assert segment.start == len(tiled)
+        tiled.extend(segment.token_ids)
+        model_token = isinstance(segment, Turn)
+        assert mask[segment.start : len(tiled)] == (int(model_token),) * len(segment.token_ids)
+    assert tuple(tiled) == response
+    appended = [s.token_ids for s in session.segments if isinstance(s, AppendedTokens)]
+    assert appended == TOOL_TOKENS
+    assert session.token_ids == prompt + response
+
+
+def _session_logprob_diffs(model: Any, session: AgentSession, greedy: bool) -> list[float]:
+    """|engine - trainer| log-prob of each model token, the trainer's from one forward over
+    the whole sequence; tool tokens have log-prob 0.0. Greedy: each model token is the
+    argmax of that forward."""
+    prompt = session.prompt_ids
+    logp = torch.log_softmax(_logits(model, list(session.token_ids)), dim=-1)
+    diffs: list[float] = []
+    for i, (token, masked, lp) in enumerate(
+        zip(session.response_ids, session.response_mask, session.response_logprobs, strict=True)
+    ):
+        row = logp[len(prompt) - 1 + i]
+        if not masked:
+            assert lp == 0.0
+            continue
+        diffs.append(abs(float(row[token]) - lp))
+        if greedy:
+            assert token == int(row.argmax()), f"model token {i} is not the trainer's argmax"
+    return diffs
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sampled", "greedy"])
+def test_multi_turn_sessions_keep_token_and_log_prob_parity(
+    server: ServerProcess, trainer_model: Any, temperature: float
+) -> None:
+    diffs: list[float] = []
+    for i, prompt in enumerate(PROMPTS[:4]):
+        sampling = SamplingParams(max_tokens=5, temperature=temperature, seed=300 + i)
+        session, requests, before = _three_turn_session(server.url, prompt, sampling)
+        _check_session_sequence(session, requests, before)
+        diffs.extend(_session_logprob_diffs(trainer_model, session, greedy=temperature == 0.0))
+    assert len(diffs) == 4 * 3 * 5
+    mean, worst = sum(diffs) / len(diffs), max(diffs)
+    log.warning(
+        "multi-turn (temperature %g) vLLM vs trainer log-probs: mean |diff| %.2e, max %.2e "
+        "over %d model tokens",
+        temperature,
         mean,
         worst,
         len(diffs),

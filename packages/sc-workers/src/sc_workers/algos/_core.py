@@ -1,7 +1,8 @@
 """RL math as pure tensor functions (verl's names and conventions).
 
-Shapes: ``[batch, response_length]`` for token-level tensors, ``response_mask`` 1 on
-response tokens and 0 on padding. Losses are aggregated by :func:`agg_loss`; its
+Shapes: ``[batch, response_length]`` for token-level tensors, ``response_mask`` 1 on the
+tokens the model generated and 0 on padding and on tokens it did not (the tool tokens in
+the holes of a multi-turn response). Losses are aggregated by :func:`agg_loss`; its
 ``denominator`` argument lets a data-parallel caller divide by the *global* number of
 tokens (or sequences) of a mini-batch, which makes the gradient independent of how the
 mini-batch is split across ranks and micro-batches.
@@ -150,7 +151,9 @@ def compute_gae_advantage_return(
     """Generalized advantage estimation over the response tokens.
 
     Masked positions are skipped (the recursion carries the next valid value and
-    advantage through them), so the value after the last response token is 0.
+    advantage through them, their rewards and values unused), so the value after the last
+    response token is 0 and a response with holes gets, on its model tokens, the result of
+    the same response with the holes cut out.
     Returns ``(advantages, returns)`` where ``returns = raw advantages + values`` and the
     advantages are whitened over the mask; both are 0 on masked positions.
     """
@@ -226,8 +229,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted return-to-go per token, whitened over the batch.
 
-    The running return restarts after masked positions. Returns ``(advantages, returns)``;
-    both are 0 on masked positions.
+    The return-to-go runs over the masked-in tokens only: a masked position (a tool token
+    in a hole of a multi-turn response, or right padding) neither adds its reward nor
+    discounts, it carries the running return through unchanged (``running = m * (r + gamma
+    * running) + (1 - m) * running``). So a response with holes gets, on its model tokens,
+    the returns of the same response with the holes cut out, and a final reward reaches
+    every turn. Returns ``(advantages, returns)``; both are 0 on masked positions.
     """
     _same_shape(
         "compute_reinforce_plus_plus_outcome_advantage",
@@ -239,8 +246,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
         returns = torch.zeros_like(token_level_rewards)
         running = torch.zeros_like(token_level_rewards[:, 0])
         for t in reversed(range(token_level_rewards.shape[1])):
-            running = (token_level_rewards[:, t] + gamma * running) * mask[:, t]
-            returns[:, t] = running
+            m = mask[:, t]
+            running = m * (token_level_rewards[:, t] + gamma * running) + (1 - m) * running
+            returns[:, t] = running * m
         advantages = masked_whiten(returns, mask) * mask
     return advantages, returns
 
