@@ -182,11 +182,31 @@ class TrainerConfig:
         metadata=option(
             group="run",
             flags=("--rollout",),
+            default_text="workers; builtin with --task tool-calc",
+            derive=lambda given: "builtin" if given.get("task_mode") == "tool-calc" else None,
             help="workers: sample on worker groups (the actor's, or the rollout's with --placement "
             "separate); builtin or vllm: on engine servers (sc-workers' engine, or vLLM from its "
             "own environment: python -m sc_rollout vllm-env create) behind a router, fed the "
             "actor's weights after every update; a Hugging Face model (--model), or a tiny GPT-2 "
             "built in the output folder",
+        ),
+    )
+    agent_extra_groups: int = field(
+        default=0,
+        metadata=option(
+            group="run",
+            metavar="N",
+            help="agent tasks (tool-calc): keep N more prompt groups running than a step needs, "
+            "and train on the first groups to finish (streaming), so that slow agents do not "
+            "hold the batch; 0: wait for every session",
+        ),
+    )
+    agent_deadline_s: float = field(
+        default=120.0,
+        metadata=option(
+            group="run",
+            metavar="S",
+            help="agent tasks: a session running longer is dropped (recorded, masked out)",
         ),
     )
     rollout_servers: int = field(
@@ -504,6 +524,10 @@ class TrainerConfig:
                 f"{owner}: workers_per_role ({self.workers_per_role}) must split evenly over "
                 f"nnodes ({self.nnodes})"
             )
+        _int_at_least(owner, "agent_extra_groups", self.agent_extra_groups, 0)
+        _positive(owner, agent_deadline_s=self.agent_deadline_s)
+        if self.task.mode == "tool-calc":
+            self._check_agent_task(owner)
         train_prompts = 10**self.task.length - self.task.num_val
         if self.prompts_per_step > train_prompts:
             raise TrainerConfigError(
@@ -527,6 +551,15 @@ class TrainerConfig:
                 )
         if not self.output_dir:
             raise TrainerConfigError(f"{owner}.output_dir must not be empty")
+
+    def _check_agent_task(self, owner: str) -> None:
+        """The tool task runs agent sessions on engine servers, synchronously or with a
+        staleness bound of its own (not on worker groups)."""
+        if self.rollout_engine == "workers":
+            raise TrainerConfigError(
+                f"{owner}: task mode 'tool-calc' runs multi-turn agent sessions on engine "
+                "servers; rollout_engine must be 'builtin' or 'vllm', got 'workers'"
+            )
 
     @property
     def uses_absolute_positions(self) -> bool:

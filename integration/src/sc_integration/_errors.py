@@ -34,6 +34,8 @@ means, so callers may catch either::
     │                                               publisher cannot take: a prompt row
     │                                               without tokens, top-k sampling, a weight
     │                                               version not above the last one, ...
+    ├── AgentRolloutError (RuntimeError)            a step whose agent sessions were all
+    │                                               dropped (each one's reason in the message)
     ├── WeightPublishError (OSError)                weights that cannot be written to (or
     │                                               copied into) the run's weight directory
     └── BackendMismatchError (TypeError)            a pool, class or group of one backend
@@ -44,6 +46,7 @@ means, so callers may catch either::
 from __future__ import annotations
 
 __all__ = [
+    "AgentRolloutError",
     "BackendMismatchError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
@@ -124,3 +127,8 @@ class WeightPublishError(ScIntegrationError, OSError):
 
 class BackendMismatchError(ScIntegrationError, TypeError):
     """A resource pool, worker class or worker group of one backend given to another."""
+
+
+class AgentRolloutError(ScIntegrationError, RuntimeError):
+    """A step's agent sessions were all dropped (deadline, error, cancelled); the message
+    counts the reasons and quotes the first error."""

@@ -38,6 +38,7 @@ from ._config import TrainerConfig
 from ._errors import TrainerConfigError, TrainerStateError
 from ._launchers import Launcher
 from ._task import DigitsTask
+from ._tool_task import ToolCalcTask
 
 __all__ = [
     "Role",
@@ -66,7 +67,7 @@ class Role(enum.Enum):
     Rollout = "rollout"
 
 
-def model_config(config: TrainerConfig, task: DigitsTask) -> ModelConfig:
+def model_config(config: TrainerConfig, task: DigitsTask | ToolCalcTask) -> ModelConfig:
     """The model of every role: the Hugging Face directory ``config.model_path`` (its
     architecture and token ids), or the built-in transformer sized by ``config`` for
     ``task``'s tokenizer and sequence length."""
@@ -100,7 +101,7 @@ def _micro_batch(rows: int, pp: int) -> int:
 
 
 def worker_configs(
-    config: TrainerConfig, task: DigitsTask
+    config: TrainerConfig, task: DigitsTask | ToolCalcTask
 ) -> tuple[ActorRolloutRefConfig, CriticConfig]:
     """The sc-workers configuration of the actor/rollout/ref and critic workers.
 

@@ -17,12 +17,14 @@ from sc_rollout import find_vllm_env
 from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, load_hf_tokenizer
 
 from ._config import TrainerConfig
+from ._errors import TrainerConfigError
 from ._launchers import Launcher, make_launcher
 from ._output import RunOutput, check_resumable, resolve_checkpoint
 from ._roles import Role
 from ._task import DigitsTask
 from ._text_task import TextDigitsTask
 from ._tiny_gpt2 import save_tiny_gpt2
+from ._tool_task import TOOL_CALC_CHARS, ToolCalcTask
 from ._trainer import ProgressFn, RayPPOTrainer, RunResult
 
 __all__ = ["TaskRunner", "make_task", "with_server_model"]
@@ -39,14 +41,23 @@ def with_server_model(config: TrainerConfig) -> TrainerConfig:
     folder = Path(config.output_dir) / "model"
     if not (folder / "config.json").is_file():
         folder.parent.mkdir(parents=True, exist_ok=True)
-        save_tiny_gpt2(folder, seed=config.seed)
+        chars = TOOL_CALC_CHARS if config.task.mode == "tool-calc" else None
+        save_tiny_gpt2(folder, seed=config.seed, chars=chars)
         logger.info("wrote a tiny GPT-2 for the %s rollout to %s", config.rollout_engine, folder)
     return dataclasses.replace(config, model_path=str(folder.resolve()))
 
 
-def make_task(config: TrainerConfig) -> DigitsTask:
+def make_task(config: TrainerConfig) -> DigitsTask | ToolCalcTask:
     """The task of a run: token by token for the built-in model, as text through the
-    tokenizer of the Hugging Face model at ``config.model_path``."""
+    tokenizer of the Hugging Face model at ``config.model_path``; the tool task (on engine
+    servers, so always a Hugging Face model) through that tokenizer too."""
+    if config.task.mode == "tool-calc":
+        if config.model_path is None:
+            raise TrainerConfigError(
+                "make_task: the tool task needs a Hugging Face model (model_path); "
+                "with_server_model writes one"
+            )
+        return ToolCalcTask(load_hf_tokenizer(config.model_path))
     if config.model_path is None:
         return DigitsTask(config.task)
     return TextDigitsTask(config.task, load_hf_tokenizer(config.model_path))

@@ -19,10 +19,12 @@ from sc_workers.algos import (
     masked_mean,
 )
 
+from ._agent_batch import agent_token_scores
 from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
 from ._errors import TrainingDivergedError, WorkerOutputError
 from ._task import DigitsTask
+from ._tool_task import ToolCalcTask
 
 __all__ = [
     "TIMING_PREFIXES",
@@ -65,11 +67,25 @@ def balance_batch(batch: DataProto, dp_size: int, metrics: dict[str, Any]) -> Da
     return batch
 
 
-def compute_reward(task: DigitsTask, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
-    """The verifiable reward: each response token earns its position's credit."""
+def compute_reward(
+    task: DigitsTask | ToolCalcTask, batch: DataProto, metrics: dict[str, Any]
+) -> DataProto:
+    """The verifiable reward: each response token earns its position's credit; a batch of
+    agent sessions carries each session's reward (``agent_reward``), paid on its last model
+    token."""
     td = tensors_for(batch, "reward")
     mask = td["response_mask"]
-    token_scores = task.token_scores(batch.non_tensor_batch["prompt_text"], td["responses"], mask)
+    if "agent_reward" in batch.non_tensor_batch:
+        token_scores = agent_token_scores(batch)
+    elif isinstance(task, DigitsTask):
+        token_scores = task.token_scores(
+            batch.non_tensor_batch["prompt_text"], td["responses"], mask
+        )
+    else:
+        raise WorkerOutputError(
+            "compute_reward: the tool task's batch has no agent_reward column (its rows come "
+            "from agent sessions)"
+        )
     td["token_level_scores"] = token_scores
     td["token_level_rewards"] = token_scores  # the KL term is a loss of the actor
     scores = token_scores.sum(dim=-1)

@@ -22,7 +22,7 @@ from ._options import option
 
 __all__ = ["TASK_MODES", "CharTokenizer", "DigitsTask", "TaskConfig", "TaskMode"]
 
-TaskMode = Literal["reverse", "copy"]
+TaskMode = Literal["reverse", "copy", "tool-calc"]
 TASK_MODES: tuple[TaskMode, ...] = get_args(TaskMode)
 
 _MAX_LENGTH = 5
@@ -98,7 +98,10 @@ class TaskConfig:
         split_seed: seed of the train/validation split (fixed, independent of the run seed,
             so that two runs with different seeds are validated on the same strings).
         mode: ``"reverse"`` (answer the digits backwards) or ``"copy"`` (answer them as
-            they are; easier: every answer token sits at the same distance from its source).
+            they are; easier: every answer token sits at the same distance from its source);
+            ``"tool-calc"`` is another task, multi-turn: multiply two 2-digit numbers with a
+            calculator tool (:class:`~sc_integration.ToolCalcTask`; ``length`` and
+            ``num_val`` do not apply).
     """
 
     length: int = field(default=4, metadata=option(group="training", help="digits per prompt"))
@@ -107,7 +110,11 @@ class TaskConfig:
     mode: TaskMode = field(
         default="reverse",
         metadata=option(
-            group="training", flags=("--task",), help="answer the digits reversed, or copied"
+            group="training",
+            flags=("--task",),
+            help="answer the digits reversed, or copied; tool-calc: multiply two 2-digit "
+            "numbers in agent sessions with a calculator tool the policy learns to call (on "
+            "engine servers: implies --rollout builtin)",
         ),
     )
 

@@ -22,11 +22,12 @@ _SPECIAL = ["<pad>", "<eos>", "<bos>"]
 TINY_GPT2_CHARS = list("0123456789=")
 
 
-def build_char_tokenizer() -> Any:
-    """A transformers fast tokenizer with one token per character of the task."""
+def build_char_tokenizer(chars: list[str] | None = None) -> Any:
+    """A transformers fast tokenizer with one token per character of the task (``chars``:
+    another task's characters)."""
     transformers: Any = importlib.import_module("transformers")
     tokenizers: Any = importlib.import_module("tokenizers")
-    vocab = {tok: i for i, tok in enumerate([*_SPECIAL, *TINY_GPT2_CHARS])}
+    vocab = {tok: i for i, tok in enumerate([*_SPECIAL, *(chars or TINY_GPT2_CHARS)])}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
     return transformers.PreTrainedTokenizerFast(
@@ -42,13 +43,16 @@ def save_tiny_gpt2(
     num_layers: int = 2,
     num_heads: int = 2,
     context: int = 32,
+    chars: list[str] | None = None,
 ) -> str:
     """Write a freshly initialised GPT-2 (``hidden_size`` wide, ``num_heads`` heads) and its
-    tokenizer to ``path`` with ``save_pretrained``; returns the path as a string."""
+    tokenizer (one token per character of ``chars``, the digit task's by default) to
+    ``path`` with ``save_pretrained``; returns the path as a string."""
     transformers: Any = importlib.import_module("transformers")
-    tokenizer = build_char_tokenizer()
+    chars = chars or TINY_GPT2_CHARS
+    tokenizer = build_char_tokenizer(chars)
     config = transformers.GPT2Config(
-        vocab_size=len(_SPECIAL) + len(TINY_GPT2_CHARS),
+        vocab_size=len(_SPECIAL) + len(chars),
         n_positions=context,
         n_embd=hidden_size,
         n_layer=num_layers,

@@ -29,6 +29,7 @@ from sc_workers import (
     WeightSyncError,
 )
 
+from ._agent_rollout import AgentRollout
 from ._async_rollout import AsyncRollout
 from ._config import TrainerConfig
 from ._errors import TrainerRecoveryError, TrainerStateError
@@ -50,6 +51,7 @@ from ._stages import (
     tensors_for,
 )
 from ._task import DigitsTask
+from ._tool_task import ToolCalcTask
 
 __all__ = ["TIMING_PREFIXES", "RayPPOTrainer", "RunResult"]
 
@@ -81,7 +83,7 @@ class RayPPOTrainer:
     def __init__(
         self,
         config: TrainerConfig,
-        task: DigitsTask,
+        task: DigitsTask | ToolCalcTask,
         role_worker_mapping: Mapping[Role, type],
         resource_pool_manager: ResourcePoolManager,
         launcher: Launcher,
@@ -111,6 +113,8 @@ class RayPPOTrainer:
         #: the engine servers that generate (rollout_engine builtin or vllm), with partial
         #: rollout when async_staleness > 0
         self._servers: ServerRollout | None = None
+        #: the agent sessions of the tool task, on those servers
+        self._agents: AgentRollout | None = None
 
     # ----------------------------------------------------------------- workers
     def init_workers(self) -> None:
@@ -143,8 +147,20 @@ class RayPPOTrainer:
                 self.actor_rollout_ref_config.model,
                 seed=cfg.seed,
                 device=cfg.device,
-                staleness=cfg.async_staleness,
+                staleness=0 if isinstance(self.task, ToolCalcTask) else cfg.async_staleness,
             )
+            if isinstance(self.task, ToolCalcTask):
+                self._agents = AgentRollout(
+                    self._servers.fleet.router,
+                    self.task,
+                    prompts_per_step=cfg.prompts_per_step,
+                    n=cfg.responses_per_prompt,
+                    extra_groups=cfg.agent_extra_groups,
+                    staleness=cfg.async_staleness,
+                    temperature=cfg.temperature,
+                    seed=cfg.seed,
+                    deadline_s=cfg.agent_deadline_s,
+                )
         rollout = self._groups.rollout
         if rollout is not None:
             self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
@@ -227,6 +243,9 @@ class RayPPOTrainer:
         pipeline, self._async = self._async, None
         if pipeline is not None:
             pipeline.close()
+        agents, self._agents = self._agents, None
+        if agents is not None:
+            agents.close()
         servers, self._servers = self._servers, None
         if servers is not None:
             servers.close()
@@ -247,6 +266,8 @@ class RayPPOTrainer:
 
     # -------------------------------------------------------------------- data
     def _prompt_batch(self, texts: np.ndarray, uid_prefix: str, meta: dict[str, Any]) -> DataProto:
+        if not isinstance(self.task, DigitsTask):
+            raise TrainerStateError("RayPPOTrainer: the tool task's batches are agent sessions")
         tensors = self.task.encode_prompts(texts)
         uids = np.array([f"{uid_prefix}-{i}" for i in range(len(texts))], dtype=object)
         return DataProto.from_dict(
@@ -256,6 +277,8 @@ class RayPPOTrainer:
         )
 
     def _train_batch(self, step: int) -> DataProto:
+        if not isinstance(self.task, DigitsTask):
+            raise TrainerStateError("RayPPOTrainer: the tool task's batches are agent sessions")
         texts = self.task.sample_train(self.config.prompts_per_step, self.config.seed, step)
         batch = self._prompt_batch(texts, f"s{step}", {"global_step": step})
         return batch.repeat(repeat_times=self.config.responses_per_prompt, interleave=True)
@@ -268,7 +291,12 @@ class RayPPOTrainer:
         pipeline = self._async
         servers = self._servers
         partial = servers if servers is not None and servers.partial else None
-        if partial is not None:
+        agents = self._agents
+        if agents is not None:
+            with t("generate"):  # multi-turn sessions; the first groups to finish
+                batch, agent_metrics = agents.batch(step, actor_version=step - 1)
+            m.update(agent_metrics)
+        elif partial is not None:
             with t("generate"):  # prefetched; the next one generates across this update
                 batch, m["rollout/staleness"] = partial.take(
                     step, self.config.steps, self._train_batch
@@ -290,7 +318,8 @@ class RayPPOTrainer:
             batch = balance_batch(batch, self.dp_size, m)
         with t("reward"):
             batch = compute_reward(self.task, batch, m)
-        if pipeline is None and partial is None:
+        off_policy = partial is not None or (agents is not None and agents.staleness > 0)
+        if pipeline is None and not off_policy:
             with t("old_log_prob"):
                 batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
             if self.config.temperature == 1.0:  # engines report log-probs before temperature
@@ -329,13 +358,18 @@ class RayPPOTrainer:
     def validate(self) -> float:
         """Mean reward of greedy responses to the held-out prompts."""
         texts = self.task.val_strings
+        if self._agents is not None:
+            return self._agents.validate(list(texts), self.global_step)
         batch = self._prompt_batch(texts, "val", {"do_sample": False})
         pad = (-len(batch)) % self.dp_size
         if pad:
             batch = DataProto.concat([batch, batch[:pad]])
         td = tensors_for(self._generate(batch, f"val{self.global_step}"), "validate")
         n = len(texts)
-        scores = self.task.score(texts, td["responses"][:n], td["response_mask"][:n])
+        task = self.task
+        if not isinstance(task, DigitsTask):
+            raise TrainerStateError("RayPPOTrainer.validate: the tool task validates by sessions")
+        scores = task.score(texts, td["responses"][:n], td["response_mask"][:n])
         return float(scores.mean().item())
 
     def fit(

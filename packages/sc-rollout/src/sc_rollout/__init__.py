@@ -15,6 +15,10 @@
 * :class:`AgentSession`: one agent's multi-turn rollout at the token level, on any engine
   or router: model turns (:class:`Turn`) and appended tool tokens (:class:`AppendedTokens`),
   with the response mask and log-probs a trainer needs; never re-tokenized.
+* :class:`AgentLoop`: many agent sessions at once (an ``async`` agent function per
+  :class:`AgentTask`), bounded, each with a deadline; every session ends in one
+  :class:`AgentOutcome` (done with its reward, or dropped with the reason), and groups are
+  taken as they finish, so a batch need not wait for the slowest agents.
 * :class:`ToyEngine`: the test and reference engine, a seeded sampler over a tiny
   vocabulary with an optional delay per token. Not a model.
 
@@ -30,10 +34,21 @@ from __future__ import annotations
 
 from sc_dispatch import _public
 
+from ._agent_loop import (
+    AGENT_STATUSES,
+    AgentFn,
+    AgentLoop,
+    AgentLoopConfig,
+    AgentOutcome,
+    AgentStatus,
+    AgentTask,
+    RewardFn,
+)
 from ._cli import serve
 from ._client import RolloutClient
 from ._engine import RolloutEngine
 from ._errors import (
+    AgentLoopClosedError,
     DuplicateServerError,
     EngineNotInstalledError,
     EngineStateError,
@@ -76,7 +91,15 @@ from ._vllm_env import VLLMEnv, create_vllm_env, find_vllm_env
 __version__ = "0.1.0"
 
 __all__ = [
+    "AGENT_STATUSES",
+    "AgentFn",
+    "AgentLoop",
+    "AgentLoopClosedError",
+    "AgentLoopConfig",
+    "AgentOutcome",
     "AgentSession",
+    "AgentStatus",
+    "AgentTask",
     "AppendedTokens",
     "DuplicateServerError",
     "EngineHealth",
@@ -89,6 +112,7 @@ __all__ = [
     "NoLiveServerError",
     "PromptTooLongError",
     "RestartHook",
+    "RewardFn",
     "RolloutClient",
     "RolloutConfigError",
     "RolloutEngine",

@@ -42,6 +42,7 @@ catch either::
     ├── RouterClosedError (RuntimeError)       a router used after ``close()``
     ├── SessionStateError (RuntimeError)       an agent session changed after ``close()``,
     │                                          or while one of its turns is in flight
+    ├── AgentLoopClosedError (RuntimeError)    an agent loop used after ``close()``
     └── RolloutTimeoutError (TimeoutError)     a request, health check or server start that
                                                passed its deadline
 
@@ -53,6 +54,7 @@ engine raises travel over HTTP by name (``{"error": {"type": ..., "message": ...
 from __future__ import annotations
 
 __all__ = [
+    "AgentLoopClosedError",
     "DuplicateServerError",
     "EngineStateError",
     "NoLiveServerError",
@@ -153,6 +155,10 @@ class RouterClosedError(ScRolloutError, RuntimeError):
 class SessionStateError(ScRolloutError, RuntimeError):
     """An agent session changed after ``close()``, or while one of its turns is in
     flight."""
+
+
+class AgentLoopClosedError(ScRolloutError, RuntimeError):
+    """An agent loop used after ``close()``."""
 
 
 class RolloutTimeoutError(ScRolloutError, TimeoutError):

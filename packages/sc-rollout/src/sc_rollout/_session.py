@@ -12,7 +12,10 @@ one server.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import threading
 import uuid
 from collections.abc import Iterable
@@ -122,6 +125,10 @@ class AgentSession:
     :meth:`to_dict` gives it as plain lists. ``session_id`` (a fresh uuid by default) goes on
     every request; ``sampling`` is the default of every turn.
 
+    Agent code written with ``asyncio`` awaits :meth:`agenerate` instead: the blocking
+    request runs on ``executor`` (a thread pool the caller sizes to the sessions it runs
+    at once; ``None``: the event loop's default pool, which holds few threads).
+
     A session is used by one agent at a time: a second :meth:`generate` while a turn is in
     flight, or any change after :meth:`close`, is a :class:`~sc_rollout.SessionStateError`.
     :meth:`close` (or leaving a ``with`` block) aborts a turn in flight, whose tokens so far
@@ -135,6 +142,7 @@ class AgentSession:
         *,
         session_id: str | None = None,
         sampling: SamplingParams | None = None,
+        executor: concurrent.futures.Executor | None = None,
     ) -> None:
         if not callable(getattr(engine, "generate", None)):
             raise RolloutTypeError(
@@ -156,7 +164,13 @@ class AgentSession:
             raise RolloutTypeError(
                 f"AgentSession(sampling=...) takes a SamplingParams, got {type(sampling).__name__}"
             )
+        if executor is not None and not isinstance(executor, concurrent.futures.Executor):
+            raise RolloutTypeError(
+                "AgentSession(executor=...) takes a concurrent.futures.Executor, got "
+                f"{type(executor).__name__}"
+            )
         self._engine = engine
+        self._executor = executor
         self._id = session_id
         self._sampling = sampling
         self._prompt = _tokens(prompt_ids, f"AgentSession {session_id}: prompt_ids")
@@ -180,6 +194,12 @@ class AgentSession:
     def sampling(self) -> SamplingParams:
         """The sampling parameters of a turn that names none."""
         return self._sampling
+
+    @property
+    def in_flight(self) -> str | None:
+        """The request id of the turn in flight, ``None`` when no turn runs."""
+        with self._lock:
+            return self._in_flight
 
     @property
     def closed(self) -> bool:
@@ -312,6 +332,15 @@ class AgentSession:
             with self._lock:
                 self._in_flight = None
         return self._record(index, result)
+
+    async def agenerate(
+        self, max_tokens: int | None = None, sampling: SamplingParams | None = None
+    ) -> Turn:
+        """:meth:`generate` for agent code running in an event loop: the request runs on the
+        session's executor while the loop serves other sessions. Cancelling the awaiting
+        task does not stop the request; :meth:`close` aborts it."""
+        call = functools.partial(self.generate, max_tokens, sampling)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def _record(self, index: int, result: GenerateResult) -> Turn:
         with self._lock:

@@ -1,0 +1,470 @@
+"""``AgentLoop``: many agent sessions at once, bounded, each with a deadline, their outcomes
+streamed to the caller as they finish.
+
+The caller's agent is an ``async`` function ``agent(task, session)``: it drives one
+:class:`~sc_rollout.AgentSession` (``await session.agenerate()``, ``session.append_tokens``)
+and returns the session's reward, or ``None`` to let the loop's reward function score it.
+:meth:`AgentLoop.submit` starts sessions; at most ``max_concurrency`` run at once (the
+others wait, and their deadline has not started). Every session ends in exactly one
+:class:`AgentOutcome`: ``"done"`` with its reward, or dropped with the reason recorded
+(``"deadline"``, ``"error"``, ``"cancelled"``); nothing hangs on a stuck agent, since a
+session past its deadline is cancelled and its request in flight aborted.
+
+Sessions are grouped (GRPO's group: the samples of one prompt). :meth:`AgentLoop.take_groups`
+returns the first ``n`` groups whose sessions have all ended, in the order they ended, while
+the others go on running: a batch made of the first groups to finish does not wait for the
+slowest agents (*streaming*), and what is left over is cancelled or kept for the next batch.
+
+The event loop runs in a thread of its own, so a synchronous driver calls every method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._engine import RolloutEngine
+from ._errors import (
+    AgentLoopClosedError,
+    RolloutConfigError,
+    RolloutRequestError,
+    RolloutTimeoutError,
+    RolloutTypeError,
+)
+from ._router import Router
+from ._session import AgentSession
+from ._types import SamplingParams, check_int
+
+__all__ = [
+    "AGENT_STATUSES",
+    "AgentFn",
+    "AgentLoop",
+    "AgentLoopConfig",
+    "AgentOutcome",
+    "AgentStatus",
+    "AgentTask",
+    "RewardFn",
+]
+
+_log = logging.getLogger("sc_rollout.agent_loop")
+
+#: how a session ended: its agent returned a reward; it ran past its deadline; its agent
+#: (or the engine under it) raised; it was cancelled by :meth:`AgentLoop.cancel`
+AgentStatus = Literal["done", "deadline", "error", "cancelled"]
+AGENT_STATUSES: tuple[AgentStatus, ...] = ("done", "deadline", "error", "cancelled")
+
+
+@dataclass(frozen=True)
+class AgentTask:
+    """One session to run: its ``prompt_ids``, the ``group`` it belongs to (the sessions of
+    one prompt; a group's outcomes are taken together), and ``data``, anything the agent
+    and the reward function need (the question, the expected answer). ``session_id``
+    (default: a fresh one) names the session on every request."""
+
+    prompt_ids: Sequence[int]
+    group: str
+    data: Any = None
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        for name in ("group", "session_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise RolloutTypeError(f"AgentTask.{name} must be a non-empty str, got {value!r}")
+        values: object = self.prompt_ids
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise RolloutTypeError(
+                f"AgentTask {self.session_id}: prompt_ids must be a sequence of token ids, got "
+                f"{values!r}"
+            )
+        prompt = tuple(
+            check_int(v, f"AgentTask {self.session_id}: prompt_ids[{i}]", 0)
+            for i, v in enumerate(values)
+        )
+        if not prompt:
+            raise RolloutRequestError(f"AgentTask {self.session_id}: prompt_ids is empty")
+        object.__setattr__(self, "prompt_ids", prompt)
+
+
+#: the user's agent: drives one session, returns its reward (``None``: the loop's reward
+#: function scores the session)
+AgentFn = Callable[[AgentTask, AgentSession], Awaitable["float | None"]]
+#: scores a finished session (when the agent returns ``None``)
+RewardFn = Callable[[AgentTask, AgentSession], float]
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """How one session ended: its ``task``, its ``status`` (``"done"`` or why it was
+    dropped), its ``reward`` (``None`` unless done), the rollout as
+    :meth:`AgentSession.to_dict` gives it (what the session holds, also when dropped),
+    ``detail`` (the error or the deadline, for a dropped session), and ``seconds`` from the
+    session's start to its end."""
+
+    task: AgentTask
+    status: AgentStatus
+    reward: float | None
+    rollout: dict[str, Any]
+    detail: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether the session finished with a reward."""
+        return self.status == "done"
+
+
+@dataclass(frozen=True)
+class AgentLoopConfig:
+    """``max_concurrency``: sessions running at once (and threads for their requests);
+    ``deadline_s``: how long one session may run, from its start (``None``: no deadline);
+    ``sampling``: every session's sampling (with a ``seed``, each session samples with a
+    seed derived from it and the session id, so that the sessions of a group differ and a
+    run is reproducible)."""
+
+    max_concurrency: int = 64
+    deadline_s: float | None = 120.0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        check_int(self.max_concurrency, "AgentLoopConfig.max_concurrency", 1, RolloutConfigError)
+        deadline = self.deadline_s
+        if deadline is not None:
+            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+                raise RolloutTypeError(
+                    f"AgentLoopConfig.deadline_s must be a number or None, got {deadline!r}"
+                )
+            if not math.isfinite(deadline) or deadline <= 0:
+                raise RolloutConfigError(
+                    f"AgentLoopConfig.deadline_s must be > 0 and finite, got {deadline!r}"
+                )
+        if not isinstance(self.sampling, SamplingParams):
+            raise RolloutTypeError(
+                "AgentLoopConfig.sampling must be a SamplingParams, got "
+                f"{type(self.sampling).__name__}"
+            )
+
+    def session_sampling(self, session_id: str) -> SamplingParams:
+        """The sampling of session ``session_id`` (its own seed, if the config has one)."""
+        seed = self.sampling.seed
+        if seed is None:
+            return self.sampling
+        derived = zlib.crc32(f"{seed}:{session_id}".encode()) & 0x7FFFFFFF
+        return dataclasses.replace(self.sampling, seed=derived)
+
+
+class AgentLoop:
+    """Runs ``agent`` over many :class:`AgentSession` s on ``engine`` (a
+    :class:`~sc_rollout.Router` keeps each session on one server); see the module's
+    documentation. ``reward`` scores a session whose agent returned ``None``.
+
+    Thread-safe. :meth:`close` (or leaving a ``with`` block) cancels what still runs.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine | Router,
+        agent: AgentFn,
+        *,
+        reward: RewardFn | None = None,
+        config: AgentLoopConfig | None = None,
+    ) -> None:
+        if not callable(getattr(engine, "generate", None)):
+            raise RolloutTypeError(
+                f"AgentLoop(engine=...) takes a RolloutEngine or a Router, got "
+                f"{type(engine).__name__}"
+            )
+        if not callable(agent):
+            raise RolloutTypeError(f"AgentLoop(agent=...) must be callable, got {agent!r}")
+        if reward is not None and not callable(reward):
+            raise RolloutTypeError(f"AgentLoop(reward=...) must be callable, got {reward!r}")
+        if config is None:
+            config = AgentLoopConfig()
+        elif not isinstance(config, AgentLoopConfig):
+            raise RolloutTypeError(
+                f"AgentLoop(config=...) takes an AgentLoopConfig, got {type(config).__name__}"
+            )
+        self.engine = engine
+        self.config = config
+        self._agent = agent
+        self._reward = reward
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            config.max_concurrency, thread_name_prefix="sc-agent-turn"
+        )
+        self._cond = threading.Condition()
+        #: session id -> (its task, the asyncio task running it)
+        self._running: dict[str, tuple[AgentTask, asyncio.Task[AgentOutcome]]] = {}
+        self._groups: dict[str, list[AgentOutcome]] = {}  # group -> ended, in the group
+        self._members: dict[str, list[str]] = {}  # group -> its session ids, as submitted
+        self._finished: list[str] = []  # groups whose sessions all ended, in that order
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sc-agent-loop", daemon=True
+        )
+        self._thread.start()
+        self._gate = asyncio.run_coroutine_threadsafe(self._make_gate(), self._loop).result()
+
+    async def _make_gate(self) -> asyncio.Semaphore:
+        return asyncio.Semaphore(self.config.max_concurrency)
+
+    # --- submitting ---------------------------------------------------------------------------
+
+    def submit(self, tasks: Iterable[AgentTask]) -> int:
+        """Start a session for each of ``tasks``; returns how many. The tasks of one group
+        are submitted together (a group already submitted is a
+        :class:`~sc_rollout.RolloutRequestError`), and so are session ids."""
+        batch = list(tasks)
+        for task in batch:
+            if not isinstance(task, AgentTask):
+                raise RolloutTypeError(
+                    f"AgentLoop.submit: takes AgentTasks, got {type(task).__name__}"
+                )
+        with self._cond:
+            if self._closed:
+                raise AgentLoopClosedError("AgentLoop.submit: the loop is closed")
+            members: dict[str, list[str]] = {}
+            ids = set()
+            for task in batch:
+                if task.group in self._members:
+                    raise RolloutRequestError(
+                        f"AgentLoop.submit: group {task.group!r} was submitted before; a "
+                        "group's sessions are submitted together"
+                    )
+                if task.session_id in self._running or task.session_id in ids:
+                    raise RolloutRequestError(
+                        f"AgentLoop.submit: session id {task.session_id!r} is already running"
+                    )
+                ids.add(task.session_id)
+                members.setdefault(task.group, []).append(task.session_id)
+            self._members.update(members)
+            for group in members:
+                self._groups[group] = []
+            futures = [
+                asyncio.run_coroutine_threadsafe(self._start(task), self._loop) for task in batch
+            ]
+        for future in futures:
+            future.result()  # each session's task is registered once this returns
+        return len(batch)
+
+    async def _start(self, task: AgentTask) -> None:
+        handle = asyncio.ensure_future(self._run(task))
+        with self._cond:
+            self._running[task.session_id] = (task, handle)
+
+    async def _run(self, task: AgentTask) -> AgentOutcome:
+        session: AgentSession | None = None
+        started = time.monotonic()
+        status: AgentStatus = "error"
+        reward: float | None = None
+        detail = ""
+        try:
+            async with self._gate:
+                started = time.monotonic()
+                session = AgentSession(
+                    self.engine,
+                    task.prompt_ids,
+                    session_id=task.session_id,
+                    sampling=self.config.session_sampling(task.session_id),
+                    executor=self._pool,
+                )
+                try:
+                    value = await asyncio.wait_for(
+                        self._agent(task, session), self.config.deadline_s
+                    )
+                    reward = self._score(task, session, value)
+                    status = "done"
+                except asyncio.TimeoutError:
+                    deadline = self.config.deadline_s
+                    if deadline is None or time.monotonic() - started < deadline:
+                        raise  # the agent's own timeout: an error, not the deadline
+                    status = "deadline"
+                    detail = f"ran past its deadline of {deadline} s"
+        except asyncio.CancelledError:
+            status, detail = "cancelled", "cancelled by AgentLoop.cancel"
+        except Exception as exc:  # an agent's failure is recorded, never raised here
+            status, detail = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            if session is not None:
+                session.close()  # aborts a turn still in flight
+        if session is not None:
+            await _turn_ended(session)
+        seconds = time.monotonic() - started
+        if status != "done":
+            _log.warning("agent session %s %s: %s", task.session_id, status, detail)
+        rollout = session.to_dict() if session is not None else _empty_rollout(task)
+        outcome = AgentOutcome(task, status, reward, rollout, detail, seconds)
+        self._ended(outcome)
+        return outcome
+
+    def _score(self, task: AgentTask, session: AgentSession, value: object) -> float:
+        where = f"AgentLoop: session {task.session_id}"
+        if value is None:
+            if self._reward is None:
+                raise RolloutTypeError(
+                    f"{where}: the agent returned None and the AgentLoop has no reward "
+                    "function; return the reward or give AgentLoop(reward=...)"
+                )
+            value = self._reward(task, session)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RolloutTypeError(f"{where}: the reward must be a number, got {value!r}")
+        reward = float(value)
+        if not math.isfinite(reward):
+            raise RolloutRequestError(f"{where}: the reward must be finite, got {value!r}")
+        return reward
+
+    def _ended(self, outcome: AgentOutcome) -> None:
+        group = outcome.task.group
+        with self._cond:
+            self._running.pop(outcome.task.session_id, None)
+            members = self._groups.setdefault(group, [])
+            members.append(outcome)
+            if len(members) == len(self._members.get(group, ())):
+                self._finished.append(group)
+            self._cond.notify_all()
+
+    # --- taking -------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        """Sessions not ended yet (waiting for a slot or running)."""
+        with self._cond:
+            return len(self._running)
+
+    def finished_groups(self) -> int:
+        """Groups whose sessions have all ended and that were not taken yet."""
+        with self._cond:
+            return len(self._finished)
+
+    def take_groups(self, count: int, timeout: float | None = None) -> list[list[AgentOutcome]]:
+        """The first ``count`` groups whose sessions have all ended (in the order they
+        ended, each group's outcomes in its tasks' submission order), removed from the loop;
+        waits for them. More than the groups submitted and not taken is a
+        :class:`~sc_rollout.RolloutRequestError`; ``timeout`` seconds without enough is an
+        :class:`~sc_rollout.RolloutTimeoutError` (nothing is taken)."""
+        check_int(count, "AgentLoop.take_groups(count)", 1)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            available = len(self._members)
+            if count > available:
+                raise RolloutRequestError(
+                    f"AgentLoop.take_groups: {count} groups asked, {available} submitted and "
+                    "not taken"
+                )
+            while len(self._finished) < count:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RolloutTimeoutError(
+                        f"AgentLoop.take_groups: {len(self._finished)} of {count} groups ended "
+                        f"within {timeout} s ({len(self._running)} sessions still running)"
+                    )
+                self._cond.wait(left)
+            taken, self._finished = self._finished[:count], self._finished[count:]
+            out = []
+            for group in taken:
+                order = {sid: i for i, sid in enumerate(self._members.pop(group))}
+                ended = self._groups.pop(group)
+                out.append(sorted(ended, key=lambda m: order[m.task.session_id]))
+            return out
+
+    def take_all(self, timeout: float | None = None) -> list[list[AgentOutcome]]:
+        """Every group submitted and not taken, once all have ended (see
+        :meth:`take_groups`); ``[]`` if there are none."""
+        with self._cond:
+            count = len(self._members)
+        return self.take_groups(count, timeout) if count else []
+
+    def cancel(self, groups: Iterable[str] | None = None) -> int:
+        """Cancel the running sessions of ``groups`` (``None``: every group); each ends as
+        ``"cancelled"`` (its turn in flight aborted, its tokens so far kept). Returns how many
+        were running."""
+        wanted = None if groups is None else set(groups)
+        with self._cond:
+            handles = [
+                handle
+                for task, handle in self._running.values()
+                if wanted is None or task.group in wanted
+            ]
+        for handle in handles:
+            self._loop.call_soon_threadsafe(handle.cancel)
+        return len(handles)
+
+    def discard(self, groups: Iterable[str] | None = None, timeout: float | None = 30.0) -> int:
+        """Cancel ``groups`` (``None``: every group not taken) and forget them once their
+        sessions ended; returns how many groups were discarded."""
+        with self._cond:
+            chosen = list(self._members) if groups is None else list(groups)
+        if not chosen:
+            return 0
+        self.cancel(chosen)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while any(g not in self._finished for g in chosen if g in self._members):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RolloutTimeoutError(
+                        f"AgentLoop.discard: sessions of {len(chosen)} groups still running "
+                        f"after {timeout} s"
+                    )
+                self._cond.wait(left)
+            for group in chosen:
+                if group in self._members:
+                    del self._members[group]
+                    self._groups.pop(group, None)
+                    self._finished.remove(group)
+        return len(chosen)
+
+    # --- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel every running session, wait for them to end, stop the loop's thread.
+        Closing again does nothing."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        self.cancel()
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running, timeout=30.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loop.close()
+
+    def __enter__(self) -> AgentLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _turn_ended(session: AgentSession, timeout: float = 5.0) -> None:
+    """Wait (up to ``timeout``) for an aborted turn to return its tokens to the session."""
+    deadline = time.monotonic() + timeout
+    while session.in_flight is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+
+
+def _empty_rollout(task: AgentTask) -> dict[str, Any]:
+    """The rollout of a session cancelled before it started."""
+    return {
+        "session_id": task.session_id,
+        "prompt_ids": list(task.prompt_ids),
+        "response_ids": [],
+        "response_mask": [],
+        "response_logprobs": [],
+        "weight_version_min": None,
+        "weight_version_max": None,
+        "aborted": False,
+        "segments": [],
+    }
