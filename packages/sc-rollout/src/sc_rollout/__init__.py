@@ -15,6 +15,11 @@
 * :class:`AgentSession`: one agent's multi-turn rollout at the token level, on any engine
   or router: model turns (:class:`Turn`) and appended tool tokens (:class:`AppendedTokens`),
   with the response mask and log-probs a trainer needs; never re-tokenized.
+* :class:`ChatFront` and :class:`ChatServer`: an OpenAI-compatible chat-completions front
+  (tool calls in the request and the answer) that records each conversation as an
+  :class:`AgentSession`, applying the chat template (:class:`ChatTemplate`,
+  :class:`HFChatTemplate`) once per turn to the new messages only; tool calls are read by a
+  :class:`ToolCallParser` (:class:`HermesToolCallParser` by default) into :class:`ToolCall`.
 * :class:`ToyEngine`: the test and reference engine, a seeded sampler over a tiny
   vocabulary with an optional delay per token. Not a model.
 
@@ -30,10 +35,15 @@ from __future__ import annotations
 
 from sc_dispatch import _public
 
+from ._chat import ChatTemplate, HermesToolCallParser, HFChatTemplate, ToolCall, ToolCallParser
+from ._chat_front import ChatFront
+from ._chat_server import ChatServer
 from ._cli import serve
 from ._client import RolloutClient
 from ._engine import RolloutEngine
 from ._errors import (
+    ChatHistoryError,
+    ChatTemplateError,
     DuplicateServerError,
     EngineNotInstalledError,
     EngineStateError,
@@ -49,6 +59,7 @@ from ._errors import (
     ServerUnavailableError,
     SessionStateError,
     UnknownServerError,
+    UnknownSessionError,
     UnservableModelError,
     WeightLoadError,
     WeightMismatchError,
@@ -78,6 +89,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AgentSession",
     "AppendedTokens",
+    "ChatFront",
+    "ChatHistoryError",
+    "ChatServer",
+    "ChatTemplate",
+    "ChatTemplateError",
     "DuplicateServerError",
     "EngineHealth",
     "EngineNotInstalledError",
@@ -86,6 +102,8 @@ __all__ = [
     "FinishReason",
     "GenerateRequest",
     "GenerateResult",
+    "HFChatTemplate",
+    "HermesToolCallParser",
     "NoLiveServerError",
     "PromptTooLongError",
     "RestartHook",
@@ -107,10 +125,13 @@ __all__ = [
     "ServerStatus",
     "ServerUnavailableError",
     "SessionStateError",
+    "ToolCall",
+    "ToolCallParser",
     "ToyEngine",
     "ToyEngineConfig",
     "Turn",
     "UnknownServerError",
+    "UnknownSessionError",
     "UnservableModelError",
     "VLLMEngineConfig",
     "VLLMEnv",
