@@ -19,6 +19,11 @@
   :class:`AgentTask`), bounded, each with a deadline; every session ends in one
   :class:`AgentOutcome` (done with its reward, or dropped with the reason), and groups are
   taken as they finish, so a batch need not wait for the slowest agents.
+* :class:`ChatFront` and :class:`ChatServer`: an OpenAI-compatible chat-completions front
+  (tool calls in the request and the answer) that records each conversation as an
+  :class:`AgentSession`, applying the chat template (:class:`ChatTemplate`,
+  :class:`HFChatTemplate`) once per turn to the new messages only; tool calls are read by a
+  :class:`ToolCallParser` (:class:`HermesToolCallParser` by default) into :class:`ToolCall`.
 * :class:`ToyEngine`: the test and reference engine, a seeded sampler over a tiny
   vocabulary with an optional delay per token. Not a model.
 
@@ -44,11 +49,16 @@ from ._agent_loop import (
     AgentTask,
     RewardFn,
 )
+from ._chat import ChatTemplate, HermesToolCallParser, HFChatTemplate, ToolCall, ToolCallParser
+from ._chat_front import ChatFront
+from ._chat_server import ChatServer
 from ._cli import serve
 from ._client import RolloutClient
 from ._engine import RolloutEngine
 from ._errors import (
     AgentLoopClosedError,
+    ChatHistoryError,
+    ChatTemplateError,
     DuplicateServerError,
     EngineNotInstalledError,
     EngineStateError,
@@ -64,6 +74,7 @@ from ._errors import (
     ServerUnavailableError,
     SessionStateError,
     UnknownServerError,
+    UnknownSessionError,
     UnservableModelError,
     WeightLoadError,
     WeightMismatchError,
@@ -101,6 +112,11 @@ __all__ = [
     "AgentStatus",
     "AgentTask",
     "AppendedTokens",
+    "ChatFront",
+    "ChatHistoryError",
+    "ChatServer",
+    "ChatTemplate",
+    "ChatTemplateError",
     "DuplicateServerError",
     "EngineHealth",
     "EngineNotInstalledError",
@@ -109,6 +125,8 @@ __all__ = [
     "FinishReason",
     "GenerateRequest",
     "GenerateResult",
+    "HFChatTemplate",
+    "HermesToolCallParser",
     "NoLiveServerError",
     "PromptTooLongError",
     "RestartHook",
@@ -131,10 +149,13 @@ __all__ = [
     "ServerStatus",
     "ServerUnavailableError",
     "SessionStateError",
+    "ToolCall",
+    "ToolCallParser",
     "ToyEngine",
     "ToyEngineConfig",
     "Turn",
     "UnknownServerError",
+    "UnknownSessionError",
     "UnservableModelError",
     "VLLMEngineConfig",
     "VLLMEnv",

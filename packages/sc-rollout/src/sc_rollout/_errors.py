@@ -10,8 +10,14 @@ catch either::
     │   │                                      prompt, a token id outside the vocabulary, a
     │   │                                      request id already in flight, n > 1, stream,
     │   │                                      a model the server does not serve
-    │   └── PromptTooLongError                 the prompt and max_tokens do not fit in the
-    │                                          engine's context length
+    │   ├── PromptTooLongError                 the prompt and max_tokens do not fit in the
+    │   │                                      engine's context length
+    │   ├── ChatTemplateError                  a chat template that renders a conversation's
+    │   │                                      earlier messages differently once new ones
+    │   │                                      follow (the point where they part), or fails
+    │   └── ChatHistoryError                   a chat request naming a session whose
+    │                                          messages do not extend the session's recorded
+    │                                          ones (the first message that differs)
     ├── RolloutTypeError (TypeError)           a value of the wrong type: a token id or a
     │                                          weight version that is not an int, a body
     │                                          that is not a JSON object
@@ -32,6 +38,8 @@ catch either::
     │   │                                      all interfaces, a URL that is not http://
     │   └── DuplicateServerError               a server added to a router twice (its name)
     ├── UnknownServerError (KeyError)          a router asked about a server it does not hold
+    ├── UnknownSessionError (KeyError)         a chat front asked for a session it does not
+    │                                          hold
     ├── ServerUnavailableError                 a server could not be reached: connection
     │   (ConnectionError)                      refused or reset, closed before it answered
     ├── RolloutServerError (RuntimeError)      a server answered with an error that has no
@@ -41,7 +49,8 @@ catch either::
     │                                          within its wait, or ran out of attempts
     ├── RouterClosedError (RuntimeError)       a router used after ``close()``
     ├── SessionStateError (RuntimeError)       an agent session changed after ``close()``,
-    │                                          or while one of its turns is in flight
+    │                                          or while one of its turns is in flight (a
+    │                                          chat request for a session that has one)
     ├── AgentLoopClosedError (RuntimeError)    an agent loop used after ``close()``
     └── RolloutTimeoutError (TimeoutError)     a request, health check or server start that
                                                passed its deadline
@@ -55,6 +64,8 @@ from __future__ import annotations
 
 __all__ = [
     "AgentLoopClosedError",
+    "ChatHistoryError",
+    "ChatTemplateError",
     "DuplicateServerError",
     "EngineStateError",
     "NoLiveServerError",
@@ -69,6 +80,7 @@ __all__ = [
     "ServerUnavailableError",
     "SessionStateError",
     "UnknownServerError",
+    "UnknownSessionError",
     "EngineNotInstalledError",
     "UnservableModelError",
     "WeightLoadError",
@@ -88,6 +100,17 @@ class RolloutRequestError(ScRolloutError, ValueError):
 
 class PromptTooLongError(RolloutRequestError):
     """The prompt plus ``max_tokens`` do not fit in the engine's context length."""
+
+
+class ChatTemplateError(RolloutRequestError):
+    """A chat template that renders the earlier messages of a conversation differently once
+    new messages follow (the recorded tokens would no longer be the template's), that fails
+    on a conversation, or that does not render an assistant message's content as given."""
+
+
+class ChatHistoryError(RolloutRequestError):
+    """A chat request for a named session whose messages (or tools) do not extend the ones
+    the session recorded: history edited or dropped, or a retry of an earlier request."""
 
 
 class RolloutTypeError(ScRolloutError, TypeError):
@@ -130,6 +153,13 @@ class DuplicateServerError(RolloutConfigError):
 
 class UnknownServerError(ScRolloutError, KeyError):
     """A server name the router does not hold."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownSessionError(ScRolloutError, KeyError):
+    """A session id the chat front does not hold (never seen, or already popped)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -22,6 +22,7 @@ from ._errors import (
     RolloutServerError,
     RolloutTypeError,
     ScRolloutError,
+    SessionStateError,
     WeightLoadError,
     WeightMismatchError,
     WeightVersionError,
@@ -62,6 +63,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (RolloutTypeError, 400),
     (WeightVersionError, 409),
     (EngineStateError, 409),
+    (SessionStateError, 409),
     (WeightLoadError, 422),
     (WeightMismatchError, 422),
 )
