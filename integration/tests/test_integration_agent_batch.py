@@ -24,6 +24,7 @@ from sc_rollout import (
     AgentOutcome,
     AgentSession,
     AgentTask,
+    AppendedTokens,
     GenerateRequest,
     GenerateResult,
     SamplingParams,
@@ -167,16 +168,18 @@ class Scripted(ToyEngine):
         super().__init__(ToyEngineConfig(vocab_size=32))
         self.turns = list(turns)
         self.prompts: list[tuple[int, ...]] = []
+        self.requests: list[GenerateRequest] = []
 
     def generate(self, request: GenerateRequest) -> GenerateResult:
         self.prompts.append(tuple(request.prompt_ids))
+        self.requests.append(request)
         tokens = self.turns.pop(0)
         return GenerateResult(request.request_id, tuple(tokens), (-0.5,) * len(tokens), "stop", 0)
 
 
 @pytest.fixture(scope="module")
 def tool_task() -> ToolCalcTask:
-    return ToolCalcTask(build_char_tokenizer(TOOL_CALC_CHARS))
+    return ToolCalcTask(build_char_tokenizer(TOOL_CALC_CHARS), hint_rate=0.0)
 
 
 def _ids(task: ToolCalcTask, text: str) -> list[int]:
@@ -191,18 +194,49 @@ def test_the_tool_task_agent_calls_the_calculator_and_scores_the_last_turn(
     task = tool_task.tasks(["37*48"], "t", 1)[0]
     session = AgentSession(engine, task.prompt_ids)
     reward = asyncio.run(tool_task.agent(task, session))
-    assert reward == pytest.approx(1.0)  # the call's bonus and the right answer
+    assert reward == 1.0  # the right answer
     assert session.response_mask == (1, 0, 0, 0, 1, 1, 1)
     tool = session.response_ids[1:4]
-    assert "".join(tool_task.tokenizer.decode(list(tool)).split()) == "30]"  # 37 * 48 % 97
+    assert "".join(tool_task.tokenizer.decode(list(tool)).split()) == "30="  # 37 * 48 % 97
     assert engine.prompts[1] == session.token_ids[: len(task.prompt_ids) + 4]
+    # one call per session: the call mark is banned in the answer turn, which ends at eos
+    answer_turn = engine.requests[1].sampling
+    assert answer_turn.banned_token_ids == (tool_task.call_token_id,)
+    assert answer_turn.stop_token_ids == (eos,)
+    assert answer_turn.max_tokens == tool_task.turn_tokens
+    assert engine.requests[0].sampling.banned_token_ids == ()
     # no call: the first turn is the answer
     engine = Scripted([[*_ids(tool_task, "39"), eos]])
     session = AgentSession(engine, task.prompt_ids)
-    assert asyncio.run(tool_task.agent(task, session)) == pytest.approx(0.9 * 0.5)
+    assert asyncio.run(tool_task.agent(task, session)) == 0.5
+    assert len(session.turns) == 1
+    # a call mark after other tokens is no call: that turn is the (wrong) answer
+    engine = Scripted([_ids(tool_task, "3[")])
+    session = AgentSession(engine, task.prompt_ids)
+    assert asyncio.run(tool_task.agent(task, session)) == 0.5
     assert len(session.turns) == 1
     session = AgentSession(Scripted([[*_ids(tool_task, "39"), eos]]), task.prompt_ids)
-    assert asyncio.run(tool_task.eval_agent(task, session)) == 0.5  # the score alone
+    assert asyncio.run(tool_task.eval_agent(task, session)) == 0.5
+
+
+def test_a_hint_session_starts_with_the_call_and_the_answer_as_tool_tokens(
+    tool_task: ToolCalcTask,
+) -> None:
+    hinting = ToolCalcTask(tool_task.tokenizer, hint_rate=0.5)
+    tasks = hinting.tasks(["37*48"] * 64, "h", 1)
+    hinted = [t for t in tasks if hinting.hinted(t.session_id)]
+    assert 16 < len(hinted) < 48  # about half, a fixed draw of each session id
+    assert [hinting.hinted(t.session_id) for t in tasks] == [
+        hinting.hinted(t.session_id) for t in tasks
+    ]
+    eos = hinting.eos_token_id
+    engine = Scripted([[*_ids(hinting, "30"), eos]])
+    session = AgentSession(engine, hinted[0].prompt_ids)
+    assert asyncio.run(hinting.agent(hinted[0], session)) == 1.0
+    assert session.response_mask == (0, 0, 0, 0, 1, 1, 1)  # the model only answers
+    assert "".join(hinting.tokenizer.decode(list(session.response_ids[:4])).split()) == "[30="
+    assert engine.requests[0].sampling.banned_token_ids == (hinting.call_token_id,)
+    assert [s.role for s in session.segments if isinstance(s, AppendedTokens)] == ["hint"]
     assert tool_task.prompt_length == 10  # bos, "37*48%97="
     assert tool_task.response_length == 3 * 3
     assert tool_task.answer("10*10") == "03"
@@ -220,5 +254,5 @@ def test_the_tool_task_splits_and_rejects_bad_input(tool_task: ToolCalcTask) -> 
         tool_task.sample_train(0, 0, 0)
     with pytest.raises(TaskError, match="tool_latency_s must be >= 0"):
         ToolCalcTask(tool_task.tokenizer, tool_latency_s=-1)
-    with pytest.raises(TaskError, match=r"call_bonus must be in \[0, 1\), got 1.5"):
-        ToolCalcTask(tool_task.tokenizer, call_bonus=1.5)
+    with pytest.raises(TaskError, match=r"hint_rate must be in \[0, 1\), got 1.5"):
+        ToolCalcTask(tool_task.tokenizer, hint_rate=1.5)

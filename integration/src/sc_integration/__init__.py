@@ -11,11 +11,19 @@ processes on a Ray resource pool behind a router, :class:`WeightPublisher` write
 each weight version, :class:`RouterRollout` runs ``generate_sequences`` on the driver over the
 router, and :class:`PartialRollout` keeps generating across weight updates under a staleness
 bound.
+
+Agents (``sc-demo --task tool-calc``): :class:`AgentRollout` makes each step's batch of
+multi-turn agent sessions (an :class:`AgentEnvironment`, such as :class:`ToolCalcTask`) on the
+rollout servers with :class:`sc_rollout.AgentLoop`; :func:`build_agent_batch` lays the
+sessions out as rows whose ``response_mask`` leaves the tool tokens out of the loss.
 """
 
+from ._agent_batch import agent_token_scores, build_agent_batch
+from ._agent_rollout import AgentEnvironment, AgentRollout
 from ._balance import balanced_order, shard_token_sums
 from ._config import ALGORITHMS, BACKENDS, DEVICES, Algorithm, Backend, Device, TrainerConfig
 from ._errors import (
+    AgentRolloutError,
     BackendMismatchError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -42,10 +50,18 @@ from ._runner import TaskRunner, make_task
 from ._settings import SETTINGS
 from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
 from ._text_task import TextDigitsTask
+from ._tool_task import TOOL_CALC_CHARS, ToolCalcTask
 from ._trainer import RayPPOTrainer, RunResult
 from ._weight_publisher import WEIGHTS_FILE, WeightPublisher
 
 __all__ = [
+    "AgentEnvironment",
+    "AgentRollout",
+    "AgentRolloutError",
+    "TOOL_CALC_CHARS",
+    "ToolCalcTask",
+    "agent_token_scores",
+    "build_agent_batch",
     "FaultSpec",
     "SETTINGS",
     "ALGORITHMS",

@@ -17,19 +17,61 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from sc_protocol import DataProto
-from sc_rollout import AgentLoop, AgentLoopConfig, AgentOutcome, Router, SamplingParams
+from sc_rollout import (
+    AgentLoop,
+    AgentLoopConfig,
+    AgentOutcome,
+    AgentSession,
+    AgentTask,
+    Router,
+    SamplingParams,
+)
 
 from ._agent_batch import build_agent_batch
 from ._errors import AgentRolloutError, TrainerConfigError
-from ._tool_task import ToolCalcTask
 
-__all__ = ["AgentRollout"]
+__all__ = ["AgentEnvironment", "AgentRollout"]
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class AgentEnvironment(Protocol):
+    """What the trainer needs of an agent task (:class:`~sc_integration.ToolCalcTask` is
+    one): the padded widths of a batch row, the pad token, each turn's token budget and stop
+    tokens, the problems (``sample_train``, ``val_strings``), the sessions of some problems
+    (``tasks``), and the two agents: ``agent`` returns the training reward, ``eval_agent``
+    the task's score (validation)."""
+
+    @property
+    def prompt_length(self) -> int: ...
+
+    @property
+    def response_length(self) -> int: ...
+
+    @property
+    def pad_token_id(self) -> int: ...
+
+    @property
+    def turn_tokens(self) -> int: ...
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def val_strings(self) -> np.ndarray: ...
+
+    def sample_train(self, n: int, seed: int, step: int) -> np.ndarray: ...
+
+    def tasks(self, problems: Sequence[str], group: str, n: int) -> list[AgentTask]: ...
+
+    async def agent(self, task: AgentTask, session: AgentSession) -> float: ...
+
+    async def eval_agent(self, task: AgentTask, session: AgentSession) -> float: ...
 
 
 class AgentRollout:
@@ -41,7 +83,7 @@ class AgentRollout:
     def __init__(
         self,
         router: Router,
-        task: ToolCalcTask,
+        task: AgentEnvironment,
         *,
         prompts_per_step: int,
         n: int,

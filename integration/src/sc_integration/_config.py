@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from ._errors import TrainerConfigError
 from ._faults import FaultSpec
@@ -35,8 +36,25 @@ ROLLOUT_ENGINES: tuple[RolloutEngineName, ...] = get_args(RolloutEngineName)
 #: sc-demo's steps for the tiny GPT-2 a server rollout trains when no model is given (PPO
 #: reached 0.89-1.0 by step 200 depending on the seed, against step 75 for the built-in model)
 SERVER_MODEL_STEPS = 300
+#: sc-demo's learning rates for the tool task: at 2e-3 its policy reached 0.82 and then
+#: collapsed once it called the tool; at 1e-3 it holds 1.0 from step 175 (trainer guide)
+TOOL_CALC_LR = 1e-3
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 DEVICES: tuple[Device, ...] = get_args(Device)
+
+
+def _rollout_engine_given(given: Mapping[str, Any]) -> str:
+    """The rollout engine the parsed flags ``given`` ask for: ``--rollout``, else builtin for
+    the tool task (its agent sessions run on servers), else workers."""
+    engine = given.get("rollout_engine")
+    if isinstance(engine, str):
+        return engine
+    return "builtin" if given.get("task_mode") == "tool-calc" else "workers"
+
+
+def _tool_calc_lr(given: Mapping[str, Any]) -> float | None:
+    """The learning rate the tool task's flags default to (``None``: the field's)."""
+    return TOOL_CALC_LR if given.get("task_mode") == "tool-calc" else None
 
 
 def _positive(owner: str, **values: int | float) -> None:
@@ -106,8 +124,7 @@ class TrainerConfig:
             "the task more slowly than the built-in model",
             derive=lambda given: (
                 SERVER_MODEL_STEPS
-                if given.get("rollout_engine", "workers") != "workers"
-                and given.get("model_path") is None
+                if _rollout_engine_given(given) != "workers" and given.get("model_path") is None
                 else None
             ),
         ),
@@ -149,8 +166,7 @@ class TrainerConfig:
             default_text="colocated; separate with --async-staleness above 0",
             derive=lambda given: (
                 "separate"
-                if given["async_staleness"] > 0
-                and given.get("rollout_engine", "workers") == "workers"
+                if given["async_staleness"] > 0 and _rollout_engine_given(given) == "workers"
                 else None
             ),
         ),
@@ -183,7 +199,7 @@ class TrainerConfig:
             group="run",
             flags=("--rollout",),
             default_text="workers; builtin with --task tool-calc",
-            derive=lambda given: "builtin" if given.get("task_mode") == "tool-calc" else None,
+            derive=lambda given: _rollout_engine_given(given),
             help="workers: sample on worker groups (the actor's, or the rollout's with --placement "
             "separate); builtin or vllm: on engine servers (sc-workers' engine, or vLLM from its "
             "own environment: python -m sc_rollout vllm-env create) behind a router, fed the "
@@ -232,10 +248,22 @@ class TrainerConfig:
     )
     # policy and critic optimisation
     actor_lr: float = field(
-        default=2e-3, metadata=option(group="training", help="actor learning rate")
+        default=2e-3,
+        metadata=option(
+            group="training",
+            help="actor learning rate",
+            default_text=f"2e-3; {TOOL_CALC_LR:g} with --task tool-calc",
+            derive=lambda given: _tool_calc_lr(given),
+        ),
     )
     critic_lr: float = field(
-        default=2e-3, metadata=option(group="training", help="critic learning rate")
+        default=2e-3,
+        metadata=option(
+            group="training",
+            help="critic learning rate",
+            default_text=f"2e-3; {TOOL_CALC_LR:g} with --task tool-calc",
+            derive=lambda given: _tool_calc_lr(given),
+        ),
     )
     ppo_epochs: int = field(
         default=1, metadata=option(group="training", help="passes over each batch per update")

@@ -34,11 +34,11 @@ from sc_workers import (
     hf_model_config,
 )
 
+from ._agent_rollout import AgentEnvironment
 from ._config import TrainerConfig
 from ._errors import TrainerConfigError, TrainerStateError
 from ._launchers import Launcher
 from ._task import DigitsTask
-from ._tool_task import ToolCalcTask
 
 __all__ = [
     "Role",
@@ -67,12 +67,17 @@ class Role(enum.Enum):
     Rollout = "rollout"
 
 
-def model_config(config: TrainerConfig, task: DigitsTask | ToolCalcTask) -> ModelConfig:
+def model_config(config: TrainerConfig, task: DigitsTask | AgentEnvironment) -> ModelConfig:
     """The model of every role: the Hugging Face directory ``config.model_path`` (its
     architecture and token ids), or the built-in transformer sized by ``config`` for
     ``task``'s tokenizer and sequence length."""
     if config.model_path is not None:
         return hf_model_config(config.model_path, seed=config.seed)
+    if not isinstance(task, DigitsTask):
+        raise TrainerConfigError(
+            "model_config: an agent task runs on engine servers, with a Hugging Face model "
+            "(model_path)"
+        )
     tok = task.tokenizer
     return ModelConfig(
         vocab_size=tok.vocab_size,
@@ -101,7 +106,7 @@ def _micro_batch(rows: int, pp: int) -> int:
 
 
 def worker_configs(
-    config: TrainerConfig, task: DigitsTask | ToolCalcTask
+    config: TrainerConfig, task: DigitsTask | AgentEnvironment
 ) -> tuple[ActorRolloutRefConfig, CriticConfig]:
     """The sc-workers configuration of the actor/rollout/ref and critic workers.
 

@@ -16,6 +16,7 @@ from sc_core import SpanRecorder
 from sc_rollout import find_vllm_env
 from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, load_hf_tokenizer
 
+from ._agent_rollout import AgentEnvironment
 from ._config import TrainerConfig
 from ._errors import TrainerConfigError
 from ._launchers import Launcher, make_launcher
@@ -47,7 +48,7 @@ def with_server_model(config: TrainerConfig) -> TrainerConfig:
     return dataclasses.replace(config, model_path=str(folder.resolve()))
 
 
-def make_task(config: TrainerConfig) -> DigitsTask | ToolCalcTask:
+def make_task(config: TrainerConfig) -> DigitsTask | AgentEnvironment:
     """The task of a run: token by token for the built-in model, as text through the
     tokenizer of the Hugging Face model at ``config.model_path``; the tool task (on engine
     servers, so always a Hugging Face model) through that tokenizer too."""

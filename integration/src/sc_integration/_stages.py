@@ -20,11 +20,11 @@ from sc_workers.algos import (
 )
 
 from ._agent_batch import agent_token_scores
+from ._agent_rollout import AgentEnvironment
 from ._balance import balanced_order, shard_token_sums
 from ._config import TrainerConfig
 from ._errors import TrainingDivergedError, WorkerOutputError
 from ._task import DigitsTask
-from ._tool_task import ToolCalcTask
 
 __all__ = [
     "TIMING_PREFIXES",
@@ -68,7 +68,7 @@ def balance_batch(batch: DataProto, dp_size: int, metrics: dict[str, Any]) -> Da
 
 
 def compute_reward(
-    task: DigitsTask | ToolCalcTask, batch: DataProto, metrics: dict[str, Any]
+    task: DigitsTask | AgentEnvironment, batch: DataProto, metrics: dict[str, Any]
 ) -> DataProto:
     """The verifiable reward: each response token earns its position's credit; a batch of
     agent sessions carries each session's reward (``agent_reward``), paid on its last model

@@ -4,31 +4,36 @@ the policy may call.
 A prompt is ``<bos>37*48%97=``; the right answer is ``37 * 48 mod 97`` as 2 digits (``30``),
 then an end-of-sequence token. Modular multiplication is what small transformers learn only
 after thousands of steps (if at all), so without the tool the policy can do little better
-than guess digits. But it has a tool: a model turn that ends with the call token ``[`` runs
-the calculator on the question, whose answer the agent appends as tool tokens (``30]``,
-response mask 0), and the model then answers in a second turn, where copying the tool's
-digits earns the full reward. The task's score is the fraction of the 2 digits right in
-the last model turn: a uniform policy scores about 1/16 per digit, the best possible is 1.
-Validation measures that score alone.
+than guess digits. But it has a tool: a first model turn that is the call mark ``[`` alone
+runs the calculator on the question, whose answer the agent appends as tool tokens (``30=``,
+response mask 0); the model then answers in a second turn, where the call mark is banned
+(one call per session), and copying the tool's digits earns the full reward. The reward is
+the fraction of the 2 digits right in the last model turn, position by position: a uniform
+policy scores about 1/16 per digit, the best possible is 1. Nothing rewards the call itself.
 
-Training adds a small tool-use bonus (``call_bonus``, 0.1: the reward is ``0.1 * called +
-0.9 * score``). Without it the tool is never adopted: before the policy has learnt to copy
-the tool's answer, calling earns nothing more than guessing, and answering directly learns
-to emit digits sooner, so the call rate falls to zero within 40 steps (measured); the bonus
-keeps the calls that copying is learnt from. Only copying earns the other 0.9.
+Exploration: calling pays only once the policy copies the tool's answer, and copying is
+learnt only where the answer is in the context. So a ``hint_rate`` share of the training
+sessions (3 in 4, a fixed draw of each session's id) are hints: the call mark and the
+calculator's answer are already in the context as tool tokens (the environment offers the
+calculator), and the model only answers. The hints teach copying; the policy's own rare
+calls then earn far more than guessing, and its call rate rises to every non-hint session
+within about 25 steps. Validation runs no hints: one greedy session per held-out problem,
+the policy calling (or not) by itself. The trainer guide says what else was tried.
 
-Every session runs the task's agent (:meth:`ToolCalcTask.agent`) on the rollout servers
-through :class:`sc_rollout.AgentLoop`: at most two model turns and one tool call.
+Every session runs on the rollout servers through :class:`sc_rollout.AgentLoop`: at most
+two model turns and one tool call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sc_rollout import AgentSession, AgentTask
+from sc_rollout import AgentSession, AgentTask, SamplingParams
 
 from ._errors import TaskError
 
@@ -47,11 +52,13 @@ class ToolCalcTask:
     (a Hugging Face tokenizer with pad, bos and eos tokens; the run's model's).
 
     ``tool_latency_s`` delays each tool call (a slow tool, for tests and benchmarks);
-    ``num_val`` problems are held out for validation (``split_seed`` picks them).
+    ``num_val`` problems are held out for validation (``split_seed`` picks them);
+    ``hint_rate`` of the training sessions are hints (see the module's documentation).
     """
 
     CALL = "["
-    CLOSE = "]"
+    #: what the calculator's answer ends with (the prompt's ``=``: the answer follows it)
+    CLOSE = "="
 
     def __init__(
         self,
@@ -60,7 +67,7 @@ class ToolCalcTask:
         num_val: int = 256,
         split_seed: int = 1234,
         tool_latency_s: float = 0.0,
-        call_bonus: float = 0.1,
+        hint_rate: float = 0.75,
     ) -> None:
         for name in ("pad_token_id", "eos_token_id"):
             if not isinstance(getattr(tokenizer, name, None), int):
@@ -70,9 +77,9 @@ class ToolCalcTask:
                 )
         if tool_latency_s < 0:
             raise TaskError(f"ToolCalcTask: tool_latency_s must be >= 0, got {tool_latency_s}")
-        if not 0.0 <= call_bonus < 1.0:
-            raise TaskError(f"ToolCalcTask: call_bonus must be in [0, 1), got {call_bonus}")
-        self.call_bonus = float(call_bonus)
+        if not 0.0 <= hint_rate < 1.0:
+            raise TaskError(f"ToolCalcTask: hint_rate must be in [0, 1), got {hint_rate}")
+        self.hint_rate = float(hint_rate)
         self.tokenizer = tokenizer
         self.tool_latency_s = float(tool_latency_s)
         bos = getattr(tokenizer, "bos_token_id", None)
@@ -154,6 +161,20 @@ class ToolCalcTask:
 
     # --- the agent ----------------------------------------------------------------------------
 
+    def _call_and_answer(self, problem: str) -> list[int]:
+        """A hint's tokens: the call mark and the calculator's answer."""
+        return [self.call_token_id, *self._encode(self.answer(problem) + self.CLOSE)]
+
+    def _answer_sampling(self, session: AgentSession) -> SamplingParams:
+        """The answer turn after a call: the call mark is banned (one call per session) and
+        the turn ends with the eos token."""
+        return dataclasses.replace(
+            session.sampling,
+            max_tokens=_TURN_TOKENS,
+            stop_token_ids=(self.eos_token_id,),
+            banned_token_ids=(self.call_token_id,),
+        )
+
     def score(self, problem: str, answer_ids: Sequence[int]) -> float:
         """The fraction of the 2 digits of ``problem``'s answer that the decoded
         ``answer_ids`` have right, position by position (special tokens dropped)."""
@@ -161,27 +182,42 @@ class ToolCalcTask:
         target = self.answer(problem)
         return sum(a == b for a, b in zip(text, target, strict=False)) / _DIGITS
 
-    async def _session(self, task: AgentTask, session: AgentSession) -> tuple[bool, float]:
-        """Run one session: a model turn; if it ends with the call mark, the calculator's
+    async def _session(
+        self, task: AgentTask, session: AgentSession
+    ) -> tuple[bool, float, tuple[int, ...]]:
+        """Run one session: a model turn; if it is the call mark alone (a turn that ends
+        with the mark after other tokens is an answer, and a wrong one), the calculator's
         answer is appended as tool tokens and the model answers in a second turn. Returns
-        whether it called and the score of the last model turn."""
+        whether it called, the score of the last model turn and that turn's tokens."""
         problem = str(task.data)
         turn = await session.agenerate(max_tokens=_TURN_TOKENS)
-        called = bool(turn.token_ids) and turn.token_ids[-1] == self.call_token_id
+        called = turn.token_ids == (self.call_token_id,)  # a call is a turn of its own
         if called:
             if self.tool_latency_s:
                 await asyncio.sleep(self.tool_latency_s)
             session.append_tokens(self._encode(self.answer(problem) + self.CLOSE))
-            turn = await session.agenerate(max_tokens=_TURN_TOKENS)
-        return called, self.score(problem, turn.token_ids)
+            turn = await session.agenerate(sampling=self._answer_sampling(session))
+        return called, self.score(problem, turn.token_ids), turn.token_ids
+
+    def hinted(self, session_id: str) -> bool:
+        """Whether the training session ``session_id`` is a hint (a fixed draw of its id)."""
+        draw = zlib.crc32(f"hint:{session_id}".encode()) / 0xFFFFFFFF
+        return draw < self.hint_rate
 
     async def agent(self, task: AgentTask, session: AgentSession) -> float:
-        """The training agent: returns ``call_bonus * called + (1 - call_bonus) * score``."""
-        called, score = await self._session(task, session)
-        return self.call_bonus * called + (1.0 - self.call_bonus) * score
+        """The training agent. A hint session (``hint_rate`` of them) starts with the
+        calculator's call and answer already in the context, as tool tokens, and the model
+        only answers; the others run :meth:`eval_agent`'s session. Returns the score."""
+        if self.hinted(task.session_id):
+            problem = str(task.data)
+            session.append_tokens(self._call_and_answer(problem), role="hint")
+            turn = await session.agenerate(sampling=self._answer_sampling(session))
+            return self.score(problem, turn.token_ids)
+        return await self.eval_agent(task, session)
 
     async def eval_agent(self, task: AgentTask, session: AgentSession) -> float:
-        """The validation agent: returns the task's score alone."""
+        """The policy on its own (validation, and the training sessions that are not
+        hints): returns the score of its last model turn."""
         return (await self._session(task, session))[1]
 
     def tasks(self, problems: Sequence[str], group: str, n: int) -> list[AgentTask]:

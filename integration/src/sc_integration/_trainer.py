@@ -29,7 +29,7 @@ from sc_workers import (
     WeightSyncError,
 )
 
-from ._agent_rollout import AgentRollout
+from ._agent_rollout import AgentEnvironment, AgentRollout
 from ._async_rollout import AsyncRollout
 from ._config import TrainerConfig
 from ._errors import TrainerRecoveryError, TrainerStateError
@@ -51,7 +51,6 @@ from ._stages import (
     tensors_for,
 )
 from ._task import DigitsTask
-from ._tool_task import ToolCalcTask
 
 __all__ = ["TIMING_PREFIXES", "RayPPOTrainer", "RunResult"]
 
@@ -83,7 +82,7 @@ class RayPPOTrainer:
     def __init__(
         self,
         config: TrainerConfig,
-        task: DigitsTask | ToolCalcTask,
+        task: DigitsTask | AgentEnvironment,
         role_worker_mapping: Mapping[Role, type],
         resource_pool_manager: ResourcePoolManager,
         launcher: Launcher,
@@ -147,9 +146,9 @@ class RayPPOTrainer:
                 self.actor_rollout_ref_config.model,
                 seed=cfg.seed,
                 device=cfg.device,
-                staleness=0 if isinstance(self.task, ToolCalcTask) else cfg.async_staleness,
+                staleness=0 if isinstance(self.task, AgentEnvironment) else cfg.async_staleness,
             )
-            if isinstance(self.task, ToolCalcTask):
+            if isinstance(self.task, AgentEnvironment):
                 self._agents = AgentRollout(
                     self._servers.fleet.router,
                     self.task,

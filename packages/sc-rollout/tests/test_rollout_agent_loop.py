@@ -260,10 +260,10 @@ def test_one_servers_death_moves_its_sessions_next_turns_elsewhere_with_the_whol
         return 1.0
 
     try:
-        config = AgentLoopConfig(32, 30.0, SAMPLING)
+        loop_config = AgentLoopConfig(32, 30.0, SAMPLING)
         with (
             Router([s.url for s in servers], start_timeout_s=5.0) as router,
-            AgentLoop(router, agent, config=config) as loop,
+            AgentLoop(router, agent, config=loop_config) as loop,
         ):
             loop.submit(_tasks(8, 4))
             wait_until(lambda: len(engines[0].requests) + len(engines[1].requests) == 32, "turn 1")

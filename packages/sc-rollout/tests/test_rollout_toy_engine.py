@@ -90,6 +90,19 @@ def test_greedy_is_the_most_likely_token_and_top_p_near_zero_is_greedy() -> None
     assert len({r.token_ids[0] for r in first}) > 1
 
 
+def test_banned_tokens_are_never_sampled_and_log_probs_stay_the_models() -> None:
+    engine = ToyEngine()
+    greedy = _sample(engine, temperature=0.0, max_tokens=1)
+    first = greedy.token_ids[0]
+    other = _sample(engine, temperature=0.0, max_tokens=1, banned_token_ids=[first])
+    assert other.token_ids[0] != first  # greedy takes the best token left
+    assert other.logprobs[0] < greedy.logprobs[0]  # the model's own log-prob, not renormalised
+    banned = list(range(0, 16, 2))
+    for seed in range(30):
+        result = _sample(engine, max_tokens=8, seed=seed, banned_token_ids=banned)
+        assert not set(result.token_ids) & set(banned)
+
+
 def test_a_stop_token_ends_the_completion_and_is_kept() -> None:
     engine = ToyEngine()
     free = _sample(engine, temperature=0.0, max_tokens=12)

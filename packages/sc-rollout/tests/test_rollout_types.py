@@ -49,6 +49,7 @@ from sc_rollout._wire import (
         ({"seed": "7"}, RolloutTypeError, "seed must be an int, got '7'"),
         ({"stop_token_ids": [3, -1]}, RolloutRequestError, "stop_token_ids[1] must be >= 0"),
         ({"stop_token_ids": "ab"}, RolloutTypeError, "stop_token_ids must be a sequence"),
+        ({"banned_token_ids": [-2]}, RolloutRequestError, "banned_token_ids[0] must be >= 0"),
     ],
 )
 def test_bad_sampling_params_name_the_field_and_value(
@@ -160,6 +161,7 @@ _sampling = st.builds(
     top_p=st.floats(0.01, 1),
     seed=st.none() | st.integers(-(2**40), 2**40),
     stop_token_ids=st.lists(st.integers(0, 1000), max_size=3),
+    banned_token_ids=st.lists(st.integers(0, 1000), max_size=3),
 )
 _requests = st.builds(
     GenerateRequest,

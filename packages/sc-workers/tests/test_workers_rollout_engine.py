@@ -12,6 +12,7 @@ The nox session installs the ``hf`` extra, so there these tests must run, not sk
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import threading
@@ -224,6 +225,20 @@ def test_a_stop_token_ends_the_completion_and_is_kept(engine: TorchRolloutEngine
     stopped = engine.generate(request)
     assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
     assert stopped.finish_reason == "stop"
+
+
+def test_banned_tokens_are_never_sampled_and_log_probs_stay_the_models(
+    engine: TorchRolloutEngine, plain: Any
+) -> None:
+    free = engine.generate(greedy(PROMPTS[0], 8))
+    banned = sorted(set(free.token_ids))
+    for seed in (None, 3):
+        params = SamplingParams(max_tokens=8, temperature=0.0 if seed is None else 1.0, seed=seed)
+        request = GenerateRequest(PROMPTS[0], dataclasses.replace(params, banned_token_ids=banned))
+        result = engine.generate(request)
+        assert not set(result.token_ids) & set(banned)
+        expected = recomputed(plain, PROMPTS[0], result.token_ids)
+        assert result.logprobs == pytest.approx(expected, abs=1e-5)  # not renormalised
 
 
 def test_concurrent_requests_each_end_once_as_they_would_alone(engine: TorchRolloutEngine) -> None:

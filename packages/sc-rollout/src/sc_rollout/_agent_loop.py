@@ -300,8 +300,10 @@ class AgentLoop:
         if session is not None:
             await _turn_ended(session)
         seconds = time.monotonic() - started
-        if status != "done":
+        if status in ("deadline", "error"):
             _log.warning("agent session %s %s: %s", task.session_id, status, detail)
+        elif status == "cancelled":  # asked for (a batch's groups left over)
+            _log.debug("agent session %s cancelled", task.session_id)
         rollout = session.to_dict() if session is not None else _empty_rollout(task)
         outcome = AgentOutcome(task, status, reward, rollout, detail, seconds)
         self._ended(outcome)

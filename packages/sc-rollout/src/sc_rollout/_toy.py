@@ -111,11 +111,13 @@ def _log_softmax(row: tuple[float, ...]) -> tuple[float, ...]:
 
 def _sample(logits: tuple[float, ...], sampling: SamplingParams, rng: random.Random) -> int:
     """One token from ``logits`` with the temperature and top-p of ``sampling``."""
+    banned = frozenset(sampling.banned_token_ids)
+    allowed = [i for i in range(len(logits)) if i not in banned]
     if sampling.temperature == 0:
-        return max(range(len(logits)), key=logits.__getitem__)
+        return max(allowed, key=logits.__getitem__)
     scaled = [x / sampling.temperature for x in logits]
-    top = max(scaled)
-    weights = [math.exp(x - top) for x in scaled]
+    top = max(scaled[i] for i in allowed)
+    weights = [0.0 if i in banned else math.exp(x - top) for i, x in enumerate(scaled)]
     total = sum(weights)
     order = sorted(range(len(weights)), key=lambda i: -weights[i])
     kept: list[int] = []

@@ -78,7 +78,9 @@ class SamplingParams:
     ``max_tokens`` (>= 1) new tokens at most; ``temperature`` >= 0 (0: greedy);
     ``top_p`` in (0, 1] (nucleus sampling); ``seed`` makes the sampling reproducible
     (``None``: random); generation stops after a token in ``stop_token_ids`` (that token is
-    part of the output; any sequence, stored as a tuple).
+    part of the output; any sequence, stored as a tuple). Tokens in ``banned_token_ids`` are
+    never sampled, greedily or not (an agent's tool budget: no second call); the log-probs
+    reported stay the model's own, as for top-p.
     """
 
     max_tokens: int = 16
@@ -86,6 +88,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: Sequence[int] = ()
+    banned_token_ids: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         check_int(self.max_tokens, "SamplingParams.max_tokens", 1)
@@ -103,6 +106,8 @@ class SamplingParams:
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", top_p)
         object.__setattr__(self, "stop_token_ids", stops)
+        banned = _int_tuple(self.banned_token_ids, "SamplingParams.banned_token_ids")
+        object.__setattr__(self, "banned_token_ids", banned)
 
 
 def _new_request_id() -> str:

@@ -239,6 +239,8 @@ class VLLMEngine:
             top_p=sampling.top_p,
             seed=sampling.seed,
             stop_token_ids=list(sampling.stop_token_ids),
+            # a bias of -100 (the OpenAI bound vLLM keeps) is a ban; log-probs stay raw
+            logit_bias={t: -100.0 for t in sampling.banned_token_ids} or None,
             ignore_eos=True,
             logprobs=0,
             detokenize=False,

@@ -114,6 +114,7 @@ def request_body(request: GenerateRequest) -> dict[str, Any]:
         "top_p": sampling.top_p,
         "seed": sampling.seed,
         "stop_token_ids": list(sampling.stop_token_ids),
+        "banned_token_ids": list(sampling.banned_token_ids),
         "logprobs": 0,
         "return_token_ids": True,
         "request_id": request.request_id,
@@ -154,6 +155,7 @@ def request_from_body(body: Mapping[str, Any], where: str) -> tuple[GenerateRequ
         top_p=_get(body, "top_p", 1.0),
         seed=body.get("seed"),
         stop_token_ids=_get(body, "stop_token_ids", ()),
+        banned_token_ids=_get(body, "banned_token_ids", ()),
     )
     extra: dict[str, Any] = {}
     if body.get("request_id") is not None:

@@ -111,12 +111,16 @@ def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -
     log-probability under them (``log_softmax`` before temperature and top-p, float32: what
     a trainer recomputes). Temperature 0 is greedy (the first most likely token); otherwise
     the token is drawn with ``generator`` from ``softmax(logits / temperature)`` kept to
-    the nucleus ``top_p``."""
+    the nucleus ``top_p``. Banned tokens (``sampling.banned_token_ids``) are never picked."""
     logits = logits.float()
-    scaled = logits / sampling.temperature if sampling.temperature > 0 else logits
-    if sampling.temperature == 0 or not bool(torch.isfinite(scaled).all()):
+    allowed = logits
+    if sampling.banned_token_ids:  # never sampled; the log-prob below stays the model's
+        allowed = logits.clone()
+        allowed[list(sampling.banned_token_ids)] = float("-inf")
+    scaled = allowed / sampling.temperature if sampling.temperature > 0 else allowed
+    if sampling.temperature == 0 or not bool(torch.isfinite(scaled[torch.isfinite(allowed)]).all()):
         # greedy; also for a temperature so small that the scaled logits overflow
-        token = int(logits.argmax().item())
+        token = int(allowed.argmax().item())
     else:
         kept = filter_logits(scaled, 0, sampling.top_p)
         probs = F.softmax(kept, dim=-1)
