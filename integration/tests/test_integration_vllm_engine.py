@@ -128,6 +128,19 @@ def _push(client: RolloutClient, model: Any, model_dir: str, out: Path, version:
     assert client.load_weights(WeightUpdate(version=version, path=str(out))) == version
 
 
+def test_banned_tokens_are_never_sampled(client: RolloutClient) -> None:
+    """An agent's tool budget (``banned_token_ids``) holds on vLLM, greedy and sampled."""
+    free = _engine_greedy(client, PROMPTS[0], 6)
+    banned = sorted(set(free.token_ids))
+    for temperature, seed in ((0.0, None), (1.0, 5), (1.0, 6)):
+        sampling = SamplingParams(
+            max_tokens=6, temperature=temperature, seed=seed, banned_token_ids=banned
+        )
+        result = client.generate(GenerateRequest(PROMPTS[0], sampling))
+        assert len(result.token_ids) == 6
+        assert not set(result.token_ids) & set(banned), (temperature, result.token_ids)
+
+
 def test_greedy_outputs_equal_the_trainer_models_after_three_weight_pushes(
     client: RolloutClient, trainer_model: Any, model_dir: str, tmp_path: Path
 ) -> None:
