@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from ._chat_front import ChatFront
 from ._errors import RolloutConfigError, RolloutTypeError, ScRolloutError
-from ._server import check_host, server_url
+from ._server import ServingThread, check_host, server_url
 from ._wire import decode_body, error_body, error_status
 
 __all__ = ["ChatServer"]
@@ -110,7 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
             _log.debug("%s: the answer could not be sent: %s", self.path, exc)
 
 
-class ChatServer:
+class ChatServer(ServingThread):
     """Serves ``front`` (a :class:`~sc_rollout.ChatFront`) over HTTP at ``host:port``: an
     OpenAI-compatible chat-completions endpoint (see the module's endpoints), so agent code
     written against an OpenAI client runs unchanged with ``openai.OpenAI(base_url=server.url,
@@ -131,12 +130,7 @@ class ChatServer:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise RolloutConfigError(f"ChatServer: port must be an int in 0..65535, got {port!r}")
         self._front = front
-        self._httpd = _HTTPServer((bind, port), front)
-        self._host = bind
-        self._port = int(self._httpd.server_address[1])
-        self._thread: threading.Thread | None = None
-        self._serving = threading.Event()
-        self._closed = False
+        super().__init__(_HTTPServer((bind, port), front), bind, "sc-rollout-chat")
 
     @property
     def front(self) -> ChatFront:
@@ -145,52 +139,9 @@ class ChatServer:
         return self._front
 
     @property
-    def host(self) -> str:
-        return self._host
-
-    @property
-    def port(self) -> int:
-        """The bound port (the free one chosen for port 0)."""
-        return self._port
-
-    @property
     def url(self) -> str:
         """``http://host:port/v1``: the ``base_url`` of an OpenAI client."""
         return server_url(self._host, self._port) + "/v1"
 
     def __repr__(self) -> str:
         return f"ChatServer({self.url}, model={self._front.model!r})"
-
-    def start(self) -> ChatServer:
-        """Serve from a daemon thread; returns the server."""
-        if self._closed:
-            raise RolloutConfigError(f"ChatServer {self.url}: start() after stop()")
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self.serve_forever, name=f"sc-rollout-chat-{self._port}", daemon=True
-            )
-            self._thread.start()
-            self._serving.wait()
-        return self
-
-    def serve_forever(self) -> None:
-        """Serve from this thread until :meth:`stop` (from another thread)."""
-        self._serving.set()
-        self._httpd.serve_forever(poll_interval=0.1)
-
-    def stop(self) -> None:
-        """Stop serving and close the socket (requests being answered still finish)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._serving.is_set():
-            self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join()
-
-    def __enter__(self) -> ChatServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -24,7 +24,7 @@ import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ._engine import RolloutEngine
@@ -41,7 +41,7 @@ from ._wire import (
     update_from_body,
 )
 
-__all__ = ["RolloutServer", "check_host", "server_url"]
+__all__ = ["RolloutServer", "ServingThread", "check_host", "server_url"]
 
 _log = logging.getLogger("sc_rollout.server")
 
@@ -205,38 +205,22 @@ def _dumps(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode("utf-8")
 
 
-class RolloutServer:
-    """Serves ``engine`` over HTTP at ``host:port`` (see the module's endpoints).
+_S = TypeVar("_S", bound="ServingThread")
 
-    ``host`` defaults to ``SC_ROLLOUT_HOST`` (``127.0.0.1``); addresses of every interface
-    (``0.0.0.0``, ``::``) are refused: on a cluster give the node's address. ``port`` 0
-    takes a free port. The socket is bound on construction (:attr:`url` is known at once);
-    :meth:`start` serves from a daemon thread, :meth:`serve_forever` from the calling
-    thread (a server process). ``with RolloutServer(engine) as server:`` starts and stops.
-    """
 
-    def __init__(self, engine: RolloutEngine, *, host: str | None = None, port: int = 0) -> None:
-        if not isinstance(engine, RolloutEngine):
-            raise RolloutTypeError(
-                f"RolloutServer(engine=...) takes a RolloutEngine, got {type(engine).__name__}"
-            )
-        bind = check_host(host, "RolloutServer")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise RolloutConfigError(
-                f"RolloutServer: port must be an int in 0..65535, got {port!r}"
-            )
-        self._engine = engine
-        self._httpd = _HTTPServer((bind, port), engine)
-        self._host = bind
-        self._port = int(self._httpd.server_address[1])
+class ServingThread:
+    """What every sc-rollout HTTP server shares: the socket bound on construction (by the
+    subclass, as ``httpd``), :meth:`start` from a daemon thread, :meth:`serve_forever` from
+    the calling thread, :meth:`stop`, and ``with`` (start, then stop)."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, host: str, thread_name: str) -> None:
+        self._httpd = httpd
+        self._host = host
+        self._port = int(httpd.server_address[1])
+        self._thread_name = f"{thread_name}-{self._port}"
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
         self._closed = False
-
-    @property
-    def engine(self) -> RolloutEngine:
-        """The engine served."""
-        return self._engine
 
     @property
     def host(self) -> str:
@@ -252,16 +236,13 @@ class RolloutServer:
         """``http://host:port``."""
         return server_url(self._host, self._port)
 
-    def __repr__(self) -> str:
-        return f"RolloutServer({self.url}, model={self._httpd.model!r})"
-
-    def start(self) -> RolloutServer:
+    def start(self: _S) -> _S:
         """Serve from a daemon thread; returns the server."""
         if self._closed:
-            raise RolloutConfigError(f"RolloutServer {self.url}: start() after stop()")
+            raise RolloutConfigError(f"{type(self).__name__} {self.url}: start() after stop()")
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self.serve_forever, name=f"sc-rollout-server-{self._port}", daemon=True
+                target=self.serve_forever, name=self._thread_name, daemon=True
             )
             self._thread.start()
             self._serving.wait()
@@ -283,8 +264,41 @@ class RolloutServer:
         if self._thread is not None:
             self._thread.join()
 
-    def __enter__(self) -> RolloutServer:
+    def __enter__(self: _S) -> _S:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RolloutServer(ServingThread):
+    """Serves ``engine`` over HTTP at ``host:port`` (see the module's endpoints).
+
+    ``host`` defaults to ``SC_ROLLOUT_HOST`` (``127.0.0.1``); addresses of every interface
+    (``0.0.0.0``, ``::``) are refused: on a cluster give the node's address. ``port`` 0
+    takes a free port. The socket is bound on construction (:attr:`url` is known at once);
+    :meth:`start` serves from a daemon thread, :meth:`serve_forever` from the calling
+    thread (a server process). ``with RolloutServer(engine) as server:`` starts and stops.
+    """
+
+    def __init__(self, engine: RolloutEngine, *, host: str | None = None, port: int = 0) -> None:
+        if not isinstance(engine, RolloutEngine):
+            raise RolloutTypeError(
+                f"RolloutServer(engine=...) takes a RolloutEngine, got {type(engine).__name__}"
+            )
+        bind = check_host(host, "RolloutServer")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise RolloutConfigError(
+                f"RolloutServer: port must be an int in 0..65535, got {port!r}"
+            )
+        self._engine = engine
+        self._model_server = _HTTPServer((bind, port), engine)
+        super().__init__(self._model_server, bind, "sc-rollout-server")
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The engine served."""
+        return self._engine
+
+    def __repr__(self) -> str:
+        return f"RolloutServer({self.url}, model={self._model_server.model!r})"
