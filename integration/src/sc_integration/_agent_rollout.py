@@ -14,7 +14,6 @@ in the batch as empty rows (see ``_agent_batch``) and are counted in the step's 
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -35,8 +34,6 @@ from ._agent_batch import build_agent_batch
 from ._errors import AgentRolloutError, TrainerConfigError
 
 __all__ = ["AgentEnvironment", "AgentRollout"]
-
-logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -127,19 +124,17 @@ class AgentRollout:
         self._greedy = AgentLoop(
             router, task.eval_agent, config=AgentLoopConfig(max_concurrency, deadline_s, greedy)
         )
-        self._pending = 0  # groups submitted and not taken
         self._draws = 0  # submissions so far (names each one's groups)
 
     def _top_up(self, step: int) -> None:
         """Submit groups until ``prompts_per_step + extra_groups`` are pending."""
-        missing = self.prompts_per_step + self.extra_groups - self._pending
+        missing = self.prompts_per_step + self.extra_groups - self.loop.pending_groups()
         if missing <= 0:
             return
         problems = self.task.sample_train(missing, self._seed, step * 1000 + self._draws)
         tasks = self.task.tasks([str(p) for p in problems], f"s{step}d{self._draws}", self.n)
         self._draws += 1
         self.loop.submit(tasks)
-        self._pending += missing
 
     def batch(self, step: int, actor_version: int) -> tuple[DataProto, dict[str, Any]]:
         """Step ``step``'s batch (the actor is at ``actor_version``) and its ``agent/*``
@@ -149,15 +144,13 @@ class AgentRollout:
         while len(taken) < self.prompts_per_step:
             self._top_up(step)
             groups = self.loop.take_groups(self.prompts_per_step - len(taken))
-            self._pending -= len(groups)
             for group in groups:
                 if self._too_stale(group, actor_version):
                     stale += 1
                 else:
                     taken.append(group)
-        if self.staleness == 0 and self._pending:
+        if self.staleness == 0:
             self.loop.discard()  # off-policy now: the next batch samples the next weights
-            self._pending = 0
         outcomes = [o for group in taken for o in group]
         batch = build_agent_batch(
             outcomes,

@@ -161,9 +161,13 @@ class ToolCalcTask:
 
     # --- the agent ----------------------------------------------------------------------------
 
+    def _tool_answer(self, problem: str) -> list[int]:
+        """The calculator's answer to ``problem`` as tool tokens (``30=``)."""
+        return self._encode(self.answer(problem) + self.CLOSE)
+
     def _call_and_answer(self, problem: str) -> list[int]:
         """A hint's tokens: the call mark and the calculator's answer."""
-        return [self.call_token_id, *self._encode(self.answer(problem) + self.CLOSE)]
+        return [self.call_token_id, *self._tool_answer(problem)]
 
     def _answer_sampling(self, session: AgentSession) -> SamplingParams:
         """The answer turn after a call: the call mark is banned (one call per session) and
@@ -182,23 +186,6 @@ class ToolCalcTask:
         target = self.answer(problem)
         return sum(a == b for a, b in zip(text, target, strict=False)) / _DIGITS
 
-    async def _session(
-        self, task: AgentTask, session: AgentSession
-    ) -> tuple[bool, float, tuple[int, ...]]:
-        """Run one session: a model turn; if it is the call mark alone (a turn that ends
-        with the mark after other tokens is an answer, and a wrong one), the calculator's
-        answer is appended as tool tokens and the model answers in a second turn. Returns
-        whether it called, the score of the last model turn and that turn's tokens."""
-        problem = str(task.data)
-        turn = await session.agenerate(max_tokens=_TURN_TOKENS)
-        called = turn.token_ids == (self.call_token_id,)  # a call is a turn of its own
-        if called:
-            if self.tool_latency_s:
-                await asyncio.sleep(self.tool_latency_s)
-            session.append_tokens(self._encode(self.answer(problem) + self.CLOSE))
-            turn = await session.agenerate(sampling=self._answer_sampling(session))
-        return called, self.score(problem, turn.token_ids), turn.token_ids
-
     def hinted(self, session_id: str) -> bool:
         """Whether the training session ``session_id`` is a hint (a fixed draw of its id)."""
         draw = zlib.crc32(f"hint:{session_id}".encode()) / 0xFFFFFFFF
@@ -216,9 +203,19 @@ class ToolCalcTask:
         return await self.eval_agent(task, session)
 
     async def eval_agent(self, task: AgentTask, session: AgentSession) -> float:
-        """The policy on its own (validation, and the training sessions that are not
-        hints): returns the score of its last model turn."""
-        return (await self._session(task, session))[1]
+        """The policy on its own (validation, and the training sessions that are not hints):
+        a model turn; if it is the call mark alone (a turn that ends with the mark after
+        other tokens is an answer, and a wrong one), the calculator's answer is appended as
+        tool tokens and the model answers in a second turn. Returns the score of the last
+        model turn."""
+        problem = str(task.data)
+        turn = await session.agenerate(max_tokens=_TURN_TOKENS)
+        if turn.token_ids == (self.call_token_id,):  # a call is a turn of its own
+            if self.tool_latency_s:
+                await asyncio.sleep(self.tool_latency_s)
+            session.append_tokens(self._tool_answer(problem))
+            turn = await session.agenerate(sampling=self._answer_sampling(session))
+        return self.score(problem, turn.token_ids)
 
     def tasks(self, problems: Sequence[str], group: str, n: int) -> list[AgentTask]:
         """``n`` sessions of each of ``problems``; problem ``i``'s group is

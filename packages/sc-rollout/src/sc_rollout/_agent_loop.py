@@ -263,7 +263,14 @@ class AgentLoop:
             self._running[task.session_id] = (task, handle)
 
     async def _run(self, task: AgentTask) -> AgentOutcome:
-        session: AgentSession | None = None
+        # every argument was checked by AgentTask and AgentLoop: this does not raise
+        session = AgentSession(
+            self.engine,
+            task.prompt_ids,
+            session_id=task.session_id,
+            sampling=self.config.session_sampling(task.session_id),
+            executor=self._pool,
+        )
         started = time.monotonic()
         status: AgentStatus = "error"
         reward: float | None = None
@@ -271,13 +278,6 @@ class AgentLoop:
         try:
             async with self._gate:
                 started = time.monotonic()
-                session = AgentSession(
-                    self.engine,
-                    task.prompt_ids,
-                    session_id=task.session_id,
-                    sampling=self.config.session_sampling(task.session_id),
-                    executor=self._pool,
-                )
                 try:
                     value = await asyncio.wait_for(
                         self._agent(task, session), self.config.deadline_s
@@ -295,17 +295,14 @@ class AgentLoop:
         except Exception as exc:  # an agent's failure is recorded, never raised here
             status, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
-            if session is not None:
-                session.close()  # aborts a turn still in flight
-        if session is not None:
-            await _turn_ended(session)
+            session.close()  # aborts a turn still in flight
+        await _turn_ended(session)
         seconds = time.monotonic() - started
         if status in ("deadline", "error"):
             _log.warning("agent session %s %s: %s", task.session_id, status, detail)
         elif status == "cancelled":  # asked for (a batch's groups left over)
             _log.debug("agent session %s cancelled", task.session_id)
-        rollout = session.to_dict() if session is not None else _empty_rollout(task)
-        outcome = AgentOutcome(task, status, reward, rollout, detail, seconds)
+        outcome = AgentOutcome(task, status, reward, session.to_dict(), detail, seconds)
         self._ended(outcome)
         return outcome
 
@@ -347,6 +344,11 @@ class AgentLoop:
         """Groups whose sessions have all ended and that were not taken yet."""
         with self._cond:
             return len(self._finished)
+
+    def pending_groups(self) -> int:
+        """Groups submitted and not taken (nor discarded) yet, ended or not."""
+        with self._cond:
+            return len(self._members)
 
     def take_groups(self, count: int, timeout: float | None = None) -> list[list[AgentOutcome]]:
         """The first ``count`` groups whose sessions have all ended (in the order they
@@ -455,18 +457,3 @@ async def _turn_ended(session: AgentSession, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while session.in_flight is not None and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
-
-
-def _empty_rollout(task: AgentTask) -> dict[str, Any]:
-    """The rollout of a session cancelled before it started."""
-    return {
-        "session_id": task.session_id,
-        "prompt_ids": list(task.prompt_ids),
-        "response_ids": [],
-        "response_mask": [],
-        "response_logprobs": [],
-        "weight_version_min": None,
-        "weight_version_max": None,
-        "aborted": False,
-        "segments": [],
-    }

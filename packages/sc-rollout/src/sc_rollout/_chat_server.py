@@ -15,17 +15,14 @@ otherwise). Each request runs on a thread of its own.
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
-import socket
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from ._chat_front import ChatFront
-from ._errors import RolloutConfigError, RolloutTypeError, ScRolloutError
-from ._server import ServingThread, check_host, server_url
-from ._wire import decode_body, error_body, error_status
+from ._errors import RolloutConfigError, RolloutTypeError
+from ._server import Answer, JsonHandler, JsonHTTPServer, ServingThread, check_host, server_url
 
 __all__ = ["ChatServer"]
 
@@ -35,55 +32,31 @@ _COMPLETIONS = "/v1/chat/completions"
 _ENDPOINTS = {("POST", _COMPLETIONS), ("GET", "/v1/models"), ("GET", "/health")}
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 1024
-
+class _HTTPServer(JsonHTTPServer):
     def __init__(self, address: tuple[str, int], front: ChatFront) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.front = front
         super().__init__(address, _Handler)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server: _HTTPServer
     server_version = "sc-rollout-chat"
+    logger = _log
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _route_path(self) -> str:
+        return urlsplit(self.path).path.rstrip("/")
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        _log.debug("%s %s", self.address_string(), format % args)
-
-    def _dispatch(self, method: str) -> None:
-        path = urlsplit(self.path).path.rstrip("/")
-        where = f"{method} {path}"
+    def _endpoint(self, method: str, path: str) -> Answer | None:
         if (method, path) not in _ENDPOINTS:
-            known = any(p == path for _, p in _ENDPOINTS)
-            status, kind = (405, "MethodNotAllowed") if known else (404, "NotFound")
-            self._send(status, error_body(kind, f"{where}: no such endpoint", status))
-            return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = decode_body(self.rfile.read(length), where) if length else {}
-            answer = self._answer(path, body)
-        except ScRolloutError as exc:
-            status = error_status(exc)
-            self._send(status, error_body(type(exc).__name__, str(exc), status))
-        except Exception as exc:
-            _log.exception("%s failed", where)
-            message = f"{where}: {type(exc).__name__}: {exc}"
-            self._send(500, error_body("InternalServerError", message, 500))
-        else:
-            self._send(200, answer)
+            return None
+        return functools.partial(self._answer, path)
+
+    def _known(self, path: str) -> bool:
+        return any(p == path for _, p in _ENDPOINTS)
+
+    def _extra_headers(self, body: dict[str, Any]) -> dict[str, str]:
+        session_id = body.get("sc_session_id")
+        return {"X-Session-Id": session_id} if isinstance(session_id, str) else {}
 
     def _answer(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         front = self.server.front
@@ -93,20 +66,6 @@ class _Handler(BaseHTTPRequestHandler):
             return {"status": "ok", "model": front.model, "sessions": len(front)}
         entry = {"id": front.model, "object": "model", "created": 0, "owned_by": "sc-rollout"}
         return {"object": "list", "data": [entry]}
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode("utf-8")
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            session_id = body.get("sc_session_id")
-            if isinstance(session_id, str):
-                self.send_header("X-Session-Id", session_id)
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError as exc:  # the client went away
-            _log.debug("%s: the answer could not be sent: %s", self.path, exc)
 
 
 class ChatServer(ServingThread):

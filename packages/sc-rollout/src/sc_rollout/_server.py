@@ -18,6 +18,7 @@ class name travels in ``error.type``. Each request runs on a thread of its own.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import socket
@@ -41,7 +42,15 @@ from ._wire import (
     update_from_body,
 )
 
-__all__ = ["RolloutServer", "ServingThread", "check_host", "server_url"]
+__all__ = [
+    "Answer",
+    "JsonHTTPServer",
+    "JsonHandler",
+    "RolloutServer",
+    "ServingThread",
+    "check_host",
+    "server_url",
+]
 
 _log = logging.getLogger("sc_rollout.server")
 
@@ -68,15 +77,104 @@ def server_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-class _HTTPServer(ThreadingHTTPServer):
+#: an endpoint's answer to a request body
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class JsonHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server of JSON endpoints (a :class:`JsonHandler` subclass answers),
+    bound to ``address`` (IPv4 or IPv6)."""
+
     daemon_threads = True
     block_on_close = False
     #: the listen backlog: a batch's requests connect all at once (socketserver's default of
     #: 5 made a burst of 32 wait out the kernel's SYN retries, or be reset)
     request_queue_size = 1024
 
-    def __init__(self, address: tuple[str, int], engine: RolloutEngine) -> None:
+    def __init__(self, address: tuple[str, int], handler: type[JsonHandler]) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, handler)
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Answers JSON requests: a subclass says which ``(method, path)`` it serves
+    (:meth:`_endpoint`) and which paths exist under another method (:meth:`_known`);
+    errors go out as OpenAI's error body, an sc-rollout error with its status, any other
+    as 500."""
+
+    #: where requests and failures are logged
+    logger = _log
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body leave in separate writes: without this, Nagle's algorithm and the
+        # peer's delayed ACK hold the body back
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        self.logger.debug("%s %s", self.address_string(), format % args)
+
+    def _route_path(self) -> str:
+        """The request's path as the endpoints are named."""
+        return urlsplit(self.path).path
+
+    def _endpoint(self, method: str, path: str) -> Answer | None:
+        """The answer of a body at ``method path`` (``None``: no such endpoint)."""
+        raise NotImplementedError
+
+    def _known(self, path: str) -> bool:
+        """Whether ``path`` is an endpoint under some method (405 rather than 404)."""
+        raise NotImplementedError
+
+    def _extra_headers(self, body: dict[str, Any]) -> dict[str, str]:
+        """Headers an answer carries besides the content's."""
+        return {}
+
+    def _dispatch(self, method: str) -> None:
+        path = self._route_path()
+        where = f"{method} {path}"
+        answer_of = self._endpoint(method, path)
+        if answer_of is None:
+            status = 405 if self._known(path) else 404
+            kind = "MethodNotAllowed" if status == 405 else "NotFound"
+            self._send(status, error_body(kind, f"{where}: no such endpoint", status))
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = decode_body(self.rfile.read(length), where) if length else {}
+            answer = answer_of(body)
+        except ScRolloutError as exc:
+            status = error_status(exc)
+            self._send(status, error_body(type(exc).__name__, str(exc), status))
+        except Exception as exc:
+            self.logger.exception("%s failed", where)
+            message = f"{where}: {type(exc).__name__}: {exc}"
+            self._send(500, error_body("InternalServerError", message, 500))
+        else:
+            self._send(200, answer)
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in self._extra_headers(body).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError as exc:  # the client went away (a router that gave up on us)
+            self.logger.debug("%s: the answer could not be sent: %s", self.path, exc)
+
+
+class _HTTPServer(JsonHTTPServer):
+    def __init__(self, address: tuple[str, int], engine: RolloutEngine) -> None:
         self.engine = engine
         super().__init__(address, _Handler)
         self.model = engine.health().model
@@ -147,62 +245,16 @@ _ROUTES: dict[tuple[str, str], _Route] = {
 _PATHS = frozenset(path for _, path in _ROUTES)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server: _HTTPServer
     server_version = "sc-rollout"
 
-    def setup(self) -> None:
-        super().setup()
-        # headers and body leave in separate writes: without this, Nagle's algorithm and the
-        # peer's delayed ACK hold the body back
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        _log.debug("%s %s", self.address_string(), format % args)
-
-    def _dispatch(self, method: str) -> None:
-        path = urlsplit(self.path).path
-        where = f"{method} {path}"
+    def _endpoint(self, method: str, path: str) -> Answer | None:
         route = _ROUTES.get((method, path))
-        if route is None:
-            status = 405 if path in _PATHS else 404
-            kind = "MethodNotAllowed" if status == 405 else "NotFound"
-            self._send(status, error_body(kind, f"{where}: no such endpoint", status))
-            return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = decode_body(self.rfile.read(length), where) if length else {}
-            answer = route(self.server, body)
-        except ScRolloutError as exc:
-            status = error_status(exc)
-            self._send(status, error_body(type(exc).__name__, str(exc), status))
-        except Exception as exc:
-            _log.exception("%s failed", where)
-            message = f"{where}: {type(exc).__name__}: {exc}"
-            self._send(500, error_body("InternalServerError", message, 500))
-        else:
-            self._send(200, answer)
+        return None if route is None else functools.partial(route, self.server)
 
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = _dumps(body)
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError as exc:  # the client went away (a router that gave up on us)
-            _log.debug("%s: the answer could not be sent: %s", self.path, exc)
-
-
-def _dumps(body: dict[str, Any]) -> bytes:
-    return json.dumps(body).encode("utf-8")
+    def _known(self, path: str) -> bool:
+        return path in _PATHS
 
 
 _S = TypeVar("_S", bound="ServingThread")
