@@ -99,6 +99,7 @@ ERROR_MEANINGS = {
     "WorkerGroupClosedError": RuntimeError,
     "BackendNotImplementedError": NotImplementedError,
     "UnknownMethodError": AttributeError,
+    "StaleDriverError": RuntimeError,
     "UnsupportedCallError": TypeError,
     "InvalidConfigError": ValueError,
     "ConfigTypeError": TypeError,

@@ -26,6 +26,7 @@ import logging
 
 from sc_dispatch import _public
 
+from ._call_ids import CallId, CallIds, CallRecord
 from ._call_path import CallStream
 from ._colocate import create_colocated_worker_cls
 from ._context import worker_environ
@@ -41,6 +42,7 @@ from ._errors import (
     MissingEnvironmentError,
     ResourcePoolError,
     ScCoreError,
+    StaleDriverError,
     UnknownMeshError,
     UnknownMethodError,
     UnknownRoleError,
@@ -65,6 +67,9 @@ from ._worker_group import MethodProxy, WorkerGroup
 __version__ = "0.2.0"
 
 __all__ = [
+    "CallId",
+    "CallIds",
+    "CallRecord",
     "CallSpan",
     "CallStream",
     "CallTimeoutError",
@@ -86,6 +91,7 @@ __all__ = [
     "SETTINGS",
     "ScCoreError",
     "SpanRecorder",
+    "StaleDriverError",
     "UnknownMeshError",
     "UnknownMethodError",
     "UnknownRoleError",

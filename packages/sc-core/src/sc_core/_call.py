@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sc_dispatch import Execute
 
+from ._call_ids import CallId
 from ._errors import InvalidCallOptionsError
 from ._spans import new_span
 
@@ -58,10 +59,14 @@ class Call:
     ``span.recording`` tells); ``joins_shards`` whether the mode's collect function joins row shards
     (:attr:`sc_dispatch.DispatchModeSpec.joins_shards`): a non-blocking call then needs
     futures that know their row counts, other modes take the backend's plain handles.
+    ``call_id`` is the call's :class:`~sc_core.CallId` when its group uses call ids
+    (``None`` otherwise): each rank then receives it under the reserved keyword
+    ``_sc_call_id`` (a free unit's part carries the unit's own id).
     """
 
     __slots__ = (
         "blocking",
+        "call_id",
         "deadline",
         "execute_mode",
         "joins_shards",
@@ -81,8 +86,10 @@ class Call:
         blocking: bool,
         timeout: float | None,
         joins_shards: bool = False,
+        call_id: CallId | None = None,
     ) -> None:
         self.method_name = method_name
+        self.call_id = call_id
         self.joins_shards = joins_shards
         self.ranks = ranks
         self.execute_mode = execute_mode
@@ -91,13 +98,16 @@ class Call:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.span = new_span(group, method_name, blocking, ranks)
 
-    def part(self, ranks: tuple[int, ...]) -> Call:
-        """The same call on ``ranks`` only, sharing this call's deadline and span: one unit
-        of a call (see ``_units.py``)."""
+    def part(self, ranks: tuple[int, ...], unit: int | None = None) -> Call:
+        """The same call on ``ranks`` only, sharing this call's deadline, span and id: one
+        unit of a call (see ``_units.py``); with ``unit``, the part of free unit ``unit``,
+        whose id is that unit's own (:meth:`CallId.unit <sc_core.CallId.unit>`)."""
         part = object.__new__(Call)
         for name in Call.__slots__:
             setattr(part, name, getattr(self, name))
         part.ranks = ranks
+        if unit is not None and self.call_id is not None:
+            part.call_id = self.call_id.unit(unit)
         return part
 
     def remaining(self) -> float | None:

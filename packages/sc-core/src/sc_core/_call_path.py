@@ -17,6 +17,10 @@ streaming it with ``.stream(...)``, and verl's ``execute_all_*`` all run here:
 4. **join** -- :meth:`WorkPlan.join <sc_dispatch.ext.WorkPlan.join>` makes the result: row
    shards in input order without their padding, or the mode's collect function.
 
+A bound method's call (not verl's ``execute_all_*``) of a group that uses call ids
+(:meth:`~sc_core.WorkerGroup.use_call_ids`) takes the next :class:`~sc_core.CallId`, which
+every rank receives (``_units.start``; the worker's journal is ``_journal.py``).
+
 Around every call, ``_Scope``: the call refuses dead ranks, warns about ranks still busy
 with a call the group gave up on (and says so in a timeout's message), and finishes the
 call's span. A failure gives up on the ranks still running (``give_up``).
@@ -41,6 +45,7 @@ from sc_dispatch.ext import (
 from ._backend import Backend
 from ._busy import AbandonedCall, describe_busy
 from ._call import Call, CallOptions
+from ._call_ids import CallId
 from ._errors import CallTimeoutError, UnsupportedCallError
 from ._units import CallSite, Units, add_note, check_non_blocking
 
@@ -74,6 +79,12 @@ def new_call(
         blocking=blocking,
         timeout=timeout,
     )
+
+
+def _call_id(site: CallSite, method_name: str) -> CallId | None:
+    """The id of a bound method's call, when the group uses call ids."""
+    ids = site._sc_call_ids
+    return None if ids is None else ids.next(site.name_prefix, method_name)
 
 
 class _Scope:
@@ -136,6 +147,7 @@ def call_method(
     blocking = _blocking(proxy)
     call = new_call(site, name, proxy.attrs.execute_mode, blocking, _timeout(site, proxy))
     call.joins_shards = proxy.spec.row_aligned
+    call.call_id = _call_id(site, name)
     span = call.span
     scope = _Scope(site, call, backend)
     try:
@@ -226,6 +238,7 @@ class CallStream(Generic[R]):
         backend = site._sc_backend(name)
         self._call = call = new_call(site, name, Execute.ALL, True, _timeout(site, proxy))
         call.joins_shards = True
+        call.call_id = _call_id(site, name)
         self._scope = _Scope(site, call, backend)
         try:
             with call.span.phase("dispatch"):

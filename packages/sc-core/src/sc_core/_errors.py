@@ -15,6 +15,10 @@ so callers may catch either::
     │                                          the method that found out
     ├── InjectedFaultError (RuntimeError)      raised in a worker by a fault armed with
     │                                          ``WorkerGroup.inject_fault(action="raise")``
+    ├── StaleDriverError (RuntimeError)        raised in a worker for a call whose id is of
+    │                                          an older driver epoch than one it has seen (a
+    │                                          newer driver re-attached): names the method,
+    │                                          the rank and both epochs
     ├── CallTimeoutError (TimeoutError)        a call passed its deadline: names the method,
     │                                          the ranks that had not answered, the timeout
     ├── RendezvousError (RuntimeError)         rank 0 could not publish MASTER_ADDR/PORT, or
@@ -77,6 +81,7 @@ __all__ = [
     "RendezvousTimeoutError",
     "ResourcePoolError",
     "ScCoreError",
+    "StaleDriverError",
     "UnknownMeshError",
     "UnknownMethodError",
     "UnsupportedCallError",
@@ -117,6 +122,11 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 class InjectedFaultError(ScCoreError, RuntimeError):
     """What a worker method raises when a fault armed with ``WorkerGroup.inject_fault(...,
     action="raise")`` fires; the driver receives it inside a :class:`WorkerError`."""
+
+
+class StaleDriverError(ScCoreError, RuntimeError):
+    """A call from an older driver than one the worker has seen (its call id's epoch is
+    lower): a newer driver re-attached to this run, and the old one is fenced off."""
 
 
 class WorkerError(ScCoreError, RuntimeError):

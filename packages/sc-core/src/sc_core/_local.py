@@ -38,6 +38,7 @@ from ._errors import (
 from ._faults import take_fault
 from ._fused import check_fused_worker_used
 from ._future import LazyFuture
+from ._journal import run_journaled
 from ._local_runner import LocalHandle, Outcome, RankRunner, Turns, worker_traceback
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._settings import LOCAL_INLINE, RENDEZVOUS
@@ -113,9 +114,15 @@ class LocalBackend:
             fut.set_result(Outcome(died=True))
             return LocalHandle(rank, method_name, fut)
         worker = self.workers[rank]
+        runner = runners[rank]
+
+        def call(kw: dict[str, Any]) -> Any:
+            value = getattr(worker, method_name)(*args, **kw)
+            return runner.run_awaitable(value) if inspect.isawaitable(value) else value
 
         def run() -> Any:
-            return getattr(worker, method_name)(*args, **kwargs)
+            # a call with an id runs once per id (_journal.py); the method's own outcome only
+            return run_journaled(worker, method_name, kwargs, call, args)
 
         # bound now: a group closed while this call waits for its turn clears self.runners
         in_rank = functools.partial(self._run_as, self._envs[rank], runners[rank])

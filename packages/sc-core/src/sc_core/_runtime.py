@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from ._backend import Backend
+from ._call_ids import CallIds
 from ._liveness import Liveness
 from ._meshes import MeshCache
 from ._methods import MethodTable
@@ -84,6 +85,7 @@ class GroupLike(Protocol):
     fused_worker_used: bool
     wg_dict: dict[str, Any] | None
     _sc_runtime: GroupRuntime
+    _sc_call_ids: CallIds | None
     _sc_methods: MethodTable
     _user_defined_cls: type | None
     _fused_role: str | None

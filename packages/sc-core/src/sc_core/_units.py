@@ -23,6 +23,7 @@ from sc_dispatch.ext import WorkPlan, WorkUnit
 from ._backend import Backend, CallHandle, RankArgs
 from ._busy import describe_busy
 from ._call import Call
+from ._call_ids import CallIds
 from ._errors import (
     CallTimeoutError,
     UnsupportedCallError,
@@ -30,6 +31,7 @@ from ._errors import (
     WorkerError,
     WorkerGroupError,
 )
+from ._journal import CALL_ID_KWARG
 from ._runtime import GroupRuntime
 from ._slots import SlotSpeeds
 
@@ -56,6 +58,7 @@ class CallSite(Protocol):
     name_prefix: str
     default_timeout: float | None
     _sc_runtime: GroupRuntime
+    _sc_call_ids: CallIds | None
 
     @property
     def world_size(self) -> int: ...
@@ -83,9 +86,13 @@ def start(
     check_alive: bool = True,
 ) -> CallHandle:
     """Start ``method_name`` on the call's ranks (dead ranks refused first, unless
-    ``check_alive`` is false: verl's ``execute_*_async`` start regardless)."""
+    ``check_alive`` is false: verl's ``execute_*_async`` start regardless). A call with an
+    id passes it to every rank under :data:`~sc_core._journal.CALL_ID_KWARG`."""
     if check_alive:
         site._sc_runtime.liveness.check_alive(call)
+    call_id = call.call_id
+    if call_id is not None:
+        rank_args = [(args, {**kwargs, CALL_ID_KWARG: call_id}) for args, kwargs in rank_args]
     handle = backend.start(call, method_name, rank_args)
     if len(handle.rank_handles) != len(call.ranks):
         raise WorkerGroupError(
@@ -321,7 +328,7 @@ class Units:
 
     def _launch(self, unit: WorkUnit, index: int) -> None:
         slot = self._plan.slots[index]
-        part = self._call.part(slot.ranks)
+        part = self._call.part(slot.ranks, unit=unit.index)
         rank_args = self._plan.rank_arguments(unit, index)
         handle = start(self._site, part, self._method, rank_args, self._backend)
         if not self._running[index]:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from sc_dispatch import Dispatch, Execute, register
 from sc_dispatch._setting import SettingValueError
 
+from ._call_ids import CallRecord
 from ._context import (
     MASTER_KEYS,
     Rendezvous,
@@ -30,6 +31,7 @@ from ._errors import (
     WorkerEnvironmentError,
 )
 from ._faults import ArmedFault
+from ._journal import last_calls
 from ._settings import RENDEZVOUS_TIMEOUT
 
 __all__ = [
@@ -320,6 +322,13 @@ class Worker(WorkerHelper):
         """The fault armed for ``method``, disarmed (a backend asks as a method starts)."""
         armed: dict[str, ArmedFault] | None = self.__dict__.get("_sc_armed_faults")
         return armed.pop(method, None) if armed else None
+
+    # --- call ids (see _journal.py) ------------------------------------------------------------
+
+    def _sc_last_calls(self) -> dict[str, CallRecord]:
+        """Per method, the last call with an id this worker completed
+        (``WorkerGroup.last_calls`` asks every rank)."""
+        return last_calls(self)
 
     # --- identity --------------------------------------------------------------------------
 

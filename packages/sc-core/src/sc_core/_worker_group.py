@@ -27,6 +27,7 @@ from ._backend import Backend
 from ._binding import MethodProxy, bind_worker_methods
 from ._busy import AbandonedCall
 from ._call import check_timeout
+from ._call_ids import CallIds, CallRecord
 from ._call_path import call_raw
 from ._errors import (
     BackendNotImplementedError,
@@ -42,6 +43,7 @@ from ._methods import MethodTable
 from ._resource import ResourcePool
 from ._runtime import GroupRuntime, Shared
 from ._settings import ABORT_ON_WORKER_DEATH, CALL_TIMEOUT, WORKER_START_TIMEOUT
+from ._worker import Worker
 
 __all__ = ["MethodProxy", "WorkerGroup"]
 
@@ -50,6 +52,9 @@ logger = logging.getLogger("sc_core.worker_group")
 Q = ParamSpec("Q")
 C = TypeVar("C")
 WG = TypeVar("WG", bound="WorkerGroup")
+
+#: The worker method that answers :meth:`WorkerGroup.last_calls`.
+LAST_CALLS_METHOD = "_sc_last_calls"
 
 if TYPE_CHECKING:
     # The worker class of a group, for the type checker only (``sc_core.mypy_plugin`` types
@@ -119,6 +124,8 @@ class WorkerGroup(Generic[W]):
         self._fused_role: str | None = None
         self.wg_dict: dict[str, WorkerGroup] | None = None
         self._spawned_from: WorkerGroup | None = None
+        # the allocator of call ids (use_call_ids); None: calls carry no id
+        self._sc_call_ids: CallIds | None = None
 
     # verl's names of the shared state, which a backend's group sets (kept in the runtime)
     _workers: Shared[list[Any]] = Shared("workers")
@@ -341,6 +348,41 @@ class WorkerGroup(Generic[W]):
         the method raises :class:`~sc_core.InjectedFaultError` (``action="raise"``). For
         testing recovery; see ``_faults.py``. Every rank must be alive."""
         _faults.inject_fault(self, rank, method, action, delay_s)
+
+    # --- call ids (see _call_ids.py and _journal.py) -----------------------------------------
+
+    def use_call_ids(self, ids: CallIds | None) -> None:
+        """Give every later call of a bound method of this group (non-blocking and streamed
+        calls included) an id from ``ids``, so that the workers run each id once: a driver
+        that re-attaches replays calls with a newer :class:`~sc_core.CallIds` and gets the
+        stored outcomes (see :class:`~sc_core.CallIds`). ``None`` turns ids off (the default).
+        verl's ``execute_all_*`` and the framework's own calls never carry ids. Groups
+        spawned from this one later take the same allocator; those spawned before keep
+        theirs. A wrong type is a :class:`~sc_core.ConfigTypeError`."""
+        if ids is not None and not isinstance(ids, CallIds):
+            raise ConfigTypeError(
+                f"{type(self).__name__} {self.name_prefix!r}.use_call_ids: expected a "
+                f"sc_core.CallIds or None, got {type(ids).__qualname__} {ids!r}"
+            )
+        self._sc_call_ids = ids
+
+    @property
+    def call_ids(self) -> CallIds | None:
+        """The allocator of this group's call ids (:meth:`use_call_ids`), or ``None``."""
+        return self._sc_call_ids
+
+    def last_calls(self) -> list[dict[str, CallRecord]]:
+        """Per rank, the last call with an id that the worker completed, per method (the
+        name the worker runs: ``role_method`` on a colocated class). A worker class that is
+        not an sc :class:`~sc_core.Worker` answers an empty dict."""
+        group: WorkerGroup[Any] = self
+        while group._fused_role is not None and group._spawned_from is not None:
+            group = group._spawned_from  # a fused role's journal is the fused worker's
+        cls = _colocate.unwrap_worker_cls(group._user_defined_cls)
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            return [{} for _ in range(self.world_size)]
+        records: list[dict[str, CallRecord]] = group.execute_all_sync(LAST_CALLS_METHOD)
+        return records
 
     def _sc_method_target(self, name: str) -> str | None:
         """The worker method that the method bound as ``name`` runs (``None``: none bound)."""

@@ -25,6 +25,11 @@ collects; it holds a :class:`Backend` that runs the workers and hands it each ca
   :class:`RendezvousTimeoutError`), the fault a rank is armed with
   (:func:`take_fault`, :class:`ArmedFault`), and :func:`register_class_unwrapper`, which
   lets colocation see the worker class inside a backend's wrapper class.
+* Exactly-once calls: a call with an id reaches each rank with it under the keyword
+  :data:`CALL_ID_KWARG`; a backend runs every worker method through :func:`run_journaled`
+  (:func:`run_journaled_async` in an async actor), which takes the id out and runs the
+  method once per id, answering replays from the worker's journal (the outcomes of the
+  last :data:`KEEP_SCOPES` steps).
 """
 
 from sc_dispatch import _public
@@ -50,6 +55,7 @@ from ._errors import (
     reported_rank,
 )
 from ._faults import ArmedFault, take_fault
+from ._journal import CALL_ID_KWARG, KEEP_SCOPES, run_journaled, run_journaled_async
 from ._local import LocalBackend, LocalHandle
 from ._units import StreamingBackend
 
@@ -58,11 +64,13 @@ __all__ = [
     "ArmedFault",
     "Backend",
     "BackendNotImplementedError",
+    "CALL_ID_KWARG",
     "CAUSED_BY_PEER_ATTR",
     "Call",
     "CallHandle",
     "CallOptions",
     "InProcessRendezvous",
+    "KEEP_SCOPES",
     "LocalBackend",
     "LocalHandle",
     "RankArgs",
@@ -78,6 +86,8 @@ __all__ = [
     "register_class_unwrapper",
     "rendezvous_from_env",
     "reported_rank",
+    "run_journaled",
+    "run_journaled_async",
     "take_fault",
     "worker_context",
 ]

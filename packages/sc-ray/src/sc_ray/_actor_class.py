@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from sc_core import WorkerError
-from sc_core.backend import take_fault
+from sc_core.backend import run_journaled, run_journaled_async, take_fault
 from sc_dispatch.ext import get_register_attrs
 
 from ._futures import row_meta
@@ -84,16 +84,20 @@ def _fire_armed_fault(instance: Any, method: str, args: tuple[Any, ...]) -> None
 
 def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
     """An entry point running method ``name`` (or, with ``name=None``, the method named by
-    the first argument), converting its exception."""
+    the first argument), converting its exception; a call with an id runs once per id
+    (``sc_core.backend.run_journaled``: a replay gets the stored outcome)."""
     if is_async:
 
         async def run_async(self: Any, *args: Any, **kwargs: Any) -> Any:
             method, args = (args[0], args[1:]) if name is None else (name, args)
+
+            async def call(kw: dict[str, Any]) -> Any:
+                out = getattr(self, method)(*args, **kw)
+                return (await out) if inspect.isawaitable(out) else out
+
             try:
-                _fire_armed_fault(self, method, args)
-                out = getattr(self, method)(*args, **kwargs)
-                if inspect.isawaitable(out):
-                    out = await out
+                _fire_armed_fault(self, method, args)  # before the journal: no method outcome
+                out = await run_journaled_async(self, method, kwargs, call, args)
             except Exception as exc:
                 raise _worker_error(self, method, exc) from exc
             if is_tensordict(out):
@@ -104,9 +108,13 @@ def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         method, args = (args[0], args[1:]) if name is None else (name, args)
+
+        def call(kw: dict[str, Any]) -> Any:
+            return getattr(self, method)(*args, **kw)
+
         try:
-            _fire_armed_fault(self, method, args)
-            out = getattr(self, method)(*args, **kwargs)
+            _fire_armed_fault(self, method, args)  # before the journal: no method outcome
+            out = run_journaled(self, method, kwargs, call, args)
         except Exception as exc:
             raise _worker_error(self, method, exc) from exc
         if is_tensordict(out):

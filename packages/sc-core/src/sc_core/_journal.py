@@ -1,0 +1,274 @@
+"""The worker's side of exactly-once replay: a journal of the calls a worker ran, by id.
+
+A call of a group that uses call ids (:meth:`WorkerGroup.use_call_ids
+<sc_core.WorkerGroup.use_call_ids>`) reaches each rank with its :class:`~sc_core.CallId`
+under the reserved keyword :data:`CALL_ID_KWARG`. A backend runs every worker method through
+:func:`run_journaled` (or :func:`run_journaled_async` in an async actor), which takes the id
+out of the keyword arguments and, per worker instance (``worker.__dict__["_sc_journal"]``):
+
+* **fences** older drivers: a call whose epoch is lower than the highest seen raises
+  :class:`~sc_core.StaleDriverError`;
+* answers a call whose ``(scope, key)`` it completed with the stored outcome (the value, or
+  the exception raised again), waits for one still running and answers with its outcome,
+  and otherwise runs it and stores the outcome (a ``BaseException`` that is not an
+  ``Exception``, such as ``KeyboardInterrupt``, is not stored: the call may run again);
+* keeps the outcomes of the newest scope seen and the one before (:data:`KEEP_SCOPES`);
+* remembers, per method, the last call it completed (:class:`~sc_core.CallRecord`).
+
+A call without an id runs as it is, at the cost of one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+from ._call_ids import CallId, CallRecord
+from ._errors import ConfigTypeError, StaleDriverError
+
+__all__ = [
+    "CALL_ID_KWARG",
+    "JOURNAL_ATTR",
+    "KEEP_SCOPES",
+    "Journal",
+    "journal_of",
+    "last_calls",
+    "run_journaled",
+    "run_journaled_async",
+]
+
+logger = logging.getLogger("sc_core.journal")
+
+T = TypeVar("T")
+
+#: The keyword under which a call's id reaches a worker (taken out before the method runs).
+CALL_ID_KWARG = "_sc_call_id"
+#: The attribute of a worker instance that holds its journal.
+JOURNAL_ATTR = "_sc_journal"
+#: How many scopes (steps) of outcomes a worker keeps: the newest seen and the one before.
+KEEP_SCOPES = 2
+#: How often an async call polls for the outcome of its running original (seconds, at most).
+_ASYNC_POLL_S = 0.02
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One call in the journal: running until ``done`` (or ``abandoned``)."""
+
+    done: bool = False
+    abandoned: bool = False
+    ok: bool = False
+    value: Any = None
+    error: BaseException | None = None
+    traceback: TracebackType | None = field(default=None, repr=False)
+
+
+def _rank_text(worker: object) -> str:
+    rank = getattr(worker, "_rank", None)
+    return f"rank {rank}" if isinstance(rank, int) else "rank ?"
+
+
+class Journal:
+    """The calls one worker instance ran, by ``(scope, key)`` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.newest_epoch = 0
+        self.newest_scope = 0
+        self._entries: dict[tuple[int, str], _Entry] = {}
+        self._last: dict[str, CallRecord] = {}
+
+    def claim(self, worker: object, method: str, call_id: CallId) -> tuple[_Entry, bool]:
+        """The entry of ``call_id`` and whether the caller owns it (runs the method), after
+        fencing and dropping old scopes."""
+        with self._cond:
+            if call_id.epoch < self.newest_epoch:
+                raise StaleDriverError(
+                    f"{type(worker).__qualname__}.{method} ({_rank_text(worker)}): call "
+                    f"{call_id.key!r} of step {call_id.scope} comes from driver epoch "
+                    f"{call_id.epoch}, but epoch {self.newest_epoch} was seen: a newer driver "
+                    "re-attached to this run"
+                )
+            self.newest_epoch = call_id.epoch
+            if call_id.scope > self.newest_scope:
+                self.newest_scope = call_id.scope
+                oldest = call_id.scope - (KEEP_SCOPES - 1)
+                for key in [k for k in self._entries if k[0] < oldest]:
+                    del self._entries[key]
+            key = (call_id.scope, call_id.key)
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry, False
+            entry = self._entries[key] = _Entry()
+            return entry, True
+
+    def finish(
+        self,
+        method: str,
+        call_id: CallId,
+        entry: _Entry,
+        value: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Store the outcome of an owned entry and wake its waiters."""
+        with self._cond:
+            entry.ok = error is None
+            entry.value = value
+            entry.error = error
+            entry.traceback = None if error is None else error.__traceback__
+            entry.done = True
+            self._last[method] = CallRecord(call_id.epoch, call_id.scope, call_id.key, entry.ok)
+            self._cond.notify_all()
+
+    def abandon(self, call_id: CallId, entry: _Entry) -> None:
+        """Forget an owned entry whose method ended without an outcome to store."""
+        with self._cond:
+            key = (call_id.scope, call_id.key)
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+            entry.abandoned = True
+            self._cond.notify_all()
+
+    def wait(self, entry: _Entry) -> None:
+        """Block until ``entry`` is done or abandoned."""
+        with self._cond:
+            while not (entry.done or entry.abandoned):
+                self._cond.wait()
+
+    def last_calls(self) -> dict[str, CallRecord]:
+        """Per method, the last call completed (a copy)."""
+        with self._cond:
+            return dict(self._last)
+
+
+_create_lock = threading.Lock()
+
+
+def journal_of(worker: object) -> Journal:
+    """``worker``'s journal, made on first use."""
+    attributes: dict[str, Any] = worker.__dict__
+    journal = attributes.get(JOURNAL_ATTR)
+    if journal is None:
+        with _create_lock:
+            journal = attributes.setdefault(JOURNAL_ATTR, Journal())
+    if not isinstance(journal, Journal):
+        raise ConfigTypeError(
+            f"{type(worker).__qualname__}: attribute {JOURNAL_ATTR!r} is reserved for sc's "
+            f"call journal, got {type(journal).__qualname__}"
+        )
+    return journal
+
+
+def last_calls(worker: object) -> dict[str, CallRecord]:
+    """Per method, the last call ``worker`` completed with an id (empty without any)."""
+    journal = getattr(worker, "__dict__", {}).get(JOURNAL_ATTR)
+    return journal.last_calls() if isinstance(journal, Journal) else {}
+
+
+#: A fused worker's entry point: the method it runs is named by its first argument.
+_FUSED_ENTRY = "_fuw_execute"
+
+
+def _method_label(method_name: str, args: tuple[Any, ...]) -> str:
+    if method_name == _FUSED_ENTRY and args and isinstance(args[0], str):
+        return args[0]
+    return method_name
+
+
+def _split(
+    worker: object, method_name: str, kwargs: dict[str, Any]
+) -> tuple[CallId | None, dict[str, Any]]:
+    if CALL_ID_KWARG not in kwargs:
+        return None, kwargs
+    rest = dict(kwargs)
+    call_id = rest.pop(CALL_ID_KWARG)
+    if not isinstance(call_id, CallId):
+        raise ConfigTypeError(
+            f"{type(worker).__qualname__}.{method_name} ({_rank_text(worker)}): keyword "
+            f"{CALL_ID_KWARG!r} is reserved for a sc_core.CallId, got "
+            f"{type(call_id).__qualname__} {call_id!r}"
+        )
+    return call_id, rest
+
+
+def _outcome(entry: _Entry) -> Any:
+    if entry.error is not None:
+        raise entry.error.with_traceback(entry.traceback)
+    return entry.value
+
+
+def run_journaled(
+    worker: object,
+    method_name: str,
+    kwargs: dict[str, Any],
+    run: Callable[[dict[str, Any]], T],
+    args: tuple[Any, ...] = (),
+) -> T:
+    """``run(kwargs)`` exactly once per call id (see the module docstring), ``kwargs``
+    without the id (``kwargs`` itself is not changed). ``args`` (the positional arguments)
+    only name the method a fused worker's ``_fuw_execute`` runs, in records and errors."""
+    call_id, rest = _split(worker, method_name, kwargs)
+    if call_id is None:
+        return run(rest)
+    method_name = _method_label(method_name, args)
+    journal = journal_of(worker)
+    while True:
+        entry, owner = journal.claim(worker, method_name, call_id)
+        if owner:
+            break
+        journal.wait(entry)
+        if entry.done:
+            logger.debug("%s: %s answered from the journal", method_name, call_id)
+            return cast(T, _outcome(entry))
+    try:
+        value = run(rest)
+    except Exception as exc:
+        journal.finish(method_name, call_id, entry, error=exc)
+        raise
+    except BaseException:
+        journal.abandon(call_id, entry)
+        raise
+    journal.finish(method_name, call_id, entry, value=value)
+    return value
+
+
+async def run_journaled_async(
+    worker: object,
+    method_name: str,
+    kwargs: dict[str, Any],
+    run: Callable[[dict[str, Any]], Awaitable[T]],
+    args: tuple[Any, ...] = (),
+) -> T:
+    """:func:`run_journaled` for an async actor: ``await run(kwargs)`` exactly once per call
+    id; a duplicate of a running call polls (``asyncio.sleep``) without blocking the loop."""
+    call_id, rest = _split(worker, method_name, kwargs)
+    if call_id is None:
+        return await run(rest)
+    method_name = _method_label(method_name, args)
+    journal = journal_of(worker)
+    while True:
+        entry, owner = journal.claim(worker, method_name, call_id)
+        if owner:
+            break
+        delay = 0.001
+        while not (entry.done or entry.abandoned):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _ASYNC_POLL_S)
+        if entry.done:
+            logger.debug("%s: %s answered from the journal", method_name, call_id)
+            return cast(T, _outcome(entry))
+    try:
+        value = await run(rest)
+    except Exception as exc:
+        journal.finish(method_name, call_id, entry, error=exc)
+        raise
+    except BaseException:  # cancelled, interrupted: no outcome to keep
+        journal.abandon(call_id, entry)
+        raise
+    journal.finish(method_name, call_id, entry, value=value)
+    return value
