@@ -189,6 +189,35 @@ def test_outcomes_older_than_the_previous_step_are_dropped(wg: LocalWorkerGroup[
     assert _ran(wg, "step") == [4, 4]
 
 
+def test_a_driver_that_retains_an_older_scope_gets_it_replayed(
+    wg: LocalWorkerGroup[Any],
+) -> None:
+    """A call launched in scope 1 and taken in scope 4 (a prefetched generation): with
+    ``retain_from(1)`` the workers keep it, and a new driver replaying it gets the stored
+    outcome; once the driver moves ``retain_from`` past it, it is dropped."""
+    ids = _driver(wg, 0, 1)
+    ids.retain_from(1)
+    launched = wg.step(7)
+    for scope in (2, 3, 4):
+        ids.begin(scope)
+        wg.step(scope)
+    assert wg.step(1)
+    assert ids.keep_from == 1
+    replay = _driver(wg, 1, 4)
+    replay.retain_from(1)
+    with replay.scope(1):
+        assert wg.step(7) == launched  # answered from the journal, three scopes later
+    assert _ran(wg, "step") == [5, 5]
+    replay.retain_from(4)
+    wg.step(4)  # keep_from 4 reaches the workers: scopes 1 to 3 are dropped
+    with replay.scope(1):
+        wg.step(7)  # a replay of scope 1 now runs again
+    assert _ran(wg, "step") == [6, 6]
+    replay.retain_from(None)
+    assert replay.keep_from is None
+    assert CallId(0, 3, "m#0", keep_from=1).unit(2) == CallId(0, 3, "m#0/u2", keep_from=1)
+
+
 def test_last_calls_per_rank(wg: LocalWorkerGroup[Any]) -> None:
     assert wg.last_calls() == [{}, {}]  # no call with an id yet
     _driver(wg, 3, 7)
@@ -313,6 +342,8 @@ def test_ids_are_unique_within_a_scope(calls: list[tuple[str, str]], scope: int)
         (lambda: CallId(0, -2, "k"), InvalidConfigError, "scope"),
         (lambda: CallId(0, 0, ""), InvalidConfigError, "key must be a non-empty str"),
         (lambda: CallId(0, 0, 3), ConfigTypeError, "key"),  # type: ignore[arg-type]
+        (lambda: CallId(0, 0, "k", keep_from=-1), InvalidConfigError, "keep_from"),
+        (lambda: CallIds().retain_from(-3), InvalidConfigError, "CallIds.retain_from"),
         (lambda: CallIds(epoch=-1), InvalidConfigError, "CallIds: epoch"),
         (lambda: CallIds(epoch="1"), ConfigTypeError, "CallIds: epoch"),  # type: ignore[arg-type]
         (lambda: CallIds().begin(-1), InvalidConfigError, "CallIds.begin: scope"),

@@ -45,20 +45,25 @@ class CallId:
     """The id of one call: ``epoch`` the driver generation (a re-attached driver has a
     higher one), ``scope`` the step it belongs to, ``key`` the call within the step
     (``"update_actor#0"``). A worker keys what it ran by ``(scope, key)``: the same call
-    replayed by a newer driver has the same scope and key."""
+    replayed by a newer driver has the same scope and key. ``keep_from``: the oldest scope
+    whose outcomes the driver may still replay (the worker drops older ones); ``None``: the
+    worker keeps the newest scope it saw and the one before."""
 
     epoch: int
     scope: int
     key: str
+    keep_from: int | None = None
 
     def __post_init__(self) -> None:
         check_count("CallId", "epoch", self.epoch)
         check_count("CallId", "scope", self.scope)
         _check_name("CallId", "key", self.key)
+        if self.keep_from is not None:
+            check_count("CallId", "keep_from", self.keep_from)
 
     def unit(self, index: int) -> CallId:
         """The id of unit ``index`` of this call (a free unit of a load-balanced call)."""
-        return CallId(self.epoch, self.scope, f"{self.key}/u{index}")
+        return CallId(self.epoch, self.scope, f"{self.key}/u{index}", self.keep_from)
 
 
 @dataclass(frozen=True)
@@ -86,12 +91,15 @@ class CallIds:
     is shared by every thread using the allocator.
 
     Counters of scopes older than the previous one are dropped on :meth:`begin` (the
-    workers keep no older outcomes either).
+    workers keep no older outcomes either). A driver that may replay older scopes (a call
+    launched in one step and taken in a later one) says so with :meth:`retain_from`: the
+    ids then carry that scope as ``keep_from``, and workers keep every outcome from it on.
     """
 
     def __init__(self, epoch: int = 0) -> None:
         self._epoch = check_count("CallIds", "epoch", epoch)
         self._scope = 0
+        self._keep_from: int | None = None
         self._counts: dict[tuple[int, str, str], int] = {}
         self._lock = threading.Lock()
 
@@ -110,9 +118,23 @@ class CallIds:
         check_count("CallIds.begin", "scope", scope)
         with self._lock:
             self._scope = scope
-            stale = [k for k in self._counts if k[0] < scope - 1]
+            oldest = scope - 1 if self._keep_from is None else min(scope - 1, self._keep_from)
+            stale = [k for k in self._counts if k[0] < oldest]
             for k in stale:
                 del self._counts[k]
+
+    @property
+    def keep_from(self) -> int | None:
+        """The oldest scope the workers keep outcomes of (``None``: the default two)."""
+        return self._keep_from
+
+    def retain_from(self, scope: int | None) -> None:
+        """From now on, ids tell the workers to keep the outcomes of ``scope`` and every
+        later one, and drop older ones (``None``: back to the newest two scopes)."""
+        if scope is not None:
+            check_count("CallIds.retain_from", "scope", scope)
+        with self._lock:
+            self._keep_from = scope
 
     @contextlib.contextmanager
     def scope(self, scope: int) -> Iterator[None]:
@@ -136,7 +158,8 @@ class CallIds:
             counter = (scope, group, method)
             n = self._counts.get(counter, 0)
             self._counts[counter] = n + 1
-        return CallId(self._epoch, scope, f"{method}#{n}")
+            keep_from = self._keep_from
+        return CallId(self._epoch, scope, f"{method}#{n}", keep_from)
 
     def __repr__(self) -> str:
         return f"CallIds(epoch={self._epoch}, current_scope={self._scope})"

@@ -12,7 +12,8 @@ out of the keyword arguments and, per worker instance (``worker.__dict__["_sc_jo
   the exception raised again), waits for one still running and answers with its outcome,
   and otherwise runs it and stores the outcome (a ``BaseException`` that is not an
   ``Exception``, such as ``KeyboardInterrupt``, is not stored: the call may run again);
-* keeps the outcomes of the newest scope seen and the one before (:data:`KEEP_SCOPES`);
+* keeps the outcomes of the newest scope seen and the one before (:data:`KEEP_SCOPES`), or,
+  when the call says so (``CallId.keep_from``), of every scope from that one on;
 * remembers, per method, the last call it completed (:class:`~sc_core.CallRecord`).
 
 A call without an id runs as it is, at the cost of one dictionary lookup.
@@ -80,6 +81,8 @@ class Journal:
         self._cond = threading.Condition()
         self.newest_epoch = 0
         self.newest_scope = 0
+        #: the oldest scope the driver said it may replay (``CallId.keep_from``)
+        self.keep_from = 0
         self._entries: dict[tuple[int, str], _Entry] = {}
         self._last: dict[str, CallRecord] = {}
 
@@ -95,9 +98,14 @@ class Journal:
                     "re-attached to this run"
                 )
             self.newest_epoch = call_id.epoch
-            if call_id.scope > self.newest_scope:
-                self.newest_scope = call_id.scope
+            oldest: int | None = None
+            if call_id.keep_from is not None:
+                if call_id.keep_from > self.keep_from:  # the driver's word, when it gives one
+                    self.keep_from = oldest = call_id.keep_from
+            elif call_id.scope > self.newest_scope:
                 oldest = call_id.scope - (KEEP_SCOPES - 1)
+            self.newest_scope = max(self.newest_scope, call_id.scope)
+            if oldest is not None:
                 for key in [k for k in self._entries if k[0] < oldest]:
                     del self._entries[key]
             key = (call_id.scope, call_id.key)
