@@ -4,7 +4,8 @@ verl's Ray layer under the same names: :class:`RayResourcePool` (one placement g
 node, ordered by node IP), :class:`RayClassWithInitArgs`, :class:`RayWorkerGroup`,
 :class:`ResourcePoolManager` (sc-core's manager building Ray pools, also named
 :class:`RayResourcePoolManager`), colocated and fused worker classes (the raw fused class to
-subclass too), split and merge of pools, :func:`parallel_put`.
+subclass too), split and merge of pools, :func:`parallel_put`, and runs that outlive their driver
+(:class:`RayRun`, :func:`teardown_run`).
 Ray's loosely typed API is confined to one private module; importing ``sc_ray`` does not
 import torch or sc-protocol (they are imported when a DataProto is handled).
 """
@@ -23,13 +24,21 @@ from ._errors import (
     InsufficientResourcesError,
     PlacementTimeoutError,
     RayResourcePoolError,
+    RunExistsError,
+    RunIdError,
+    RunInUseError,
+    RunMismatchError,
     ScRayError,
+    UnknownRunError,
     WorkerEnvError,
 )
 from ._futures import RayFuture
 from ._pool_manager import RayResourcePoolManager
 from ._put import parallel_put
 from ._resource_pool import PLACEMENT_TIMEOUT_ENV, RayResourcePool, sort_placement_group_by_node_ip
+from ._run import RayRun
+from ._run_names import run_namespace
+from ._run_teardown import RunInfo, teardown_run
 from ._settings import SETTINGS
 from ._sub_pool import SubRayResourcePool, merge_resource_pool, split_resource_pool
 from ._worker_group import RESERVED_ENV_VARS, RayWorkerGroup
@@ -52,11 +61,18 @@ __all__ = [
     "RayResourcePool",
     "RayResourcePoolError",
     "RayResourcePoolManager",
+    "RayRun",
     "RayWorkerGroup",
     "ResourcePoolManager",
+    "RunExistsError",
+    "RunIdError",
+    "RunInUseError",
+    "RunInfo",
+    "RunMismatchError",
     "SETTINGS",
     "ScRayError",
     "SubRayResourcePool",
+    "UnknownRunError",
     "WorkerEnvError",
     "__version__",
     "create_colocated_worker_cls",
@@ -64,8 +80,10 @@ __all__ = [
     "create_colocated_worker_raw_cls",
     "merge_resource_pool",
     "parallel_put",
+    "run_namespace",
     "sort_placement_group_by_node_ip",
     "split_resource_pool",
+    "teardown_run",
 ]
 
 _public.publish(globals())

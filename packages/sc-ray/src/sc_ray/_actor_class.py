@@ -16,7 +16,9 @@
 * ``_sc_call(name, ...)``, the same for any other method (verl's ``execute_all_async`` may
   name one that is not registered);
 * ``_sc_call_with_meta(name, ...)``, the same returning ``(row_count, value)``, so that a
-  non-blocking call of a splitting mode knows its shards' row counts without fetching them.
+  non-blocking call of a splitting mode knows its shards' row counts without fetching them;
+* ``_sc_fingerprint()``, the worker's code and configuration as recorded when its
+  constructor ran (``_fingerprint.py``), which a driver re-attaching to a run compares.
 
 Every entry point first fires a fault armed for its method by ``WorkerGroup.inject_fault``.
 
@@ -36,12 +38,14 @@ from sc_core import WorkerError
 from sc_core.backend import run_journaled, run_journaled_async, take_fault
 from sc_dispatch.ext import get_register_attrs
 
+from ._fingerprint import Fingerprint, fingerprint
 from ._futures import row_meta
 from ._wire import ensure_tensordict_wire, is_tensordict
 
 __all__ = [
     "CALL_METHOD",
     "ENV_KWARG",
+    "FINGERPRINT_METHOD",
     "META_METHOD",
     "STANDBY_KWARG",
     "TAKE_OVER_METHOD",
@@ -55,6 +59,9 @@ META_METHOD = "_sc_call_with_meta"
 ENV_KWARG = "_sc_env"
 STANDBY_KWARG = "_sc_standby"
 TAKE_OVER_METHOD = "_sc_take_over"
+FINGERPRINT_METHOD = "_sc_fingerprint"
+#: The instance attribute holding the fingerprint recorded at construction.
+_FINGERPRINT_ATTR = "_sc_fingerprint_recorded"
 TWIN_PREFIX = "_sc_m_"
 #: The attribute of an actor class listing the methods that have twins.
 TWINS_ATTR = "_sc_twinned_methods"
@@ -192,8 +199,12 @@ def actor_class(cls: type) -> type:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.pop(STANDBY_KWARG, False):
-            return  # a hot standby: the worker is built by _sc_take_over
+            # a hot standby: the worker is built by _sc_take_over
+            self.__dict__[_FINGERPRINT_ATTR] = fingerprint(cls, None, None)
+            return
         env = kwargs.pop(ENV_KWARG, None)
+        # before the constructor runs: it may change its arguments in place
+        self.__dict__[_FINGERPRINT_ATTR] = fingerprint(cls, args, kwargs)
         if env:
             os.environ.update(env)
         cast(Any, cls).__init__(self, *args, **kwargs)
@@ -202,13 +213,18 @@ def actor_class(cls: type) -> type:
         self: Any, env: Mapping[str, str], args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> None:
         os.environ.update(env)
+        self.__dict__[_FINGERPRINT_ATTR] = fingerprint(cls, args, kwargs)
         try:
             cast(Any, cls).__init__(self, *args, **kwargs)
         except Exception as exc:
             raise _worker_error(self, "__init__", exc) from exc
 
+    def _sc_fingerprint(self: Any) -> Fingerprint:
+        return cast(Fingerprint, self.__dict__.get(_FINGERPRINT_ATTR) or {})
+
     namespace.update(
         {
+            FINGERPRINT_METHOD: _sc_fingerprint,
             CALL_METHOD: call,
             META_METHOD: meta,
             TAKE_OVER_METHOD: _sc_take_over,

@@ -17,7 +17,9 @@ from typing import Any
 import sc_core
 from sc_core import ClassWithInitArgs, ColocationError, Worker
 
+from . import _ray_api as rapi
 from ._class_with_init import RayClassWithInitArgs, merge_options
+from ._fingerprint import ROLE_INITS_ATTR
 
 __all__ = [
     "create_colocated_worker_cls",
@@ -51,6 +53,19 @@ def _merged_options(
     return options, resources
 
 
+def _record_roles(cls: object, class_dict: Mapping[str, ClassWithInitArgs[Any]]) -> None:
+    """Record each role's class and arguments on the colocated class, for its workers'
+    fingerprints (``_fingerprint.py``), which a driver re-attaching to a run compares."""
+    setattr(
+        cls,
+        ROLE_INITS_ATTR,
+        {
+            role: (rapi.unwrap_remote_class(cia.cls), tuple(cia.args), dict(cia.kwargs))
+            for role, cia in class_dict.items()
+        },
+    )
+
+
 def _wrapped(
     cls: Callable[..., Worker], options: dict[str, Any], resources: dict[str, float]
 ) -> RayClassWithInitArgs:
@@ -69,6 +84,7 @@ def create_colocated_worker_cls(
     :class:`RayWorkerGroup` and call :meth:`~sc_core.WorkerGroup.spawn` for one group per
     role. The roles' Ray options are merged (``runtime_env`` key by key)."""
     worker_dict_cls = sc_core.create_colocated_worker_cls(class_dict).cls
+    _record_roles(worker_dict_cls, class_dict)
     options, resources = _merged_options(class_dict, "create_colocated_worker_cls")
     return _wrapped(worker_dict_cls, options, resources)
 
@@ -86,6 +102,7 @@ def create_colocated_worker_raw_cls(
     :func:`create_colocated_worker_cls_fused`, which merges them.
     """
     cls = sc_core.create_colocated_worker_raw_cls(class_dict)
+    _record_roles(cls, class_dict)
     for role, cia in class_dict.items():
         if isinstance(cia, RayClassWithInitArgs) and (cia._options or cia._additional_resource):
             logger.warning(
@@ -110,6 +127,7 @@ def create_colocated_worker_cls_fused(
     (``wg.actor.update(...)``); calls reach a role through ``_fuw_execute``. Role methods may
     be ``async def`` (the actor then runs them on its event loop)."""
     fused_cls = sc_core.create_colocated_worker_cls_fused(class_dict).cls
+    _record_roles(fused_cls, class_dict)
     options, resources = _merged_options(class_dict, "create_colocated_worker_cls_fused")
     out = _wrapped(fused_cls, options, resources)
     out.fused_worker_used = True

@@ -20,8 +20,21 @@ class subclasses :class:`ScRayError` and exactly one builtin exception, the one 
     ├── WorkerEnvError (ValueError)                a user ``worker_env`` / ``runtime_env`` that
     │                                              sets a variable the worker group owns
     │                                              (WORLD_SIZE, RANK, MASTER_ADDR, ...)
-    └── DetachedWorkerError (LookupError)          ``from_detached`` names an actor that does
-                                                   not exist
+    ├── DetachedWorkerError (LookupError)          ``from_detached`` names an actor that does
+    │                                              not exist
+    ├── UnknownRunError (KeyError)                 ``RayRun.attach`` / ``teardown_run`` name a
+    │                                              run the cluster does not hold
+    ├── RunInUseError (RuntimeError)               another driver holds the run's lease (its
+    │                                              heartbeat is fresh and its job alive), or
+    │                                              this driver lost the lease (fenced by epoch)
+    ├── RunMismatchError (ValueError)              a re-attaching driver asks for a pool or
+    │                                              group that differs from the run's: its spec,
+    │                                              its workers' code or configuration
+    ├── RunIdError (ValueError)                    a run id that is not
+    │                                              ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``, or a
+    │                                              driver not connected in the run's namespace
+    └── RunExistsError (ValueError)                ``RayRun.create`` for a run id the cluster
+                                                   already holds
 
 ``RayResourcePoolError`` also subclasses sc-core's ``ResourcePoolError`` (a ``ValueError`` as
 well), so ``except sc_core.ResourcePoolError`` catches bad pools of either package. An
@@ -38,7 +51,12 @@ __all__ = [
     "InsufficientResourcesError",
     "PlacementTimeoutError",
     "RayResourcePoolError",
+    "RunExistsError",
+    "RunIdError",
+    "RunInUseError",
+    "RunMismatchError",
     "ScRayError",
+    "UnknownRunError",
     "WorkerEnvError",
 ]
 
@@ -65,3 +83,26 @@ class WorkerEnvError(ScRayError, ValueError):
 
 class DetachedWorkerError(ScRayError, LookupError):
     """A detached worker that ``from_detached`` cannot find."""
+
+
+class UnknownRunError(ScRayError, KeyError):
+    """A run id the cluster holds nothing of."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class RunInUseError(ScRayError, RuntimeError):
+    """A run whose lease another (live) driver holds, or a driver fenced out of its run."""
+
+
+class RunMismatchError(ScRayError, ValueError):
+    """A re-attaching driver's pool, group, code or configuration differs from the run's."""
+
+
+class RunIdError(ScRayError, ValueError):
+    """A malformed run id, or a driver not connected to Ray in the run's namespace."""
+
+
+class RunExistsError(ScRayError, ValueError):
+    """``RayRun.create`` for a run that already exists."""

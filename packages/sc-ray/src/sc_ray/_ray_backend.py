@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sc_core import CallTimeoutError, WorkerDiedError, WorkerError, WorkerGroupError
@@ -94,6 +94,16 @@ class RayBackend:
         self._closed = False
         #: the group's spare actors (``RayWorkerGroup(standby=N)``), if any
         self.standby: Standby | None = None
+        #: called after every replacement with the names of all ranks' actors, the new
+        #: rendezvous address and port, and the generation (a run records them)
+        self.on_replaced: Callable[[list[str], str, str, int], None] | None = None
+
+    def resume(self, launch: LaunchSpec, generation: int) -> None:
+        """Let a group rebuilt over live actors (a run's re-attach) replace ranks as the
+        group that created them would: on ``launch``'s pool, numbering from ``generation``."""
+        self._launch = launch
+        self._generation = generation
+        self.release_attached_pgs = False
 
     # --- start -----------------------------------------------------------------------------
 
@@ -285,6 +295,8 @@ class RayBackend:
         for rank in ranks:
             self.workers[rank] = created[rank]
             self._names[rank] = names[rank]
+        if self.on_replaced is not None:
+            self.on_replaced(list(self._names), addr, port, self._generation)
         return ReplacedWorkers(dict(created), addr, port)
 
     def close(self) -> None:

@@ -270,6 +270,60 @@ class RayWorkerGroup(WorkerGroup[W]):
             **kwargs,
         )
 
+    @classmethod
+    def _sc_reattach(
+        cls,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs[W],
+        name_prefix: str,
+        workers: Sequence[rapi.ActorHandle | None],
+        worker_names: Sequence[str],
+        master: tuple[str | None, str | None],
+        generation: int,
+        **kwargs: Any,
+    ) -> RayWorkerGroup[W]:
+        """A group over a run's live actors (``_run.py``): no actor is created or
+        re-initialised, the ranks whose actor is ``None`` are marked dead, and
+        :meth:`replace_ranks` starts new (detached) actors on ``resource_pool`` as the group
+        that created the run's actors would. ``kwargs`` are the constructor's."""
+        standby = kwargs.pop("standby", 0)
+        handles = [
+            w if w is not None else rapi.gone_actor(n)
+            for w, n in zip(workers, worker_names, strict=True)
+        ]
+        group = cls(
+            resource_pool=None,
+            ray_cls_with_init=ray_cls_with_init,
+            name_prefix=name_prefix,
+            detached=True,
+            worker_names=worker_names,
+            worker_handles=handles,
+            **kwargs,
+        )
+        spec = LaunchSpec(
+            resource_pool,
+            ray_cls_with_init,
+            actor_class(ray_cls_with_init.worker_cls),
+            name_prefix=group.name_prefix,
+            worker_env=group._worker_env,
+            master_addr=kwargs.get("master_addr"),
+            master_port=kwargs.get("master_port"),
+            detached=True,
+        )
+        group._launch = spec
+        group._ray.resume(spec, generation)
+        group.sub_cls_name = ray_cls_with_init.worker_cls.__name__
+        group._master_addr, group._master_port = master
+        resource_pool._sc_acquire()
+        group._sc_runtime.pool = resource_pool
+        dead = [rank for rank, worker in enumerate(workers) if worker is None]
+        if dead:
+            group._mark_workers_dead(dead, "its actor was dead when the driver re-attached")
+        if standby:
+            group._standby = Standby(spec, standby, group._workers)
+            group._ray.standby = group._standby
+        return group
+
     # --- verl's accessors ----------------------------------------------------------------
 
     @property

@@ -5,7 +5,8 @@ calls Ray only through the typed functions of this package, so an untyped value 
 out of it. Handles are opaque: :class:`ObjectRef`, :class:`ActorHandle`, :class:`PlacementGroup`
 and :class:`RemoteClass` are, for the type checker, classes with no public attributes; at run
 time they are Ray's own objects. One module per subject: ``_cluster``, ``_placement``,
-``_actors``, ``_objects``; ``_base`` holds Ray itself as ``Any`` and the handle types.
+``_actors``, ``_objects``, ``_runs`` (what runs need); ``_base`` holds Ray itself as ``Any``
+and the handle types.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ._actors import (
     call_in_actor,
     create_actor,
     get_actor,
+    gone_actor,
     is_actor_handle,
     is_remote_class,
     kill,
@@ -81,6 +83,18 @@ from ._placement import (
     remove_placement_group,
     wait_placement_group,
 )
+from ._runs import (
+    current_actor,
+    current_job_id,
+    current_namespace,
+    job_is_dead,
+    kill_named,
+    named_actors,
+    namespaces_with_actor,
+    placement_group_by_id,
+    placement_groups_named,
+    process_id,
+)
 
 __all__ = [
     "ActorHandle",
@@ -106,12 +120,16 @@ __all__ = [
     "cluster_resources",
     "create_actor",
     "create_placement_group",
+    "current_actor",
+    "current_job_id",
+    "current_namespace",
     "current_node_id",
     "disable_uv_run_propagation",
     "find_free_port",
     "get",
     "get_actor",
     "get_placement_group",
+    "gone_actor",
     "gpu_ids",
     "init_local",
     "is_actor_handle",
@@ -120,18 +138,25 @@ __all__ = [
     "is_object_ref",
     "is_ready",
     "is_remote_class",
+    "job_is_dead",
     "kill",
+    "kill_named",
     "list_nodes",
     "monotonic",
+    "named_actors",
+    "namespaces_with_actor",
     "node_affinity",
     "node_ip_address",
     "placement_group_bundle_nodes",
     "placement_group_bundles",
+    "placement_group_by_id",
     "placement_group_id",
     "placement_group_name",
     "placement_group_state",
     "placement_group_states",
+    "placement_groups_named",
     "placement_strategy",
+    "process_id",
     "put",
     "ready_ref",
     "register_serializer",

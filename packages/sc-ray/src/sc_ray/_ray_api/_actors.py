@@ -58,6 +58,22 @@ def kill(actor: ActorHandle) -> None:
         ray.kill(actor, no_restart=True)
 
 
+class _GoneActor:
+    """Stands, in a group's rank list, for an actor found dead (a run's re-attach):
+    reported ``DEAD``, killing it does nothing, and it takes no calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<dead actor {self.name!r}>"
+
+
+def gone_actor(name: str) -> ActorHandle:
+    """A stand-in for the dead actor ``name`` (see :class:`_GoneActor`)."""
+    return cast("ActorHandle", _GoneActor(name))
+
+
 def actor_id(actor: ActorHandle) -> str:
     """The hex id of an actor."""
     return str(cast(Any, actor)._actor_id.hex())
@@ -149,6 +165,8 @@ def call_in_actor(
 
 def actor_state(actor: ActorHandle) -> str:
     """``ALIVE``, ``PENDING_CREATION``, ``RESTARTING``, ``DEAD`` (or ``UNKNOWN``)."""
+    if isinstance(actor, _GoneActor):
+        return "DEAD"
     try:
         raw = cast("dict[str, Any]", _state.actors(actor_id=actor_id(actor)))
     except Exception:

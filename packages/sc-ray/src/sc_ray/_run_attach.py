@@ -1,0 +1,114 @@
+"""A driver re-attaching to a run's worker group (``_run.py``): the recorded actors found by
+name, dead ones marked dead, and the live ones' code and configuration checked against what
+this driver would create (``_fingerprint.py``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from . import _ray_api as rapi
+from ._actor_class import FINGERPRINT_METHOD
+from ._class_with_init import RayClassWithInitArgs
+from ._errors import RunMismatchError
+from ._fingerprint import Fingerprint, fingerprint, fingerprint_differences
+from ._resource_pool import RayResourcePool
+from ._worker_group import RayWorkerGroup
+
+__all__ = ["expected_fingerprint", "qualname", "reattach_group"]
+
+logger = logging.getLogger("sc_ray.runs")
+
+#: How long a driver waits for a worker's fingerprint (seconds).
+FINGERPRINT_TIMEOUT_S = 30.0
+#: How long a driver waits for the previous driver's spares to die (seconds).
+SPARE_STOP_S = 10.0
+
+
+def qualname(cia: RayClassWithInitArgs[Any]) -> str:
+    """The worker class of ``cia`` as ``module.QualName``."""
+    cls = cia.worker_cls
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def expected_fingerprint(cia: RayClassWithInitArgs[Any]) -> Fingerprint:
+    """The fingerprint a new worker of ``cia`` would record (``_fingerprint.py``)."""
+    return fingerprint(cia.worker_cls, cia.args, cia.kwargs)
+
+
+def _stop_spares(where: str, names: list[str]) -> None:
+    """Kill the previous driver's spare actors (``standby=N``) and wait until they are dead,
+    so that a new standby can take their names."""
+    spares = [a for a in (_live_actor(n) for n in names) if a is not None]
+    for spare in spares:
+        rapi.kill(spare)
+    deadline = rapi.monotonic() + SPARE_STOP_S
+    for spare in spares:
+        while rapi.actor_state(spare) != "DEAD" and rapi.monotonic() < deadline:
+            time.sleep(0.05)
+    if spares:
+        logger.info("%s: stopped the previous driver's spares %s", where, names)
+
+
+def _live_actor(name: str) -> rapi.ActorHandle | None:
+    try:
+        actor = rapi.get_actor(name)
+    except ValueError:
+        return None
+    return None if rapi.actor_state(actor) == "DEAD" else actor
+
+
+def reattach_group(
+    where: str,
+    recorded: dict[str, Any],
+    pool_name: str,
+    pool: RayResourcePool,
+    cia: RayClassWithInitArgs[Any],
+    kwargs: dict[str, Any],
+) -> RayWorkerGroup[Any]:
+    """The recorded group over its live actors: ranks whose actor is dead are marked dead
+    (the driver replaces them); every live worker's code and configuration must match what
+    this driver would create (:class:`RunMismatchError`); the previous driver's spares are
+    stopped (``standby=N`` in ``kwargs`` starts new ones)."""
+    if recorded["pool"] != pool_name:
+        raise RunMismatchError(
+            f"{where}: the run placed it in pool {recorded['pool']!r}, this driver "
+            f"asks pool {pool_name!r}"
+        )
+    if recorded["cls"] != qualname(cia):
+        raise RunMismatchError(
+            f"{where}: the run's workers run {recorded['cls']}, this driver asks {qualname(cia)}"
+        )
+    names: list[str] = list(recorded["workers"])
+    workers = [_live_actor(n) for n in names]
+    expected = expected_fingerprint(cia)
+    refs = {
+        rank: rapi.call_actor(w, FINGERPRINT_METHOD, (), {})
+        for rank, w in enumerate(workers)
+        if w is not None
+    }
+    for rank, ref in refs.items():
+        try:
+            theirs: Fingerprint = rapi.get([ref], timeout_s=FINGERPRINT_TIMEOUT_S)[0]
+        except Exception as exc:  # it died meanwhile: a dead rank, replaced later
+            logger.warning("%s rank %d: no fingerprint (%s); taken as dead", where, rank, exc)
+            workers[rank] = None
+            continue
+        diffs = fingerprint_differences(theirs, expected)
+        if diffs:
+            raise RunMismatchError(f"{where} rank {rank}: " + "; ".join(diffs))
+    _stop_spares(where, recorded.get("spares", []))
+    dead = [r for r, w in enumerate(workers) if w is None]
+    if dead:
+        logger.warning("%s: ranks %s are dead; replace them (replace_ranks)", where, dead)
+    return RayWorkerGroup._sc_reattach(
+        pool,
+        cia,
+        recorded["name_prefix"],
+        workers,
+        names,
+        (recorded.get("master_addr"), recorded.get("master_port")),
+        int(recorded.get("generation", 0)),
+        **kwargs,
+    )
