@@ -16,12 +16,19 @@ Agents (``sc-demo --task tool-calc``): :class:`AgentRollout` makes each step's b
 multi-turn agent sessions (an :class:`AgentEnvironment`, such as :class:`ToolCalcTask`) on the
 rollout servers with :class:`sc_rollout.AgentLoop`; :func:`build_agent_batch` lays the
 sessions out as rows whose ``response_mask`` leaves the tool tokens out of the loss.
+
+Detached runs (``sc-demo --run-id ID --address ADDR``, :class:`RunConfig`): the workers live
+on a standing Ray cluster under names derived from the run id and outlive the driver; a new
+driver re-attaches (:class:`DetachedRayLauncher`, :class:`RunSession`) and replays the step
+in flight exactly once from the run state written at each step boundary (:class:`RunState`).
 """
 
 from ._agent_batch import agent_token_scores, build_agent_batch
 from ._agent_rollout import AgentEnvironment, AgentRollout
 from ._balance import balanced_order, shard_token_sums
 from ._config import ALGORITHMS, BACKENDS, DEVICES, Algorithm, Backend, Device, TrainerConfig
+from ._detached import DetachedRayLauncher, RunSession
+from ._driver_faults import DRIVER_PHASES, DriverFault
 from ._errors import (
     AgentRolloutError,
     BackendMismatchError,
@@ -29,6 +36,7 @@ from ._errors import (
     CheckpointNotFoundError,
     RolloutFleetError,
     RolloutInputError,
+    RunStateNotFoundError,
     ScIntegrationError,
     StalenessBoundError,
     TaskError,
@@ -46,6 +54,8 @@ from ._partial_rollout import ON_STALE, OnStale, PartialRollout
 from ._roles import Role
 from ._rollout_servers import ArgvFactory, RolloutServerActor, RolloutServerFleet
 from ._router_rollout import PendingBatch, RouterRollout, RouterSampling
+from ._run_config import RunConfig
+from ._run_state import RUN_STATE, AsyncState, RunState, read_run_state
 from ._runner import TaskRunner, make_task
 from ._settings import SETTINGS
 from ._task import TASK_MODES, CharTokenizer, DigitsTask, TaskConfig, TaskMode
@@ -111,6 +121,16 @@ __all__ = [
     "WeightPublishError",
     "WeightPublisher",
     "WorkerOutputError",
+    "DRIVER_PHASES",
+    "DetachedRayLauncher",
+    "DriverFault",
+    "RUN_STATE",
+    "AsyncState",
+    "RunConfig",
+    "RunSession",
+    "RunState",
+    "RunStateNotFoundError",
+    "read_run_state",
     "balanced_order",
     "check_resumable",
     "make_launcher",

@@ -28,6 +28,7 @@ while the rollout is mid-generation.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -71,6 +72,7 @@ class AsyncRollout:
         make_prompts: Callable[[int], DataProto],
         staleness: int,
         last_step: int,
+        call_scope: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 1:
             raise StalenessBoundError(
@@ -80,6 +82,9 @@ class AsyncRollout:
         self.make_prompts = make_prompts
         self.staleness = staleness
         self.last_step = last_step
+        #: ``call_scope(step)``: the context a detached run launches step ``step``'s
+        #: generation in (its own call scope, so a new driver can ask for it again)
+        self.call_scope = call_scope
         #: sync (weight) version -> the actor version whose weights it sent
         self.actor_version_of: dict[int, int] = {}
         #: the actor version the rollout's current weights came from (None: before any sync)
@@ -113,6 +118,15 @@ class AsyncRollout:
         upcoming = (actor_version if launched is None else launched) + 1
         return upcoming <= self.last_step and not self.allowed(upcoming)
 
+    def launched_step(self) -> int | None:
+        """The step whose generation is in flight or waits to be taken (the newest)."""
+        return self._launched_step()
+
+    def restore(self, actor_version_of: dict[int, int], rollout_actor_version: int | None) -> None:
+        """Take over a previous driver's versions (a detached run's re-attach)."""
+        self.actor_version_of = dict(actor_version_of)
+        self.rollout_actor_version = rollout_actor_version
+
     def _launched_step(self) -> int | None:
         if self._in_flight is not None:
             return self._in_flight.step
@@ -141,7 +155,9 @@ class AsyncRollout:
         # the non-blocking call is made here; the pool's thread waits for its result, so
         # the trace shows the generation as one span from launch to completion
         proxy = self.rollout.generate_sequences.options(blocking=False)
-        pending = proxy(prompts)
+        scope = contextlib.nullcontext() if self.call_scope is None else self.call_scope(step)
+        with scope:
+            pending = proxy(prompts)
         self._in_flight = _InFlight(step, self._pool.submit(self._wait, step, pending))
 
     def _wait(self, step: int, pending: Any) -> tuple[DataProto, float]:

@@ -10,6 +10,7 @@ from typing import Any, Literal, get_args
 from ._errors import TrainerConfigError
 from ._faults import FaultSpec
 from ._options import option
+from ._run_config import RunConfig, check_detached
 from ._task import TaskConfig
 
 __all__ = [
@@ -379,6 +380,8 @@ class TrainerConfig:
         ),
     )
     task: TaskConfig = field(default_factory=TaskConfig)
+    #: a detached run on a standing Ray cluster, that a new driver can re-attach to
+    run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
         owner = "TrainerConfig"
@@ -580,6 +583,7 @@ class TrainerConfig:
                 )
         if not self.output_dir:
             raise TrainerConfigError(f"{owner}.output_dir must not be empty")
+        check_detached(self)
 
     def _check_agent_task(self, owner: str) -> None:
         """The tool task runs agent sessions on engine servers, synchronously or with a

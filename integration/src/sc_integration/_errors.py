@@ -12,6 +12,8 @@ means, so callers may catch either::
     │                                               token, ...
     ├── CheckpointNotFoundError (FileNotFoundError) a checkpoint to resume from that is
     │                                               missing, incomplete or unreadable
+    ├── RunStateNotFoundError (FileNotFoundError)   a re-attach whose output folder holds no
+    │                                               run state (run_state.json) of that run
     ├── CheckpointMismatchError (ValueError)        a checkpoint that does not fit this run:
     │                                               another shape (workers per role, model
     │                                               size, ...) or already at the last step
@@ -58,6 +60,7 @@ __all__ = [
     "TrainerStateError",
     "RolloutFleetError",
     "RolloutInputError",
+    "RunStateNotFoundError",
     "TrainingDivergedError",
     "WeightPublishError",
     "WorkerOutputError",
@@ -132,3 +135,8 @@ class BackendMismatchError(ScIntegrationError, TypeError):
 class AgentRolloutError(ScIntegrationError, RuntimeError):
     """A step's agent sessions were all dropped (deadline, error, cancelled); the message
     counts the reasons and quotes the first error."""
+
+
+class RunStateNotFoundError(ScIntegrationError, FileNotFoundError):
+    """A driver re-attaching to a detached run whose output folder holds no run state
+    (``run_state.json``) of that run: another folder, or another run's."""

@@ -20,7 +20,7 @@ from sc_core.ext import FAULT_ACTIONS, FaultAction
 
 from ._errors import TrainerConfigError, TrainerStateError
 
-__all__ = ["FAULT_ROLES", "FaultSpec", "FaultTargets", "inject", "inject_due"]
+__all__ = ["FAULT_ROLES", "FaultSpec", "FaultTargets", "inject", "inject_due", "is_driver_fault"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,16 @@ _SPEC = re.compile(
     r"(?::(?P<method>[A-Za-z_]\w*)(?:\+(?P<delay>\d+(?:\.\d*)?|\.\d+))?)?"
     r"(?::(?P<action>kill|raise))?$"
 )
+#: The prefix of a fault that kills the driver itself (``_driver_faults.py``).
+DRIVER_PREFIX = "driver@"
+
+
+def is_driver_fault(text: str) -> bool:
+    """Whether one comma-separated part of ``inject_fault`` kills the driver (``driver@...``),
+    which ``_driver_faults.py`` parses, rather than a worker."""
+    return text.strip().startswith(DRIVER_PREFIX)
+
+
 _GRAMMAR = "role:rank@step=N[:method[+seconds]][:kill|raise], e.g. 'actor:1@step=30'"
 
 
@@ -99,7 +109,8 @@ class FaultSpec:
         """Several faults, separated by commas."""
         if not isinstance(text, str) or not text.strip():
             raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {text!r}")
-        return tuple(cls.parse(part) for part in text.split(","))
+        parts = [part for part in text.split(",") if not is_driver_fault(part)]
+        return tuple(cls.parse(part) for part in parts)
 
     def __str__(self) -> str:
         where = f"{self.role}:{self.rank}@step={self.step}"

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from sc_core import (
@@ -33,6 +33,9 @@ from ._config import TrainerConfig
 from ._errors import BackendMismatchError, TrainerConfigError
 from ._settings import WORKER_LOGS
 
+if TYPE_CHECKING:
+    from ._detached import RunSession
+
 __all__ = ["InProcessLauncher", "Launcher", "RayLauncher", "make_launcher"]
 
 logger = logging.getLogger(__name__)
@@ -46,9 +49,11 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 class Launcher(Protocol):
     """What the trainer needs to build its workers on one backend: verl's pieces, typed by
-    the worker class. ``name`` is the backend's (``TrainerConfig.backend``)."""
+    the worker class. ``name`` is the backend's (``TrainerConfig.backend``); ``session``
+    the detached run's call ids and run state while it runs (``None``: not detached)."""
 
     name: str
+    session: RunSession | None
 
     def running(self) -> contextlib.AbstractContextManager[None]:
         """Start what the backend needs (a Ray cluster) for the ``with`` block."""
@@ -66,8 +71,11 @@ class Launcher(Protocol):
     ) -> ClassWithInitArgs[Worker]:
         """One class holding every role of ``class_dict`` (one process per rank)."""
 
-    def worker_group(self, pool: ResourcePool, cls: ClassWithInitArgs[W]) -> WorkerGroup[W]:
-        """A worker group of ``cls`` on ``pool`` (both made by this launcher)."""
+    def worker_group(
+        self, pool: ResourcePool, cls: ClassWithInitArgs[W], name: str = "workers"
+    ) -> WorkerGroup[W]:
+        """A worker group of ``cls`` on ``pool`` (both made by this launcher); ``name``
+        (the role's) names a detached run's group."""
 
 
 class RayLauncher:
@@ -75,6 +83,7 @@ class RayLauncher:
     running."""
 
     name = "ray"
+    session: RunSession | None = None
 
     def __init__(self, num_cpus: int, use_gpu: bool = False, standby: int = 0) -> None:
         self.num_cpus = num_cpus
@@ -126,7 +135,9 @@ class RayLauncher:
 
         return create_colocated_worker_cls(class_dict=dict(class_dict))
 
-    def worker_group(self, pool: ResourcePool, cls: ClassWithInitArgs[W]) -> WorkerGroup[W]:
+    def worker_group(
+        self, pool: ResourcePool, cls: ClassWithInitArgs[W], name: str = "workers"
+    ) -> WorkerGroup[W]:
         from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
         if not isinstance(pool, RayResourcePool):
@@ -153,6 +164,7 @@ class InProcessLauncher:
     role."""
 
     name = "local"
+    session: RunSession | None = None
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -176,18 +188,25 @@ class InProcessLauncher:
     ) -> ClassWithInitArgs[Worker]:
         return create_colocated_worker_cls(class_dict=dict(class_dict))
 
-    def worker_group(self, pool: ResourcePool, cls: ClassWithInitArgs[W]) -> WorkerGroup[W]:
+    def worker_group(
+        self, pool: ResourcePool, cls: ClassWithInitArgs[W], name: str = "workers"
+    ) -> WorkerGroup[W]:
         return LocalWorkerGroup(resource_pool=pool, cls_with_init=cls)
 
 
 def make_launcher(config: TrainerConfig) -> Launcher:
     """The launcher of the backend ``config.backend`` names (``"ray"``: :class:`RayLauncher`,
-    ``"local"``: :class:`InProcessLauncher`); ``device="cuda"`` needs a visible CUDA device."""
+    or the detached run's ``DetachedRayLauncher`` with ``config.run.id``; ``"local"``:
+    :class:`InProcessLauncher`); ``device="cuda"`` needs a visible CUDA device."""
     if config.device == "cuda" and not torch.cuda.is_available():
         raise TrainerConfigError(
             "make_launcher: device='cuda' but no CUDA device is visible "
             "(torch.cuda.is_available() is False); use device='cpu'"
         )
+    if config.backend == "ray" and config.run.detached:
+        from ._detached import DetachedRayLauncher
+
+        return DetachedRayLauncher(config)
     if config.backend == "ray":
         return RayLauncher(
             config.ray_num_cpus, use_gpu=config.device == "cuda", standby=config.standby

@@ -268,6 +268,14 @@ class TrainerGroups:
     owned: tuple[WorkerGroup[Any], ...]
     rollout: WorkerGroup[RolloutWorker] | None = None
 
+    def every_group(self) -> list[WorkerGroup[Any]]:
+        """Every group object, the role groups (spawned views) and their owners, once each."""
+        found: list[WorkerGroup[Any]] = []
+        for group in (self.actor_rollout, self.critic, self.rollout, *self.owned):
+            if group is not None and not any(group is g for g in found):
+                found.append(group)
+        return found
+
 
 def build_worker_groups(
     launcher: Launcher,
@@ -290,7 +298,9 @@ def build_worker_groups(
         return groups
     try:
         rollout_cls = launcher.class_with_init(classes.rollout, config=actor_config)
-        rollout = launcher.worker_group(manager.get_resource_pool(Role.Rollout), rollout_cls)
+        rollout = launcher.worker_group(
+            manager.get_resource_pool(Role.Rollout), rollout_cls, name=Role.Rollout.value
+        )
     except BaseException:
         for group in groups.owned:
             group.close()
@@ -312,22 +322,24 @@ def _training_groups(
         classes.actor_rollout_ref, config=actor_config, role=Role.ActorRolloutRef.value
     )
     if classes.critic is None:
-        actor = launcher.worker_group(actor_pool, actor_cls)
+        actor = launcher.worker_group(actor_pool, actor_cls, name=Role.ActorRolloutRef.value)
         return TrainerGroups(actor, None, (actor,))
     critic_pool = manager.get_resource_pool(Role.Critic)
     critic_cls = launcher.class_with_init(classes.critic, config=critic_config)
     if critic_pool is not actor_pool:
-        actor = launcher.worker_group(actor_pool, actor_cls)
+        actor = launcher.worker_group(actor_pool, actor_cls, name=Role.ActorRolloutRef.value)
         owned: list[WorkerGroup[Any]] = [actor]
         try:
-            critic = launcher.worker_group(critic_pool, critic_cls)
+            critic = launcher.worker_group(critic_pool, critic_cls, name=Role.Critic.value)
         except BaseException:
             actor.close()
             raise
         owned.append(critic)
         return TrainerGroups(actor, critic, tuple(owned))
     class_dict: dict[str, ClassWithInitArgs[Any]] = {ACTOR_ROLLOUT: actor_cls, CRITIC: critic_cls}
-    colocated = launcher.worker_group(actor_pool, launcher.create_colocated_worker_cls(class_dict))
+    colocated = launcher.worker_group(
+        actor_pool, launcher.create_colocated_worker_cls(class_dict), name="actor_critic"
+    )
     try:
         spawned = colocated.spawn(prefix_set=class_dict.keys())
         return TrainerGroups(

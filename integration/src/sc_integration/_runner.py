@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,15 +124,29 @@ class TaskRunner:
         resume = None if cfg.resume_from is None else resolve_checkpoint(cfg.resume_from)
         if resume is not None:
             check_resumable(resume, cfg)  # before any worker starts
+        started = time.perf_counter()
+        startup: list[float] = []
+
+        def begin(step: int) -> None:
+            startup.append(time.perf_counter() - started)
+            if on_start is not None:
+                on_start(step)
+
         launcher = make_launcher(cfg)
         recorder = SpanRecorder()
         with launcher.running(), recorder:
             trainer = self.build_trainer(launcher)
             try:
                 trainer.init_workers()
-                result = trainer.fit(progress=progress, on_start=on_start, resume_from=resume)
+                result = trainer.fit(progress=progress, on_start=begin, resume_from=resume)
+            except BaseException:
+                if launcher.session is not None:  # a detached run outlives this driver
+                    trainer.detach()
+                else:
+                    trainer.close()
+                raise
             finally:
-                trainer.close()
                 recorder.write_chrome_trace(trainer.output.trace_path)
+            trainer.close()
         trainer.output.write_plot(result.history)
-        return result
+        return dataclasses.replace(result, startup_seconds=startup[0] if startup else 0.0)

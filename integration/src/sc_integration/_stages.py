@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -43,13 +43,17 @@ TIMING_PREFIXES = ("timing/", "perf/")
 
 
 class StageTimer:
-    """``with timer("generate"): ...`` records the seconds of each stage of one step."""
+    """``with timer("generate"): ...`` records the seconds of each stage of one step;
+    ``on_enter(stage)`` runs as each stage begins (the trainer's injected driver faults)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_enter: Callable[[str], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self._on_enter = on_enter
 
     @contextlib.contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
+        if self._on_enter is not None:
+            self._on_enter(stage)
         start = time.perf_counter()
         try:
             yield

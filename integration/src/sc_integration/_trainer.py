@@ -32,12 +32,14 @@ from sc_workers import (
 from ._agent_rollout import AgentEnvironment, AgentRollout
 from ._async_rollout import AsyncRollout
 from ._config import TrainerConfig
+from ._driver_faults import DriverFault, fire_driver_fault
 from ._errors import TrainerRecoveryError, TrainerStateError
 from ._faults import FaultSpec, inject_due
 from ._launchers import Launcher
 from ._output import PendingSave, RunOutput, check_resumable, read_metrics
 from ._recovery import latest_checkpoint, replace_dead, wait_for_dead
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
+from ._run_state import AsyncState, RunState
 from ._server_rollout import ServerRollout
 from ._stages import (
     TIMING_PREFIXES,
@@ -70,6 +72,9 @@ class RunResult:
     checkpoint: Path
     seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: seconds from the start of :meth:`TaskRunner.run` to the first step: cluster, workers
+    #: (started, or re-attached to), models, restore
+    startup_seconds: float = 0.0
 
 
 class RayPPOTrainer:
@@ -105,6 +110,12 @@ class RayPPOTrainer:
         #: worker deaths this run recovered from (at most ``config.max_recoveries``)
         self.recoveries = 0
         self._faults: list[FaultSpec] = list(config.faults)  # each injected once
+        #: faults that kill this driver (a detached run's re-attach tests)
+        self._driver_faults = DriverFault.parse_all(config.inject_fault)
+        #: a detached run's call ids, call scopes and run state (None: not detached)
+        self._session = launcher.session
+        #: a re-attached driver: the state its predecessor wrote as its last step began
+        self._replay: RunState | None = None
         #: a checkpoint whose workers may still be writing (see save_checkpoint)
         self._pending_save: PendingSave | None = None
         #: the generation pipeline of an asynchronous run (async_staleness > 0)
@@ -134,7 +145,14 @@ class RayPPOTrainer:
             self.actor_rollout_ref_config,
             self.critic_config,
         )
-        self._init_models()
+        session = self._session
+        if session is not None:
+            session.use_on(self._groups.every_group())
+            if session.attached:  # where the previous driver was (None: before any step)
+                self._replay = session.read_state()
+            session.record_driver(self._groups.owned)
+        if self._replay is None:  # re-attached workers keep their models
+            self._init_models()
         cfg = self.config
         if cfg.rollout_engine != "workers" and cfg.model_path is not None:
             self._servers = ServerRollout(
@@ -165,7 +183,11 @@ class RayPPOTrainer:
             self._weight_sync = WeightSync(self.actor_rollout_wg, rollout)
             if self.config.async_staleness > 0:
                 self._async = AsyncRollout(
-                    rollout, self._train_batch, self.config.async_staleness, self.config.steps
+                    rollout,
+                    self._train_batch,
+                    self.config.async_staleness,
+                    self.config.steps,
+                    call_scope=None if session is None else session.launch_scope,
                 )
 
     def _init_models(self) -> None:
@@ -286,7 +308,7 @@ class RayPPOTrainer:
     def _train_step(self, step: int) -> dict[str, Any]:
         """One PPO/GRPO step; each line is one stage of the dataflow."""
         m: dict[str, Any] = {"step": step}
-        t = StageTimer()
+        t = StageTimer(on_enter=lambda stage: self._driver_fault(step, stage))
         pipeline = self._async
         servers = self._servers
         partial = servers if servers is not None and servers.partial else None
@@ -356,6 +378,7 @@ class RayPPOTrainer:
 
     def validate(self) -> float:
         """Mean reward of greedy responses to the held-out prompts."""
+        self._driver_fault(self.global_step, "validate")
         texts = self.task.val_strings
         if self._agents is not None:
             return self._agents.validate(list(texts), self.global_step)
@@ -384,24 +407,30 @@ class RayPPOTrainer:
         """
         started = time.perf_counter()
         cfg = self.config
-        if resume_from is not None:
+        # a re-attached driver takes over the step its predecessor was in
+        replay = self._replay
+        recovered: dict[str, Any] = {}
+        if replay is not None:
+            self._take_over(replay)
+        elif resume_from is not None:
             self._load_checkpoint(resume_from)
         else:
             self.output.start()
-        self._sync_weights({}, self.global_step)  # a separate rollout starts from the actor's
+        prologue = replay is None or replay.step == 0
+        if prologue:
+            self._begin_step(0)
+            self._sync_weights({}, self.global_step)  # a separate rollout starts from the actor's
         if on_start is not None:
             on_start(self.global_step)
-        if not any("val/reward" in r for r in self.history):
-            record = {"step": self.global_step, "val/reward": self.validate()}
-            self._log(record)
-        if resume_from is None or resume_from.parent != self.output.checkpoint_root:
-            # the point a recovery falls back to before the first periodic checkpoint
-            self.save_checkpoint()
-            self._finish_save(block=True)
-        recovered: dict[str, Any] = {}
+        if prologue:
+            self._prologue(resume_from)
+        if replay is not None and (replay.recovering or self._any_dead()):
+            # a worker died while no driver was attached, or the last driver died recovering
+            recovered = self._recover(replay.step, None)
         while True:
             step = self.global_step + 1
             try:
+                self._begin_step(step)
                 if self.global_step >= cfg.steps:
                     self._finish_save(block=True)  # the last checkpoint, complete
                     break
@@ -438,35 +467,136 @@ class RayPPOTrainer:
             history=list(self.history),
         )
 
+    def _prologue(self, resume_from: Path | None) -> None:
+        """Before the first step (after the first weight sync): the policy is validated,
+        and a checkpoint is taken for a recovery to fall back to."""
+        if not any("val/reward" in r for r in self.history):
+            record = {"step": self.global_step, "val/reward": self.validate()}
+            self._log(record)
+        if resume_from is None or resume_from.parent != self.output.checkpoint_root:
+            # the point a recovery falls back to before the first periodic checkpoint
+            self.save_checkpoint()
+            self._finish_save(block=True)
+
+    # ------------------------------------------------------------ detached runs
+    def _begin_step(self, step: int, recovering: bool = False) -> None:
+        """A detached run: a new call scope for ``step`` (the replayed one after a
+        re-attach), and the run state written before the step's first call."""
+        session = self._session
+        if session is None:
+            return
+        scope = session.begin_step()
+        session.write(self._run_state(step, scope, recovering))
+        if not recovering:
+            self._driver_fault(step, "start")
+
+    def _driver_fault(self, step: int, phase: str) -> None:
+        if self._driver_faults:
+            fire_driver_fault(self._driver_faults, step, phase)
+
+    def _run_state(self, step: int, scope: int, recovering: bool) -> RunState:
+        """What a new driver needs to take over ``step`` (see ``_run_state.py``)."""
+        session = self._session
+        if session is None:
+            raise TrainerStateError("RayPPOTrainer: a run state belongs to a detached run")
+        pending, sync, pipeline = self._pending_save, self._weight_sync, self._async
+        async_state = None
+        if pipeline is not None:
+            launched = pipeline.launched_step()
+            async_state = AsyncState(
+                dict(pipeline.actor_version_of),
+                pipeline.rollout_actor_version,
+                launched,
+                None if launched is None else session.launched.get(launched),
+            )
+        return RunState(
+            run_id=session.run_id,
+            step=step,
+            scope=scope,
+            global_step=self.global_step,
+            recoveries=self.recoveries,
+            pending_save_step=None if pending is None else pending.step,
+            pending_save_state=None if pending is None else pending.state,
+            weight_sync_version=None if sync is None else sync.version,
+            async_state=async_state,
+            recovering=recovering,
+        )
+
+    def _take_over(self, state: RunState) -> None:
+        """Continue where the previous driver of this detached run was when ``state`` was
+        written: its step and call scope, metrics, pending checkpoint and versions."""
+        session = self._session
+        if session is None:
+            raise TrainerStateError("RayPPOTrainer: only a detached run is taken over")
+        self.global_step = state.global_step
+        self.recoveries = state.recoveries
+        records = read_metrics(self.output.metrics_path)
+        self.history = [r for r in records if r["step"] <= state.global_step]
+        self.output.start(self.history)
+        if state.pending_save_step is not None and state.pending_save_state is not None:
+            saved = [r for r in self.history if r["step"] <= state.pending_save_step]
+            self._pending_save = PendingSave(
+                state.pending_save_step, state.pending_save_state, saved
+            )
+        if self._weight_sync is not None and state.weight_sync_version is not None:
+            self._weight_sync.version = state.weight_sync_version
+        if self._async is not None and state.async_state is not None:
+            pipeline = state.async_state
+            self._async.restore(pipeline.actor_version_of, pipeline.rollout_actor_version)
+        session.replay_from(state)
+        logger.warning(
+            "run %s: re-attached at step %d (call scope %d, %d steps done)",
+            session.run_id,
+            state.step,
+            state.scope,
+            state.global_step,
+        )
+
+    def _any_dead(self) -> bool:
+        return any(group.dead_ranks for group in self._workers("fit").owned)
+
+    def detach(self) -> None:
+        """Forget the worker groups without stopping them: a detached run's driver that
+        stops leaves its workers to the next driver (the driver-side threads end)."""
+        for part in (self._async, self._agents, self._servers):
+            if part is not None:
+                part.close()
+        self._async = self._agents = self._servers = None
+        self._weight_sync = None
+        self._groups = None
+
     def _inject_fault(self, step: int) -> None:
         """Inject the faults of ``config.inject_fault`` whose step begins (each once)."""
         if any(f.step == step for f in self._faults):
             self._faults = inject_due(self._workers("inject_fault"), self._faults, step)
 
-    def _recover(self, step: int, error: BaseException) -> dict[str, Any]:
+    def _recover(self, step: int, error: BaseException | None) -> dict[str, Any]:
         """Bring the workers back after ``error`` (a death during ``step``) and restore the
         newest complete checkpoint (``fit`` saved one before its first step; see
         ``_recovery.py``); returns the ``recovery/*`` metrics. Raises
         :class:`TrainerRecoveryError` (from ``error``) when the run may not recover
         (``max_recoveries`` reached, or no checkpoint left), and ``error`` itself when no
-        worker died."""
+        worker died. ``error=None``: a re-attached driver found a worker dead (it died while
+        no driver was attached), or its predecessor died recovering; it recovers anyway."""
         done, limit = self.recoveries, self.config.max_recoveries
+        what = "a worker died while no driver was attached" if error is None else str(error)
         if done >= limit:
             raise TrainerRecoveryError(
-                f"step {step}: a worker died ({error}); the run already recovered {done} times "
+                f"step {step}: {what}; the run already recovered {done} times "
                 f"(max_recoveries={limit})"
             ) from error
         started = time.perf_counter()
         with driver_span("trainer", "recovery"):
             groups = self._workers("recover")
-            if not wait_for_dead(groups.owned):
+            if error is not None and not wait_for_dead(groups.owned):
                 raise error  # every worker is alive: not a death, nothing to recover from
+            self._begin_step(step, recovering=True)  # a detached run: redo it if we die
             self._settle_pending_save()  # complete on disk, or abandoned
             latest = latest_checkpoint(self.output.checkpoint_root)
             if latest is None:  # fit saves one before the first step; someone removed it
                 raise TrainerRecoveryError(
-                    f"step {step}: a worker died ({error}), and {self.output.checkpoint_root} "
-                    "holds no complete checkpoint to recover from"
+                    f"step {step}: {what}, and {self.output.checkpoint_root} holds no complete "
+                    "checkpoint to recover from"
                 ) from error
             replaced = replace_dead(groups.owned)
             self._init_models()  # builds what the re-formed groups dropped; the rest keep theirs
@@ -477,7 +607,7 @@ class RayPPOTrainer:
         logger.warning(
             "step %d: %s; replaced %s and restored %s in %.1f s (recovery %d of at most %d)",
             step,
-            error,
+            what,
             replaced,
             latest.name,
             seconds,
@@ -518,6 +648,7 @@ class RayPPOTrainer:
         of :meth:`fit`. Before that a recovery or a resume does not see it."""
         self._finish_save(block=True)  # one save at a time
         step = self.global_step
+        self._driver_fault(step, "save_checkpoint")
         folder = self.output.checkpoint_dir(step)
         folder.mkdir(parents=True, exist_ok=True)
         background = self.config.background_checkpoints

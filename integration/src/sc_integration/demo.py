@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sc_ray import ScRayError
 from sc_rollout import ScRolloutError
 
 from ._config import TrainerConfig
@@ -48,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="progress",
         action="store_false",
         help="print one line per step instead of the progress bar",
+    )
+    out.add_argument(
+        "--teardown",
+        metavar="ID",
+        help="release every worker and placement group of the detached run ID (on the "
+        "cluster --address names) and exit",
     )
     out.add_argument(
         "--log-level",
@@ -128,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``sc-demo``; returns the exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    if args.teardown is not None:
+        return _teardown(args.teardown, args.run_address)
     try:
         config = config_from_args(args)
     except ScIntegrationError as err:
@@ -136,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         result = TaskRunner(config).run(progress=progress, on_start=progress.start_at)
-    except (ScIntegrationError, ScRolloutError) as err:
+    except (ScIntegrationError, ScRolloutError, ScRayError) as err:
         progress.close()
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
         return 1
@@ -154,6 +163,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"    checkpoint:   {result.checkpoint.relative_to(result.output.root)}",
     ]
     print("\n".join(lines))  # noqa: T201
+    return 0
+
+
+def _teardown(run_id: str, address: str | None) -> int:
+    """``sc-demo --teardown ID``: release the run's actors and placement groups."""
+    from ._detached import teardown
+    from ._run_config import check_run_id
+
+    try:
+        check_run_id("sc-demo --teardown", run_id)
+        info = teardown(run_id, address)
+    except (ScIntegrationError, ScRayError) as err:
+        print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
+        return 1
+    print(  # noqa: T201
+        f"sc-demo: run {run_id} torn down: {len(info.actors)} actors and "
+        f"{len(info.placement_groups)} placement groups released"
+    )
     return 0
 
 
