@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
 from sc_integration import RunResult, TaskConfig, TaskRunner, TrainerConfig
 from sc_integration._trainer import TIMING_PREFIXES
 
@@ -25,6 +26,16 @@ def tiny_config(output_dir: Path, **overrides: Any) -> TrainerConfig:
     }
     settings.update(overrides)
     return TrainerConfig(**settings)
+
+
+def final_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every model tensor of the checkpoint in ``folder``, keyed by file and name."""
+    out = {}
+    for path in sorted(folder.rglob("*.pt")):
+        state = torch.load(path, weights_only=True)
+        for key, tensor in state["model"].items():
+            out[f"{path.relative_to(folder)}:{key}"] = tensor
+    return out
 
 
 def run(config: TrainerConfig) -> RunResult:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import torch
+from _integration_runs import final_weights
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -91,15 +92,6 @@ def _config(tmp: Path, colocate: bool, **extra: Any) -> Any:
     )
 
 
-def _final_weights(folder: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for path in sorted(folder.rglob("*.pt")):
-        state = torch.load(path, weights_only=True)
-        for key, tensor in state["model"].items():
-            out[f"{path.relative_to(folder)}:{key}"] = tensor
-    return out
-
-
 @pytest.fixture(scope="module")
 def clean_runs(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Any]:
     """The run without a fault, per placement (colocate: True / False)."""
@@ -159,8 +151,8 @@ def test_a_killed_rank_is_recovered_bit_identically(
     from sc_integration import read_metrics
 
     result = run(_config(tmp_path, case.colocate, inject_fault=case.fault, standby=1))
-    got = _final_weights(result.checkpoint)
-    expected = _final_weights(clean_runs[case.colocate].checkpoint)
+    got = final_weights(result.checkpoint)
+    expected = final_weights(clean_runs[case.colocate].checkpoint)
     assert got.keys() == expected.keys()
     for key, tensor in expected.items():
         assert torch.equal(got[key], tensor), (case, key)
@@ -203,8 +195,8 @@ def test_a_killed_pipeline_stage_is_recovered_bit_identically(
     from sc_integration import read_metrics
 
     result = run(_config(tmp_path, True, actor_pp=2, inject_fault=fault, standby=1))
-    got = _final_weights(result.checkpoint)
-    expected = _final_weights(clean_pipelined_run.checkpoint)
+    got = final_weights(result.checkpoint)
+    expected = final_weights(clean_pipelined_run.checkpoint)
     assert got.keys() == expected.keys()
     for key, tensor in expected.items():
         assert torch.equal(got[key], tensor), (fault, key)

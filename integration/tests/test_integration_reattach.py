@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import torch
+from _integration_runs import final_weights
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -112,15 +113,6 @@ def cluster() -> Iterator[_Cluster]:
             standing.cluster.stop()
 
 
-def _final_weights(folder: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for path in sorted(folder.rglob("*.pt")):
-        state = torch.load(path, weights_only=True)
-        for key, tensor in state["model"].items():
-            out[f"{path.relative_to(folder)}:{key}"] = tensor
-    return out
-
-
 @pytest.fixture(scope="module")
 def clean(cluster: _Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The final checkpoint of each layout's run never interrupted (detached too), made on
@@ -157,7 +149,7 @@ def test_a_killed_driver_is_replaced_by_one_that_reattaches(
 ) -> None:
     from sc_integration import read_metrics
 
-    expected = _final_weights(clean[case.layout])
+    expected = final_weights(clean[case.layout])
     options = {**BASE, **LAYOUTS[case.layout], "run": {"id": cluster.run_id()}}
     first = cluster.driver(tmp_path, {**options, "inject_fault": case.fault})
     assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-3000:])
@@ -165,7 +157,7 @@ def test_a_killed_driver_is_replaced_by_one_that_reattaches(
     assert second.returncode == 0, second.stderr[-3000:]
     assert "re-attached" in second.stderr
     result = json.loads(second.stdout.strip().splitlines()[-1])
-    got = _final_weights(Path(result["checkpoint"]))
+    got = final_weights(Path(result["checkpoint"]))
     assert got.keys() == expected.keys()
     for key, tensor in expected.items():
         assert torch.equal(got[key], tensor), (case, key)
@@ -259,7 +251,7 @@ def test_unknown_run_ids_are_errors(cluster: _Cluster, tmp_path: Path) -> None:
 def test_a_driver_with_another_configuration_is_refused_and_changes_nothing(
     cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
 ) -> None:
-    expected = _final_weights(clean["colocated"])
+    expected = final_weights(clean["colocated"])
     options = {**BASE, "run": {"id": cluster.run_id()}}
     first = cluster.driver(tmp_path, {**options, "inject_fault": "driver@step=2"})
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
@@ -269,7 +261,7 @@ def test_a_driver_with_another_configuration_is_refused_and_changes_nothing(
     assert "lr" in other.stderr
     right = cluster.driver(tmp_path, options)
     assert right.returncode == 0, right.stderr[-3000:]
-    got = _final_weights(Path(json.loads(right.stdout.strip().splitlines()[-1])["checkpoint"]))
+    got = final_weights(Path(json.loads(right.stdout.strip().splitlines()[-1])["checkpoint"]))
     for key, tensor in expected.items():
         assert torch.equal(got[key], tensor), key
     # the refused driver took no epoch of its own that the workers saw run anything
@@ -282,7 +274,7 @@ def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
 ) -> None:
     from sc_integration import read_metrics
 
-    expected = _final_weights(clean["colocated"])
+    expected = final_weights(clean["colocated"])
     options = {**BASE, "run": {"id": cluster.run_id()}}
     first = cluster.driver(tmp_path, {**options, "inject_fault": "driver@step=3"})
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
@@ -290,7 +282,7 @@ def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
     os.kill(pids[1], signal.SIGKILL)
     second = cluster.driver(tmp_path, options)
     assert second.returncode == 0, second.stderr[-3000:]
-    got = _final_weights(Path(json.loads(second.stdout.strip().splitlines()[-1])["checkpoint"]))
+    got = final_weights(Path(json.loads(second.stdout.strip().splitlines()[-1])["checkpoint"]))
     for key, tensor in expected.items():
         assert torch.equal(got[key], tensor), key
     history = read_metrics(tmp_path / "metrics.jsonl")

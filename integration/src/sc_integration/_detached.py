@@ -27,13 +27,13 @@ from sc_core import (
     CallIds,
     ClassWithInitArgs,
     ResourcePool,
-    Worker,
     WorkerDiedError,
     WorkerGroup,
 )
 
 from ._config import TrainerConfig
 from ._errors import BackendMismatchError
+from ._launchers import WORKER_ENV, RayLauncher
 from ._run_state import RUN_STATE, RunState, read_run_state, write_run_state
 from ._settings import WORKER_LOGS
 
@@ -225,23 +225,13 @@ class DetachedRayLauncher:
 
         return RunPoolManager(spec, mapping, use_gpu=use_gpu, device_name="cuda")
 
-    def class_with_init(self, cls: type[W], **kwargs: Any) -> ClassWithInitArgs[W]:
-        from sc_ray import RayClassWithInitArgs
-
-        return RayClassWithInitArgs(cls, **kwargs)
-
-    def create_colocated_worker_cls(
-        self, class_dict: Mapping[str, ClassWithInitArgs[Any]]
-    ) -> ClassWithInitArgs[Worker]:
-        from sc_ray import create_colocated_worker_cls
-
-        return create_colocated_worker_cls(class_dict=dict(class_dict))
+    # the classes are those of a launcher that is not detached
+    class_with_init = RayLauncher.class_with_init
+    create_colocated_worker_cls = RayLauncher.create_colocated_worker_cls
 
     def worker_group(
         self, pool: ResourcePool, cls: ClassWithInitArgs[W], name: str = "workers"
     ) -> WorkerGroup[W]:
-        from ._launchers import WORKER_ENV
-
         group: WorkerGroup[W] = self._run().worker_group(
             name, pool, cls, worker_env=dict(WORKER_ENV)
         )
