@@ -27,7 +27,6 @@ from ._agent_batch import agent_token_scores, build_agent_batch
 from ._agent_rollout import AgentEnvironment, AgentRollout
 from ._balance import balanced_order, shard_token_sums
 from ._config import ALGORITHMS, BACKENDS, DEVICES, Algorithm, Backend, Device, TrainerConfig
-from ._detached import DetachedRayLauncher, RunSession
 from ._driver_faults import DRIVER_PHASES, DriverFault
 from ._errors import (
     AgentRolloutError,
@@ -48,13 +47,20 @@ from ._errors import (
     WorkerOutputError,
 )
 from ._faults import FaultSpec
-from ._launchers import InProcessLauncher, Launcher, RayLauncher, make_launcher
+from ._launchers import (
+    DetachedRayLauncher,
+    InProcessLauncher,
+    Launcher,
+    RayLauncher,
+    make_launcher,
+)
 from ._output import PLOT_PANELS, RunOutput, check_resumable, read_metrics, resolve_checkpoint
 from ._partial_rollout import ON_STALE, OnStale, PartialRollout
 from ._roles import Role
 from ._rollout_servers import ArgvFactory, RolloutServerActor, RolloutServerFleet
 from ._router_rollout import PendingBatch, RouterRollout, RouterSampling
 from ._run_config import RunConfig
+from ._run_session import RunSession
 from ._run_state import RUN_STATE, AsyncState, RunState, read_run_state
 from ._runner import TaskRunner, make_task
 from ._settings import SETTINGS

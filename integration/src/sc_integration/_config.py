@@ -583,7 +583,14 @@ class TrainerConfig:
                 )
         if not self.output_dir:
             raise TrainerConfigError(f"{owner}.output_dir must not be empty")
-        check_detached(self)
+        check_detached(
+            self.run,
+            backend=self.backend,
+            rollout_engine=self.rollout_engine,
+            standby=self.standby,
+            resume_from=self.resume_from,
+            inject_fault=self.inject_fault,
+        )
 
     def _check_agent_task(self, owner: str) -> None:
         """The tool task runs agent sessions on engine servers, synchronously or with a

@@ -8,6 +8,8 @@ needs (a local Ray cluster). The pieces are typed by the worker class
 checked (``sc_core.mypy_plugin``). :class:`InProcessLauncher` uses sc-core's
 ``ResourcePoolManager`` as it is, :class:`RayLauncher` sc-ray's specialisation of it; a
 piece of one backend given to the other's launcher is a :class:`BackendMismatchError`.
+:class:`DetachedRayLauncher` builds a detached run's pieces (``TrainerConfig.run``), that a
+new driver re-attaches to when this one dies.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import torch
 from sc_core import (
@@ -31,12 +34,17 @@ from sc_core import (
 
 from ._config import TrainerConfig
 from ._errors import BackendMismatchError, TrainerConfigError
+from ._run_session import RunSession
 from ._settings import WORKER_LOGS
 
-if TYPE_CHECKING:
-    from ._detached import RunSession
-
-__all__ = ["InProcessLauncher", "Launcher", "RayLauncher", "make_launcher"]
+__all__ = [
+    "DetachedRayLauncher",
+    "InProcessLauncher",
+    "Launcher",
+    "RayLauncher",
+    "make_launcher",
+    "teardown_detached_run",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +202,111 @@ class InProcessLauncher:
         return LocalWorkerGroup(resource_pool=pool, cls_with_init=cls)
 
 
+class DetachedRayLauncher:
+    """Builds a detached run's pools and worker groups on a standing Ray cluster.
+
+    It connects in the run's namespace and creates the run (sc-ray's ``RayRun.create``), or
+    re-attaches to it when it exists (``RayRun.attach``: the lease, the epoch, the checks).
+    The pools and worker groups are the run's: detached, named from the run id, and on
+    re-attach rebuilt over the live actors without starting or re-initialising any of them.
+    ``session`` (:class:`RunSession`) is set while :meth:`running`."""
+
+    name = "ray"
+
+    def __init__(self, config: TrainerConfig) -> None:
+        if config.run.id is None:
+            raise BackendMismatchError("DetachedRayLauncher: the configuration has no run id")
+        self.run_id: str = config.run.id
+        self.address = config.run.address
+        self.abandon_s = config.run.abandon_s
+        self.attach_only = config.run.attach
+        self.use_gpu = config.device == "cuda"
+        self.folder = Path(config.output_dir)
+        self.session: RunSession | None = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Connect to the cluster in the run's namespace, create or re-attach to the run;
+        on leaving, tear the run down if the body finished, else leave it for a new driver
+        (its workers keep running; the lease is given up at once)."""
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        import ray
+        from sc_ray import RayRun, UnknownRunError, run_namespace
+
+        ray.init(
+            address=self.address or "auto",
+            namespace=run_namespace(self.run_id),
+            log_to_driver=WORKER_LOGS.get(),
+        )
+        try:
+            try:
+                run = RayRun.attach(self.run_id)
+            except UnknownRunError:
+                if self.attach_only:
+                    raise
+                run = RayRun.create(self.run_id, abandon_after_s=self.abandon_s)
+            self.session = RunSession(run, self.folder)
+            logger.warning(
+                "run %s: %s (epoch %d)",
+                self.run_id,
+                "re-attached" if run.attached else "created",
+                run.epoch,
+            )
+            try:
+                yield
+            except BaseException:
+                run.release()
+                logger.warning(
+                    "run %s: the driver stops; the workers keep running: give the same command "
+                    "to re-attach, or tear the run down with sc-demo --teardown %s",
+                    self.run_id,
+                    self.run_id,
+                )
+                raise
+            run.teardown()
+        finally:
+            self.session = None
+            ray.shutdown()
+
+    def _run(self) -> Any:
+        if self.session is None:
+            raise BackendMismatchError("DetachedRayLauncher: used outside running()")
+        return self.session.run
+
+    def resource_pool_manager(
+        self, spec: Mapping[str, Sequence[int]], mapping: Mapping[Any, str]
+    ) -> Any:
+        from sc_ray import RayResourcePoolManager
+
+        run = self._run()
+        use_gpu = self.use_gpu
+
+        class RunPoolManager(RayResourcePoolManager):
+            """The run's pools: detached placement groups named from the run id, found
+            again on re-attach."""
+
+            def _new_pool(self, name: str, process_on_nodes: list[int]) -> Any:
+                return run.resource_pool(name, process_on_nodes, use_gpu=use_gpu)
+
+            def _check_resource_available(self) -> None:
+                if not run.attached:  # a re-attached run holds its reservations already
+                    super()._check_resource_available()
+
+        return RunPoolManager(spec, mapping, use_gpu=use_gpu, device_name="cuda")
+
+    # the classes are those of a launcher that is not detached
+    class_with_init = RayLauncher.class_with_init
+    create_colocated_worker_cls = RayLauncher.create_colocated_worker_cls
+
+    def worker_group(
+        self, pool: ResourcePool, cls: ClassWithInitArgs[W], name: str = "workers"
+    ) -> WorkerGroup[W]:
+        group: WorkerGroup[W] = self._run().worker_group(
+            name, pool, cls, worker_env=dict(WORKER_ENV)
+        )
+        return group
+
+
 def make_launcher(config: TrainerConfig) -> Launcher:
     """The launcher of the backend ``config.backend`` names (``"ray"``: :class:`RayLauncher`,
     or the detached run's ``DetachedRayLauncher`` with ``config.run.id``; ``"local"``:
@@ -204,8 +317,6 @@ def make_launcher(config: TrainerConfig) -> Launcher:
             "(torch.cuda.is_available() is False); use device='cpu'"
         )
     if config.backend == "ray" and config.run.detached:
-        from ._detached import DetachedRayLauncher
-
         return DetachedRayLauncher(config)
     if config.backend == "ray":
         return RayLauncher(
@@ -214,3 +325,17 @@ def make_launcher(config: TrainerConfig) -> Launcher:
     if config.backend == "local":
         return InProcessLauncher()
     raise TrainerConfigError(f"make_launcher: unknown backend {config.backend!r}")
+
+
+def teardown_detached_run(run_id: str, address: str | None) -> Any:
+    """Release every actor and placement group of run ``run_id`` (``sc-demo --teardown``);
+    sc-ray's ``RunInfo`` of what was released."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    import ray
+    from sc_ray import run_namespace, teardown_run
+
+    ray.init(address=address or "auto", namespace=run_namespace(run_id), log_to_driver=False)
+    try:
+        return teardown_run(run_id)
+    finally:
+        ray.shutdown()

@@ -3,7 +3,8 @@
 ``TrainerConfig.run`` (``sc-demo --run-id ID --address ADDR``) runs the job *detached*: its
 pools and worker groups are created on a standing Ray cluster under names derived from the
 run id (sc-ray's ``RayRun``), so they outlive the driver; the same command, given again,
-re-attaches a new driver to the live workers and finishes the run (``_detached.py``).
+re-attaches a new driver to the live workers and finishes the run
+(``_launchers.DetachedRayLauncher``, ``_run_session.py``).
 Without a run id nothing changes: the run starts a local cluster that dies with it.
 """
 
@@ -11,13 +12,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ._driver_faults import DriverFault
 from ._errors import TrainerConfigError
 from ._options import option
-
-if TYPE_CHECKING:
-    from ._config import TrainerConfig
 
 __all__ = ["RUN_ID_PATTERN", "RunConfig", "check_detached", "check_run_id"]
 
@@ -111,31 +109,38 @@ class RunConfig:
         return self.id is not None
 
 
-def check_detached(config: TrainerConfig) -> None:
-    """What a detached run (``config.run.id``) needs of the rest of ``config``, and what only
-    a detached run may ask (killing its driver): :class:`TrainerConfigError` otherwise."""
-    from ._driver_faults import DriverFault
-
+def check_detached(
+    run: RunConfig,
+    *,
+    backend: str,
+    rollout_engine: str,
+    standby: int,
+    resume_from: str | None,
+    inject_fault: str | None,
+) -> None:
+    """What a detached run (``run.id``) needs of the rest of ``TrainerConfig`` (its fields
+    given by keyword), and what only a detached run may ask (killing its driver):
+    :class:`TrainerConfigError` otherwise."""
     owner = "TrainerConfig"
-    driver_faults = DriverFault.parse_all(config.inject_fault)
-    if not config.run.detached:
+    driver_faults = DriverFault.parse_all(inject_fault)
+    if not run.detached:
         if driver_faults:
             raise TrainerConfigError(
-                f"{owner}.inject_fault={config.inject_fault!r}: killing the driver ends a run "
+                f"{owner}.inject_fault={inject_fault!r}: killing the driver ends a run "
                 "unless it is detached; give run.id (--run-id) to run it on a standing cluster"
             )
         return
     why = None
-    if config.backend != "ray":
-        why = f"backend={config.backend!r} (a detached run lives on a standing Ray cluster)"
-    elif config.rollout_engine != "workers":
+    if backend != "ray":
+        why = f"backend={backend!r} (a detached run lives on a standing Ray cluster)"
+    elif rollout_engine != "workers":
         why = (
-            f"rollout_engine={config.rollout_engine!r} (engine servers are not re-attached "
+            f"rollout_engine={rollout_engine!r} (engine servers are not re-attached "
             "yet; generate on worker groups)"
         )
-    elif config.standby:
-        why = f"standby={config.standby} (spare processes are not re-attached yet)"
-    elif config.resume_from is not None:
+    elif standby:
+        why = f"standby={standby} (spare processes are not re-attached yet)"
+    elif resume_from is not None:
         why = "resume_from (a detached run resumes by re-attaching to its workers)"
     if why is not None:
-        raise TrainerConfigError(f"{owner}: run.id={config.run.id!r} cannot run with {why}")
+        raise TrainerConfigError(f"{owner}: run.id={run.id!r} cannot run with {why}")

@@ -21,7 +21,9 @@ from sc_rollout import ScRolloutError
 
 from ._config import TrainerConfig
 from ._errors import ScIntegrationError
+from ._launchers import teardown_detached_run
 from ._options import add_options, config_kwargs
+from ._run_config import check_run_id
 from ._runner import TaskRunner
 
 # tqdm ships no type information; the bar is used through four plain methods
@@ -168,12 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _teardown(run_id: str, address: str | None) -> int:
     """``sc-demo --teardown ID``: release the run's actors and placement groups."""
-    from ._detached import teardown
-    from ._run_config import check_run_id
-
     try:
         check_run_id("sc-demo --teardown", run_id)
-        info = teardown(run_id, address)
+        info = teardown_detached_run(run_id, address)
     except (ScIntegrationError, ScRayError) as err:
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
         return 1

@@ -1,0 +1,117 @@
+"""The driver's side of exactly-once in a detached run (``TrainerConfig.run``).
+
+:class:`RunSession` holds one sc-core ``CallIds`` (the run's epoch) shared by every worker
+group, one call scope per step begun (and one per prefetched generation), and the run state
+written atomically as each step begins (``_run_state.py``). A re-attached driver replays the
+interrupted step under the same scopes: every call the workers already ran is answered from
+their journals. The launcher that makes a session is ``_launchers.DetachedRayLauncher``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sc_core import CallIds, WorkerDiedError, WorkerGroup
+
+from ._run_state import RUN_STATE, RunState, read_run_state, write_run_state
+
+__all__ = ["DRIVERS_LOG", "RunSession"]
+
+#: The file of the output folder that lists each driver of a detached run.
+DRIVERS_LOG = "run_drivers.jsonl"
+
+
+class RunSession:
+    """The call ids, call scopes and run state of one driver of a detached run."""
+
+    def __init__(self, run: Any, folder: Path) -> None:
+        self.run = run
+        self.run_id: str = run.run_id
+        #: whether this driver re-attached to a run another driver started
+        self.attached: bool = bool(run.attached)
+        self.call_ids = CallIds(epoch=int(run.epoch))
+        self.folder = folder
+        self._scope = 0
+        self._replay: int | None = None
+        #: the call scope of each prefetched generation, by the step it generates for
+        self.launched: dict[int, int] = {}
+
+    def read_state(self) -> RunState | None:
+        """The state the previous driver wrote (a re-attached driver reads it once), or
+        ``None`` when that driver died before its first step began (while its workers
+        built their models). :class:`RunStateNotFoundError` when the output folder is not
+        the run's: no driver of it wrote there."""
+        if not (self.folder / RUN_STATE).exists() and (self.folder / DRIVERS_LOG).exists():
+            return None
+        return read_run_state(self.folder, self.run_id)
+
+    def replay_from(self, state: RunState) -> None:
+        """Take over ``state``'s step: its scope is the next one :meth:`begin_step` uses,
+        and new scopes follow it as they did for the previous driver."""
+        self._replay = state.scope
+        self._scope = state.scope - 1
+        pipeline = state.async_state
+        if pipeline is not None and pipeline.launched_step is not None:
+            scope = pipeline.launched_scope
+            if scope is not None:
+                self.launched[pipeline.launched_step] = scope
+
+    def _new_scope(self) -> int:
+        self._scope += 1
+        return self._scope
+
+    def begin_step(self) -> int:
+        """The call scope of the step that begins now (the replayed step's after a
+        re-attach); every worker group's calls carry it from here on."""
+        scope = self._new_scope()
+        if self._replay is not None:
+            scope, self._replay = self._replay, None
+        self.call_ids.begin(scope)
+        return scope
+
+    def launch_scope(self, step: int) -> contextlib.AbstractContextManager[Any]:
+        """The scope of the prefetched generation for ``step`` (a new one, or the one the
+        previous driver launched it under), for the duration of its call."""
+        scope = self.launched.get(step)
+        if scope is None:
+            scope = self.launched[step] = self._new_scope()
+        return self.call_ids.scope(scope)
+
+    def write(self, state: RunState) -> None:
+        """Write ``state`` before the step's first call; forget launch scopes it no longer
+        names, and let the workers forget journal entries older than what it may replay."""
+        write_run_state(self.folder, state)
+        keep = state.scope
+        pipeline = state.async_state
+        if pipeline is not None and pipeline.launched_scope is not None:
+            keep = min(keep, pipeline.launched_scope)
+        self.launched = {s: c for s, c in self.launched.items() if c >= keep}
+        self.call_ids.retain_from(keep)
+
+    def record_driver(self, groups: Sequence[WorkerGroup[Any]]) -> None:
+        """Append this driver to ``run_drivers.jsonl``: its epoch, pid, whether it
+        re-attached, and the pid of every worker of ``groups`` (a re-attach keeps them)."""
+        workers: dict[str, list[int] | None] = {}
+        for group in groups:
+            try:
+                workers[group.name_prefix] = [int(p) for p in group.execute_all_sync("_get_pid")]
+            except WorkerDiedError:  # lost while no driver was attached: recovered next
+                workers[group.name_prefix] = None
+        line = {
+            "epoch": self.call_ids.epoch,
+            "attached": self.attached,
+            "driver_pid": os.getpid(),
+            "workers": workers,
+        }
+        with (self.folder / DRIVERS_LOG).open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line, sort_keys=True) + "\n")
+
+    def use_on(self, groups: Sequence[WorkerGroup[Any]]) -> None:
+        """Every call of ``groups`` carries an id from this session."""
+        for group in groups:
+            group.use_call_ids(self.call_ids)
