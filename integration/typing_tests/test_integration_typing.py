@@ -24,7 +24,8 @@ import pytest
 INTEGRATION = Path(__file__).resolve().parents[1]
 PACKAGE = INTEGRATION / "src" / "sc_integration"
 CONFIG = INTEGRATION / "pyproject.toml"
-TRAINER = "_trainer.py"
+#: the trainer's modules: the loop and its parts (``_trainer_*.py``)
+TRAINER_GLOB = "_trainer*.py"
 
 _MYPY_LINE = re.compile(r"^(?P<file>[^:]+\.py):(?P<line>\d+): error: .*\[(?P<code>[\w-]+)\]$")
 
@@ -123,11 +124,15 @@ def test_a_wrong_worker_call_is_a_type_error_at_its_line(
     tmp_path: Path, mypy_cache: Path, original: str, broken: str, code: str
 ) -> None:
     package = _copy_package(tmp_path)
-    trainer = package / TRAINER
-    lines = trainer.read_text(encoding="utf-8").splitlines(keepends=True)
-    where = [n for n, text in enumerate(lines, start=1) if original in text]
-    assert len(where) == 1, f"{original!r} is on lines {where} of {TRAINER}; update the case"
-    (line,) = where
+    where = [
+        (path, n)
+        for path in sorted(package.glob(TRAINER_GLOB))
+        for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if original in text
+    ]
+    assert len(where) == 1, f"{original!r} is at {where} of {TRAINER_GLOB}; update the case"
+    ((path, line),) = where
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     lines[line - 1] = lines[line - 1].replace(original, broken)
-    trainer.write_text("".join(lines), encoding="utf-8")
-    assert _mypy(package, mypy_cache) == [(TRAINER, line, code)]
+    path.write_text("".join(lines), encoding="utf-8")
+    assert _mypy(package, mypy_cache) == [(path.name, line, code)]
