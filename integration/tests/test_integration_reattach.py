@@ -12,8 +12,8 @@ run id, which re-attaches to the live workers and finishes the run. In every cas
   first driver's (``run_drivers.jsonl``);
 * every step's metrics are recorded once.
 
-The default integration session runs one case (inside an update); the ``faults`` session
-runs them all (the weight-sync case of a separate rollout hangs today: an open bug).
+The default integration session runs two cases (inside an update, inside the weight sync
+of a separate rollout); the ``faults`` session runs them all.
 """
 
 from __future__ import annotations
@@ -71,10 +71,8 @@ CASES = [
     Case("driver@step=3:generate+0.02", "async"),  # async: taking the prefetched batch
     Case("driver@step=2:update_critic+0.05", "critic-pool"),  # a critic on its own processes
 ]
-#: the case the default integration session runs (inside an update). Known open bug: the
-#: separate-placement case killed inside a weight sync (index 6) hangs its re-attached driver
-#: (the replayed sync); it stays in the faults session until fixed.
-DEFAULT = {2}
+#: the cases the default integration session runs (inside an update; inside a weight sync)
+DEFAULT = {2, 6}
 
 
 class _Cluster:

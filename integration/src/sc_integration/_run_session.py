@@ -82,6 +82,18 @@ class RunSession:
             scope = self.launched[step] = self._new_scope()
         return self.call_ids.scope(scope)
 
+    def launch_pending(self, step: int) -> int | None:
+        """The earliest step from ``step`` on whose generation has a launch scope but is not
+        held by this driver's pipeline: the previous driver launched it, and the replay asks
+        for it again under that scope (``None``: there is none)."""
+        pending = [s for s in self.launched if s >= step]
+        return min(pending) if pending else None
+
+    def forget_launches(self) -> None:
+        """Forget every launch scope (a recovery drops the prefetched generations: the
+        steps they were for are generated afresh, under new scopes)."""
+        self.launched.clear()
+
     def write(self, state: RunState) -> None:
         """Write ``state`` before the step's first call; forget launch scopes it no longer
         names, and let the workers forget journal entries older than what it may replay."""

@@ -43,6 +43,8 @@ class TrainerDetached(TrainerCore):
         async_state = None
         if pipeline is not None:
             launched = pipeline.launched_step()
+            if launched is None:  # a re-attached driver: the generation its predecessor
+                launched = session.launch_pending(step)  # launched, not taken yet
             async_state = AsyncState(
                 dict(pipeline.actor_version_of),
                 pipeline.rollout_actor_version,

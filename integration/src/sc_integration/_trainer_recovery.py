@@ -49,6 +49,8 @@ class TrainerRecovery(TrainerDetached, TrainerCheckpoints):
             groups = self._workers("recover")
             if error is not None and not wait_for_dead(groups.owned):
                 raise error  # every worker is alive: not a death, nothing to recover from
+            if self._session is not None:  # generations launched before it are not reused
+                self._session.forget_launches()
             self._begin_step(step, recovering=True)  # a detached run: redo it if we die
             self._settle_pending_save()  # complete on disk, or abandoned
             latest = latest_checkpoint(self.output.checkpoint_root)
