@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import torch
 from _integration_runs import final_weights
+from sc_integration import DriverFault
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -160,11 +161,44 @@ def test_a_killed_driver_is_replaced_by_one_that_reattaches(
     for key, tensor in expected.items():
         assert torch.equal(got[key], tensor), (case, key)
     drivers = _drivers(tmp_path)
+    _check_killed_inside(case, drivers[1])
     assert [d["epoch"] for d in drivers] == [1, 2]
     assert [d["attached"] for d in drivers] == [False, True]
     assert drivers[1]["workers"] == drivers[0]["workers"], "a worker process was restarted"
     history = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in history] == list(range(STEPS + 1))
+
+
+#: the worker method each phase a fault names calls (by a part of its name)
+PHASE_METHODS = {
+    "generate": "generate_sequences",
+    "update_actor": "update_actor",
+    "update_critic": "update_critic",
+    "sync_weights": "sync_",
+    "validate": "generate_sequences",
+    "save_checkpoint": "save_checkpoint",
+}
+
+
+def _check_killed_inside(case: Case, second: dict[str, Any]) -> None:
+    """The second driver took over the fault's step; for a fault inside a phase (a delay),
+    the workers had run the phase's call for the first driver in that step's scope: the
+    kill came after the call was sent (and, by ``DriverFaults``, before the phase ended)."""
+    (fault,) = DriverFault.parse_all(case.fault)
+    took_over = second["took_over"]
+    assert took_over is not None
+    assert took_over["step"] == fault.step, (case, took_over)
+    if not fault.delay_s or (case.layout == "async" and fault.phase == "generate"):
+        return  # killed before the phase's call, or the call ran in the launch's own scope
+    method = PHASE_METHODS[fault.phase]
+    ran = [
+        (group, name, record)
+        for group, ranks in second["last_calls"].items()
+        for rank in ranks or []
+        for name, record in rank.items()
+        if method in name and record[0] == 1 and record[1] == took_over["scope"]
+    ]
+    assert ran, (case, took_over, second["last_calls"])
 
 
 # --- bad re-attaches, teardown, abandonment ----------------------------------------------

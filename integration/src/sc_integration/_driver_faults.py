@@ -7,8 +7,9 @@ a chosen step and phase:
 * ``driver@step=3`` (phase ``start``): as step 3 begins, after its run state is written and
   before its first call;
 * ``driver@step=3:update_actor+0.2``: 0.2 s into the step's ``update_actor`` stage, while
-  the workers compute (a timer thread fires while the driver waits for the call); ``+0``
-  (or no delay) kills it as the stage begins, before its call is sent;
+  the workers compute (a timer thread fires while the driver waits for the call), or as
+  the stage ends if the update takes less: the workers finished it, and the driver dies
+  with its result unused. No delay kills it as the stage begins, before its call is sent;
 * ``driver@step=3:sync_weights``: between the actor's update and the weight sync;
   ``sync_weights+0.05`` inside the sync;
 * ``driver@step=2:save_checkpoint+0.05``: while the workers write a checkpoint.
@@ -20,17 +21,19 @@ without it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ._errors import TrainerConfigError
 from ._faults import is_driver_fault
 
-__all__ = ["DRIVER_PHASES", "DriverFault", "fire_driver_fault"]
+__all__ = ["DRIVER_PHASES", "DriverFault", "DriverFaults"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,18 +106,50 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fire_driver_fault(faults: tuple[DriverFault, ...], step: int, phase: str) -> None:
-    """Kill this process if a fault of ``faults`` names ``step`` and ``phase``: at once
-    without a delay, else from a timer thread ``delay_s`` seconds later (the caller goes on
-    into the phase meanwhile)."""
-    for fault in faults:
-        if fault.step != step or fault.phase != phase:
-            continue
-        logger.warning("injected fault %s: killing the driver (pid %d)", fault, os.getpid())
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        if fault.delay_s == 0:
-            _kill_self()
-        timer = threading.Timer(fault.delay_s, _kill_self)
-        timer.daemon = True
-        timer.start()
+class DriverFaults:
+    """The driver faults of one run, each fired once, inside the phase it names.
+
+    :meth:`phase` wraps a phase of a step: a fault without a delay kills the driver as the
+    phase begins; one with a delay ``S`` kills it ``S`` seconds into the phase (from a
+    timer thread, while the driver waits for the phase's calls), or as the phase ends if it
+    ends sooner, before the driver acts on what the phase returned. Either way the driver
+    dies inside the phase, however quickly the workers answer."""
+
+    def __init__(self, faults: tuple[DriverFault, ...]) -> None:
+        self.faults = faults
+        self._fired: set[DriverFault] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    @contextlib.contextmanager
+    def phase(self, step: int, phase: str) -> Iterator[None]:
+        """The ``with`` block is phase ``phase`` of step ``step`` (see the class)."""
+        due = [
+            f for f in self.faults if f.step == step and f.phase == phase and f not in self._fired
+        ]
+        for fault in due:
+            self._fired.add(fault)
+            _announce(fault)
+            if fault.delay_s == 0:
+                _kill_self()
+            timer = threading.Timer(fault.delay_s, _kill_self)
+            timer.daemon = True
+            timer.start()
+        try:
+            yield
+        finally:
+            if due:  # the phase ended before the timer: it dies now, still inside it
+                _kill_self()
+
+    def at(self, step: int, phase: str) -> None:
+        """A phase with no extent (``start``): a fault naming it kills the driver now
+        (its delay, if it has one, ends with the phase at once)."""
+        with self.phase(step, phase):
+            pass
+
+
+def _announce(fault: DriverFault) -> None:
+    logger.warning("injected fault %s: killing the driver (pid %d)", fault, os.getpid())
+    for handler in logging.getLogger().handlers:
+        handler.flush()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ from sc_core import CallIds, WorkerDiedError, WorkerGroup
 from ._run_state import RUN_STATE, RunState, read_run_state, write_run_state
 
 __all__ = ["DRIVERS_LOG", "RunSession"]
+
+logger = logging.getLogger(__name__)
 
 #: The file of the output folder that lists each driver of a detached run.
 DRIVERS_LOG = "run_drivers.jsonl"
@@ -105,23 +108,38 @@ class RunSession:
         self.launched = {s: c for s, c in self.launched.items() if c >= keep}
         self.call_ids.retain_from(keep)
 
-    def record_driver(self, groups: Sequence[WorkerGroup[Any]]) -> None:
+    def record_driver(
+        self, groups: Sequence[WorkerGroup[Any]], state: RunState | None = None
+    ) -> None:
         """Append this driver to ``run_drivers.jsonl``: its epoch, pid, whether it
-        re-attached, and the pid of every worker of ``groups`` (a re-attach keeps them)."""
+        re-attached, the step and scope it takes over (``state``), and for every worker of
+        ``groups`` its pid (a re-attach keeps them) and, per method, the last call it
+        completed, ``[epoch, scope, key, ok]``: where each group stands. The record is
+        logged too."""
         workers: dict[str, list[int] | None] = {}
+        last: dict[str, list[dict[str, list[Any]]] | None] = {}
         for group in groups:
+            name = group.name_prefix
             try:
-                workers[group.name_prefix] = [int(p) for p in group.execute_all_sync("_get_pid")]
+                workers[name] = [int(p) for p in group.execute_all_sync("_get_pid")]
+                last[name] = [
+                    {m: [r.epoch, r.scope, r.key, r.ok] for m, r in sorted(rank.items())}
+                    for rank in group.last_calls()
+                ]
             except WorkerDiedError:  # lost while no driver was attached: recovered next
-                workers[group.name_prefix] = None
+                workers[name] = last[name] = None
         line = {
             "epoch": self.call_ids.epoch,
             "attached": self.attached,
             "driver_pid": os.getpid(),
+            "took_over": None if state is None else {"step": state.step, "scope": state.scope},
             "workers": workers,
+            "last_calls": last,
         }
         with (self.folder / DRIVERS_LOG).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
+        if self.attached:
+            logger.info("run %s: where the groups stand: %s", self.run_id, json.dumps(last))
 
     def use_on(self, groups: Sequence[WorkerGroup[Any]]) -> None:
         """Every call of ``groups`` carries an id from this session."""

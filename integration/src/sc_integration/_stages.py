@@ -44,21 +44,24 @@ TIMING_PREFIXES = ("timing/", "perf/")
 
 class StageTimer:
     """``with timer("generate"): ...`` records the seconds of each stage of one step;
-    ``on_enter(stage)`` runs as each stage begins (the trainer's injected driver faults)."""
+    ``around(stage)`` is a context the stage runs in (the trainer's injected driver faults)."""
 
-    def __init__(self, on_enter: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, around: Callable[[str], contextlib.AbstractContextManager[None]] | None = None
+    ) -> None:
         self.seconds: dict[str, float] = {}
-        self._on_enter = on_enter
+        self._around = around
 
     @contextlib.contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        if self._on_enter is not None:
-            self._on_enter(stage)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+        around = contextlib.nullcontext() if self._around is None else self._around(stage)
+        with around:
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                elapsed = time.perf_counter() - start
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
 
 
 def balance_batch(batch: DataProto, dp_size: int, metrics: dict[str, Any]) -> DataProto:

@@ -101,7 +101,7 @@ class RayPPOTrainer(TrainerRecovery):
             session.use_on(self._groups.every_group())
             if session.attached:  # where the previous driver was (None: before any step)
                 self._replay = session.read_state()
-            session.record_driver(self._groups.owned)
+            session.record_driver(self._groups.owned, self._replay)
         if self._replay is None:  # re-attached workers keep their models
             self._init_models()
         cfg = self.config
@@ -200,7 +200,7 @@ class RayPPOTrainer(TrainerRecovery):
     def _train_step(self, step: int) -> dict[str, Any]:
         """One PPO/GRPO step; each line is one stage of the dataflow."""
         m: dict[str, Any] = {"step": step}
-        t = StageTimer(on_enter=lambda stage: self._driver_fault(step, stage))
+        t = StageTimer(around=lambda stage: self._driver_phase(step, stage))
         pipeline = self._async
         servers = self._servers
         partial = servers if servers is not None and servers.partial else None
@@ -270,7 +270,10 @@ class RayPPOTrainer(TrainerRecovery):
 
     def validate(self) -> float:
         """Mean reward of greedy responses to the held-out prompts."""
-        self._driver_fault(self.global_step, "validate")
+        with self._driver_phase(self.global_step, "validate"):
+            return self._validate()
+
+    def _validate(self) -> float:
         texts = self.task.val_strings
         if self._agents is not None:
             return self._agents.validate(list(texts), self.global_step)

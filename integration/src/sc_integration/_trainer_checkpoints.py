@@ -28,17 +28,17 @@ class TrainerCheckpoints(TrainerCore):
         of :meth:`fit`. Before that a recovery or a resume does not see it."""
         self._finish_save(block=True)  # one save at a time
         step = self.global_step
-        self._driver_fault(step, "save_checkpoint")
-        folder = self.output.checkpoint_dir(step)
-        folder.mkdir(parents=True, exist_ok=True)
-        background = self.config.background_checkpoints
-        self.actor_rollout_wg.save_checkpoint(
-            str(folder / "actor"), global_step=step, background=background
-        )
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(
-                str(folder / "critic"), global_step=step, background=background
+        with self._driver_phase(step, "save_checkpoint"):  # the workers' part of the save
+            folder = self.output.checkpoint_dir(step)
+            folder.mkdir(parents=True, exist_ok=True)
+            background = self.config.background_checkpoints
+            self.actor_rollout_wg.save_checkpoint(
+                str(folder / "actor"), global_step=step, background=background
             )
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(
+                    str(folder / "critic"), global_step=step, background=background
+                )
         state = {"global_step": step, "config": asdict(self.config)}
         self._pending_save = PendingSave(step, state, list(self.history))
         if not background:

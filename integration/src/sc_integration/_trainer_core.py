@@ -9,6 +9,7 @@ a detached run's take-over in ``_trainer_detached.py``; recovery in ``_trainer_r
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, Weigh
 from ._agent_rollout import AgentEnvironment, AgentRollout
 from ._async_rollout import AsyncRollout
 from ._config import TrainerConfig
-from ._driver_faults import DriverFault, fire_driver_fault
+from ._driver_faults import DriverFault, DriverFaults
 from ._errors import TrainerStateError
 from ._faults import FaultSpec
 from ._launchers import Launcher
@@ -61,7 +62,7 @@ class TrainerCore:
         self.recoveries = 0
         self._faults: list[FaultSpec] = list(config.faults)  # each injected once
         #: faults that kill this driver (a detached run's re-attach tests)
-        self._driver_faults = DriverFault.parse_all(config.inject_fault)
+        self._driver_faults = DriverFaults(DriverFault.parse_all(config.inject_fault))
         #: a detached run's call ids, call scopes and run state (None: not detached)
         self._session = launcher.session
         #: a re-attached driver: the state its predecessor wrote as its last step began
@@ -135,6 +136,7 @@ class TrainerCore:
             if self._async is not None:
                 self._async.synced(version, actor_version)
 
-    def _driver_fault(self, step: int, phase: str) -> None:
-        if self._driver_faults:
-            fire_driver_fault(self._driver_faults, step, phase)
+    def _driver_phase(self, step: int, phase: str) -> contextlib.AbstractContextManager[None]:
+        """Phase ``phase`` of step ``step``, inside which an injected driver fault kills
+        this driver (``_driver_faults.py``)."""
+        return self._driver_faults.phase(step, phase)

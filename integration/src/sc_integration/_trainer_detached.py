@@ -32,7 +32,7 @@ class TrainerDetached(TrainerCore):
         scope = session.begin_step()
         session.write(self._run_state(step, scope, recovering))
         if not recovering:
-            self._driver_fault(step, "start")
+            self._driver_faults.at(step, "start")
 
     def _run_state(self, step: int, scope: int, recovering: bool) -> RunState:
         """What a new driver needs to take over ``step`` (see ``_run_state.py``)."""
