@@ -137,6 +137,14 @@ def test_an_older_driver_is_fenced_off(counting: tuple[RayWorkerGroup, RayWorker
     assert "rank 0" in str(info.value)
 
 
+def _wait_until_running(wg: RayWorkerGroup, timeout_s: float = 30.0) -> None:
+    """Until every rank has started its ``slow`` call (asked without a call id)."""
+    deadline = time.monotonic() + timeout_s
+    while wg.execute_all_sync("count") != [1, 1]:
+        assert time.monotonic() < deadline, "the original call did not start"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize(("cls", "concurrency"), [(Counting, 4), (Counting, 1), (AsyncCounting, 1)])
 def test_a_replay_waits_for_the_running_original(
     ray_cluster: None, cls: type[Worker], concurrency: int
@@ -144,6 +152,10 @@ def test_a_replay_waits_for_the_running_original(
     for wg, attached in _groups(cls, f"ids_wait_{cls.__name__}_{concurrency}", concurrency):
         _use(wg, 0, 1)
         original = wg.slow(1.0)
+        if concurrency > 1 or cls is AsyncCounting:
+            # calls may start out of order here: the replay must find the original running
+            # (one that came first would fence the original off: the newer epoch was seen)
+            _wait_until_running(wg)
         _use(attached, 1, 1)
         replay = attached.slow(1.0)
         first = ray.get(original)
