@@ -10,7 +10,10 @@ run id, which re-attaches to the live workers and finishes the run. In every cas
 * the final weights equal, bit for bit, those of the same run never interrupted;
 * no worker process was restarted: the workers' pids the second driver found are the
   first driver's (``run_drivers.jsonl``);
-* every step's metrics are recorded once.
+* every step's metrics are recorded once;
+* the second driver took over the fault's step, and for a fault inside a phase the
+  workers had run that phase's call for the first driver in the step (the kill came after
+  the call was sent; ``DriverFaults`` makes it come before the phase ends).
 
 The default integration session runs two cases (inside an update, inside the weight sync
 of a separate rollout); the ``faults`` session runs them all.
