@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,14 @@ def test_vllm_without_its_environment_fails_before_any_worker_naming_the_command
     assert "sc-demo: error:" in err
     assert "python -m sc_rollout vllm-env create" in err
     assert not (out / "checkpoints").exists(), "nothing trained"
+
+
+def test_importing_sc_demo_does_not_import_ray() -> None:
+    """Ray reads RAY_ENABLE_UV_RUN_RUNTIME_ENV once, when first imported; the launcher sets
+    it before importing Ray, so sc-demo's own module must not import Ray first (else every
+    Ray worker would start through ``uv run`` in a copy of the working directory)."""
+    code = "import sys, sc_integration.demo; print('ray' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert proc.stdout.strip() == "False"

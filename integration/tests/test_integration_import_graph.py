@@ -68,6 +68,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "which Ray reads when it is first imported"
     ),
     ("sc_integration._launchers", "sc_ray"): "imports Ray: as ray above",
+    ("sc_integration.demo", "sc_ray"): (
+        "imports Ray: sc-demo catches sc-ray's errors only once one came, after the launcher "
+        "set RAY_ENABLE_UV_RUN_RUNTIME_ENV"
+    ),
     ("sc_integration._fleet_ray", "ray"): (
         "as sc_integration._launchers: the rollout-server fleet imports Ray on first use, so "
         "importing sc_integration does not"

@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sc_ray import ScRayError
 from sc_rollout import ScRolloutError
 
 from ._config import TrainerConfig
@@ -147,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         result = TaskRunner(config).run(progress=progress, on_start=progress.start_at)
-    except (ScIntegrationError, ScRolloutError, ScRayError) as err:
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
         progress.close()
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
         return 1
@@ -168,12 +169,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors ``sc-demo`` reports in one line (a bad option, a run that cannot start or
+    re-attach), rather than with a traceback. sc-ray's are imported here, once an error came:
+    importing sc_ray imports Ray, which must not happen before the launcher switched off
+    Ray's ``uv run`` runtime-env hook (``RAY_ENABLE_UV_RUN_RUNTIME_ENV``, read at import)."""
+    from sc_ray import ScRayError
+
+    return (ScIntegrationError, ScRolloutError, ScRayError)
+
+
 def _teardown(run_id: str, address: str | None) -> int:
     """``sc-demo --teardown ID``: release the run's actors and placement groups."""
     try:
         check_run_id("sc-demo --teardown", run_id)
         info = teardown_detached_run(run_id, address)
-    except (ScIntegrationError, ScRayError) as err:
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
         return 1
     print(  # noqa: T201
