@@ -119,9 +119,6 @@ class DriverFaults:
         self.faults = faults
         self._fired: set[DriverFault] = set()
 
-    def __bool__(self) -> bool:
-        return bool(self.faults)
-
     @contextlib.contextmanager
     def phase(self, step: int, phase: str) -> Iterator[None]:
         """The ``with`` block is phase ``phase`` of step ``step`` (see the class)."""
