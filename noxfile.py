@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import sys
 from typing import Any
 
@@ -34,11 +35,24 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-PACKAGES = ["sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-rollout", "sc-workers"]
+PACKAGES = [
+    "sc-dispatch",
+    "sc-protocol",
+    "sc-core",
+    "sc-ray",
+    "sc-rollout",
+    "sc-workers",
+    "sc-trainer",
+]
 PACKAGE_PARAMS = [nox.param(dist, id=dist, tags=[dist]) for dist in PACKAGES]
 #: extras a package's tests install, so that the code behind them is tested (sc-workers' hf
-#: tests fail rather than skip in that session when transformers is missing)
-TEST_EXTRAS = {"sc-workers": ["hf"]}
+#: tests fail rather than skip in that session when transformers is missing; sc-trainer's
+#: runs draw their plot)
+TEST_EXTRAS = {"sc-workers": ["hf"], "sc-trainer": ["plot"]}
+#: pytest arguments a package's tests session adds: sc-trainer's leaves the long fault matrix
+#: (20 trainings) to the faults session, runs one case per kind of point, and leaves the
+#: tests on the vLLM engine to the vllm session (which makes vLLM's environment)
+PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not fault_matrix and not vllm"]}
 
 #: the Pythons the packages support (their classifiers; requires-python is >=3.10). The
 #: oldest runs lowest(<dist>), the workspace's own (.python-version) runs tests(<dist>), the
@@ -51,12 +65,13 @@ OTHER_PYTHONS = [v for v in SUPPORTED_PYTHONS if v not in (OLDEST_PYTHON, WORKSP
 #: packages whose pythons session runs on the newest Python only: they sit on torch and Ray
 #: (whose wheels carry the version differences), which the oldest, the workspace's and the
 #: newest Python already test; a middle version adds a minute of CI for little
-MIDDLE_PYTHONS_SKIP = frozenset({"sc-protocol", "sc-ray", "sc-workers"})
+MIDDLE_PYTHONS_SKIP = frozenset({"sc-protocol", "sc-ray", "sc-workers", "sc-trainer"})
 #: what lowest(<dist>) and pythons-<version>(<dist>) run: pytest arguments relative to the
 #: package's tests/ folder. By default the tests not marked slow; for sc-ray (whose tests start
 #: Ray clusters) the cluster-free module and two tests of calls and their errors on actors;
 #: for sc-workers all but the checkpoint module that kills a child process at every
-#: filesystem step of a save.
+#: filesystem step of a save; for sc-trainer the modules that need no Ray cluster and train
+#: for at most a few steps in this process.
 QUICK_TESTS: dict[str, list[str]] = {
     "sc-ray": [
         "test_ray_unit.py",
@@ -64,6 +79,13 @@ QUICK_TESTS: dict[str, list[str]] = {
         "test_ray_worker_group.py::test_errors_deadlines_and_dead_workers",
     ],
     "sc-workers": [".", "-m", "not slow", "--ignore={tests}/test_workers_checkpoint_atomic.py"],
+    "sc-trainer": [
+        "test_trainer_task.py",
+        "test_trainer_run_session.py",
+        "test_trainer_driver_faults.py",
+        "test_trainer_agent_batch.py",
+        "test_trainer_local.py",
+    ],
 }
 
 
@@ -168,6 +190,7 @@ def tests(session: nox.Session, dist: str) -> None:
     session.run(
         "pytest",
         os.path.join(_package_dir(dist), "tests"),
+        *PACKAGE_TEST_ARGS.get(dist, []),
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": dist},
     )
@@ -176,10 +199,21 @@ def tests(session: nox.Session, dist: str) -> None:
 @nox.session
 @nox.parametrize("dist", PACKAGE_PARAMS)
 def typecheck(session: nox.Session, dist: str) -> None:
-    """mypy --strict on one package's sources and tests, with only its dependencies."""
-    _sync(session, "--package", dist, "--group", "typecheck")
+    """mypy --strict on one package's sources and tests, with only its dependencies (and the
+    package's own ``[tool.mypy]`` when its pyproject has one: sc-trainer's plugin), then the
+    package's typing_tests when it has them."""
     pkg = _package_dir(dist)
-    session.run("mypy", "--strict", os.path.join(pkg, "src"), os.path.join(pkg, "tests"))
+    typing_tests = os.path.join(pkg, "typing_tests")
+    has_typing_tests = os.path.isdir(os.path.join(ROOT, typing_tests))
+    groups = ["--group", "typecheck", *(["--group", "test"] if has_typing_tests else [])]
+    _sync(session, "--package", dist, *groups)
+    config = _pyproject(pkg).get("tool", {}).get("mypy")
+    config_args = ["--config-file", os.path.join(pkg, "pyproject.toml")] if config else []
+    session.run(
+        "mypy", "--strict", *config_args, os.path.join(pkg, "src"), os.path.join(pkg, "tests")
+    )
+    if has_typing_tests:
+        session.run("pytest", typing_tests)
 
 
 @nox.session(tags=["guards"])
@@ -237,6 +271,62 @@ def pythons(session: nox.Session, dist: str) -> None:
     extras = [arg for extra in TEST_EXTRAS.get(dist, []) for arg in ("--extra", extra)]
     _sync(session, "--package", dist, "--group", "test", *extras)
     session.run("pytest", *_quick_tests(dist), *session.posargs, env={"SC_ISOLATED_PACKAGE": dist})
+
+
+@nox.session(python=WORKSPACE_PYTHON, venv_backend="uv", tags=["wheels"])
+def wheels(session: nox.Session) -> None:
+    """The distributions as a user gets them: ``uv build`` makes every package's wheel, a fresh
+    virtualenv (this session's, no workspace, nothing editable) gets sc-trainer and the sc
+    distributions it needs from those wheels alone, their other dependencies from the index
+    at the lock's versions (``uv export`` as constraints); then the installed ``sc-demo
+    --backend local --steps 20`` must train, validate and checkpoint."""
+    tmp = session.create_tmp()
+    dist = os.path.join(tmp, "dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run(
+        "uv", "build", "--all-packages", "--wheel", "--out-dir", dist, "--quiet", external=True
+    )
+    built = sorted(glob.glob(os.path.join(dist, "sc_*.whl")))
+    wanted = ["sc-trainer", *_workspace_deps("sc-trainer")]
+    chosen = [w for w in built if _wheel_dist(w) in wanted]
+    missing = sorted(set(wanted) - {_wheel_dist(w) for w in chosen})
+    if missing:
+        session.error(f"uv build made no wheel of {missing} in {dist}")
+    constraints = os.path.join(tmp, "constraints.txt")
+    session.run(
+        "uv",
+        "export",
+        "--frozen",
+        "--package",
+        "sc-trainer",
+        "--no-emit-workspace",
+        "--no-hashes",
+        "--no-header",
+        "--no-dev",
+        "--quiet",
+        "--output-file",
+        constraints,
+        external=True,
+    )
+    session.install("--constraints", constraints, *chosen)
+    where = session.run(
+        "python", "-c", "import sc_trainer; print(sc_trainer.__file__)", silent=True
+    )
+    if "site-packages" not in str(where):
+        session.error(f"sc_trainer imported from {where!r}, not from the installed wheel")
+    out = os.path.join(tmp, "sc-demo-wheel")
+    shutil.rmtree(out, ignore_errors=True)
+    session.run(
+        "sc-demo", "--backend", "local", "--steps", "20", "--no-progress", "--output-dir", out
+    )
+    checkpoint = os.path.join(out, "checkpoints", "global_step_20", "trainer_state.json")
+    if not os.path.isfile(checkpoint):
+        session.error(f"sc-demo from the wheels left no complete checkpoint {checkpoint}")
+
+
+def _wheel_dist(path: str) -> str:
+    """The distribution name of a wheel file (``sc_core-0.2.0-py3-none-any.whl``: sc-core)."""
+    return os.path.basename(path).split("-", 1)[0].replace("_", "-")
 
 
 @nox.session
@@ -331,6 +421,11 @@ def typing(session: nox.Session) -> None:
     session.run("pytest", os.path.join("packages", "sc-core", "typing_tests"), *session.posargs)
 
 
+#: test folders whose ``vllm``-marked tests the vllm and gpu sessions run
+VLLM_TEST_DIRS = [
+    os.path.join("packages", "sc-trainer", "tests"),
+    os.path.join("integration", "tests"),
+]
 #: test folders whose ``gpu``-marked tests the gpu session runs, in this order
 GPU_TEST_DIRS = [
     *(os.path.join(_package_dir(dist), "tests") for dist in PACKAGES),
@@ -354,7 +449,7 @@ def gpu(session: nox.Session) -> None:
         # exit code 5: the folder has no test marked gpu (sc-dispatch, sc-core, sc-rollout)
         session.run("pytest", folder, "-m", "gpu", *session.posargs, success_codes=[0, 5])
     session.run("python", "-m", "sc_rollout", "vllm-env", "create", "--flavor", "gpu")
-    session.run("pytest", os.path.join("integration", "tests"), "-m", "vllm", *session.posargs)
+    session.run("pytest", *VLLM_TEST_DIRS, "-m", "vllm", *session.posargs)
     out = os.path.join(session.create_tmp(), "sc-demo-cuda")
     session.run(
         "sc-demo",
@@ -377,7 +472,7 @@ def faults(session: nox.Session) -> None:
     _sync(session, "--package", "sc-integration", "--group", "test")
     session.run(
         "pytest",
-        os.path.join("integration", "tests", "test_integration_fault_matrix.py"),
+        os.path.join("packages", "sc-trainer", "tests", "test_trainer_fault_matrix.py"),
         os.path.join("integration", "tests", "test_integration_reattach.py"),
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": "sc-integration"},
@@ -392,14 +487,8 @@ def vllm(session: nox.Session) -> None:
     server for all its tests."""
     _sync(session, "--package", "sc-integration", "--group", "test")
     session.run("python", "-m", "sc_rollout", "vllm-env", "create")
-    session.run(
-        "pytest",
-        os.path.join("integration", "tests"),
-        "-m",
-        "vllm",
-        *session.posargs,
-        env={"SC_ISOLATED_PACKAGE": "sc-integration"},
-    )
+    env = {"SC_ISOLATED_PACKAGE": "sc-integration"}
+    session.run("pytest", *VLLM_TEST_DIRS, "-m", "vllm", *session.posargs, env=env)
 
 
 @nox.session(default=False)

@@ -25,6 +25,7 @@ not ``LocalWorkerGroup.__init__``).
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import json
 import logging
@@ -42,8 +43,19 @@ import griffe
 
 ROOT = Path(__file__).resolve().parent.parent
 API_DIR = ROOT / "api"
-PACKAGES = ("sc-dispatch", "sc-protocol", "sc-core", "sc-ray", "sc-workers", "sc-rollout")
+PACKAGES = (
+    "sc-dispatch",
+    "sc-protocol",
+    "sc-core",
+    "sc-ray",
+    "sc-workers",
+    "sc-rollout",
+    "sc-trainer",
+)
 FORMAT = 1
+#: the most names a package's top level may export (``__all__`` of its ``__init__``); the
+#: rest belongs in its second tiers
+MAX_TOP_LEVEL = {"sc-trainer": 25}
 
 log = logging.getLogger("sc_api")
 
@@ -320,7 +332,38 @@ def released(changelog: Path) -> list[str]:
     ]
 
 
+def top_level_names(dist: str) -> list[str]:
+    """The names the package's ``__init__`` lists in ``__all__`` (read, not imported)."""
+    init = ROOT / "packages" / dist / "src" / import_name(dist) / "__init__.py"
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return [str(ast.literal_eval(elt)) for elt in getattr(node.value, "elts", [])]
+    return []
+
+
+def check_size(dist: str) -> int:
+    """Fails when the package's top level exports more than ``MAX_TOP_LEVEL`` allows."""
+    limit = MAX_TOP_LEVEL.get(dist)
+    if limit is None:
+        return 0
+    names = top_level_names(dist)
+    if len(names) > limit:
+        log.info(
+            f"api({dist}): the top level exports {len(names)} names, more than {limit}; move "
+            f"the extenders' names to a second tier: {sorted(names)}"
+        )
+        return 1
+    log.info(f"api({dist}): the top level exports {len(names)} names (at most {limit})")
+    return 0
+
+
 def check(dist: str) -> int:
+    return check_size(dist) | check_changes(dist)
+
+
+def check_changes(dist: str) -> int:
     changelog = ROOT / "packages" / dist / "CHANGELOG.md"
     if not baseline_path(dist).is_file() and not released(changelog):
         # Nothing was released, so nothing can break: the first release writes the baseline.

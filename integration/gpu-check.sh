@@ -9,7 +9,7 @@
 #
 # Offline (a machine that reaches no package index but has python3 with torch and pytest;
 # SC_INTEGRATION_GPU_CHECK_PYTHON names another interpreter):
-# wheels in .whl/ (if any) are installed into /tmp/sc-site, the five packages and the trainer
+# wheels in .whl/ (if any) are installed into /tmp/sc-site, the sc packages (the trainer too)
 # are used from their source folders, and the same tests, demo and benchmark run; parts
 # whose dependencies are missing (Ray, tensordict) are reported as skipped, not failed.
 set -euo pipefail
@@ -56,7 +56,7 @@ status=0
 for entry in packages/sc-protocol/tests/test_protocol_gpu.py:tensordict \
     packages/sc-workers/tests/test_workers_gpu.py:tensordict \
     packages/sc-ray/tests/test_ray_gpu.py:ray \
-    integration/tests/test_integration_gpu.py:tensordict; do
+    packages/sc-trainer/tests/test_trainer_gpu.py:tensordict; do
     file=${entry%%:*}
     needs=${entry##*:}
     if ! "$python" -c "import $needs" 2>/dev/null; then
@@ -67,7 +67,7 @@ for entry in packages/sc-protocol/tests/test_protocol_gpu.py:tensordict \
     "$python" -m pytest "$file" -p no:cacheprovider -q || status=$?
 done
 step "sc-demo --device cuda --backend local"
-"$python" -m sc_integration.demo --device cuda --backend local --steps 30 --val-every 10 \
+"$python" -m sc_trainer.cli --device cuda --backend local --steps 30 --val-every 10 \
     --no-progress --output-dir /tmp/sc-demo-cuda || status=$?
 if "$python" -c "import ray" 2>/dev/null; then
     step "bench_gpu.py"

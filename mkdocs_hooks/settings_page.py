@@ -19,7 +19,7 @@ PACKAGES: tuple[tuple[str, str], ...] = (
     ("sc-ray", "sc_ray"),
     ("sc-workers", "sc_workers"),
     ("sc-rollout", "sc_rollout"),
-    ("sc-integration", "sc_integration"),
+    ("sc-trainer", "sc_trainer"),
 )
 PAGE = "reference/settings.md"
 MARKER = "<!-- settings-table -->"

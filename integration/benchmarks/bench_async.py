@@ -41,7 +41,7 @@ from typing import Any
 import ray
 from _machine import machine, write_result  # this folder: the script's own
 from sc_core import CallSpan, SpanRecorder
-from sc_integration import TaskRunner, TrainerConfig, make_launcher
+from sc_trainer import TaskRunner, TrainerConfig, make_launcher
 
 #: the actor's and the critic's calls of a step (the work generation may overlap)
 TRAIN_METHODS = (

@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 from _machine import machine  # this folder: the script's own
-from sc_integration import TaskConfig, TaskRunner, TrainerConfig
+from sc_trainer import TaskConfig, TaskRunner, TrainerConfig
 
 
 def run(background: bool, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:

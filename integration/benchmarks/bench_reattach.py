@@ -44,7 +44,7 @@ def _driver(output: str, options: dict[str, Any], connect: bool) -> int:
 
     # imported by both kinds of driver before the clock starts, as every other import
     import ray
-    from sc_integration import RunConfig, TaskConfig, TaskRunner, TrainerConfig
+    from sc_trainer import RunConfig, TaskConfig, TaskRunner, TrainerConfig
 
     logging.basicConfig(level=logging.WARNING)
     connect_s = 0.0

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from _machine import machine, write_result  # this folder: the script's own
 from safetensors.torch import load_file, save_file
-from sc_integration._tiny_gpt2 import save_tiny_gpt2
 from sc_rollout import (
     GenerateRequest,
     RolloutClient,
@@ -46,6 +45,7 @@ from sc_rollout import (
     WeightUpdate,
     create_vllm_env,
 )
+from sc_trainer.tasks import save_tiny_gpt2
 from sc_workers.models import load_hf_model, save_hf_model
 from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
 

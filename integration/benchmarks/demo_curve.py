@@ -35,7 +35,7 @@ PNG = ROOT / "docs" / "img" / "demo-curve.png"
 
 def run_demo(algorithm: str, extra: list[str], out: Path) -> dict[str, Any]:
     """One ``sc-demo`` run; its curve and wall time."""
-    cmd = [sys.executable, "-m", "sc_integration.demo", "--algorithm", algorithm]
+    cmd = [sys.executable, "-m", "sc_trainer.cli", "--algorithm", algorithm]
     cmd += ["--output-dir", str(out), "--no-progress", *extra]
     load = os.getloadavg()[0]
     start = time.perf_counter()

@@ -28,8 +28,8 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
-from sc_integration._tiny_gpt2 import save_tiny_gpt2
 from sc_rollout import create_vllm_env
+from sc_trainer.tasks import save_tiny_gpt2
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -39,7 +39,7 @@ ROLLOUTS = ("workers", "builtin", "vllm")
 
 
 def run_demo(rollout: str, model: str, out: Path, steps: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "sc_integration.demo", "--rollout", rollout]
+    cmd = [sys.executable, "-m", "sc_trainer.cli", "--rollout", rollout]
     cmd += ["--steps", str(steps), "--output-dir", str(out), "--no-progress"]
     if rollout == "workers":
         cmd += ["--model", model]

@@ -2,7 +2,7 @@
 
     python _integration_driver.py OUTPUT_DIR '{"run": {"id": "r1"}, "placement": "separate"}'
 
-runs :func:`_integration_runs.tiny_config` with those overrides through ``TaskRunner`` and
+runs :func:`sc_trainer.testing.tiny_config` with those overrides through ``TaskRunner`` and
 prints the result as one JSON line (the final step, the startup seconds). The tests start
 it, SIGKILL it through an injected driver fault, and start it again to re-attach.
 """
@@ -14,10 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _integration_runs import tiny_config
-from sc_integration import RunConfig, TaskRunner
+from sc_trainer import RunConfig, TaskRunner
+from sc_trainer.testing import tiny_config
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,14 @@ PACKAGES = {
     "sc_ray": "ScRayError",
     "sc_workers": "ScWorkersError",
     "sc_rollout": "ScRolloutError",
-    "sc_integration": "ScIntegrationError",
+    "sc_trainer": "ScTrainerError",
+}
+#: packages whose errors are exported by the second tier of their concern, besides the top
+SECOND_TIERS = {
+    "sc_trainer": [
+        f"sc_trainer.{sub}"
+        for sub in ("agents", "config", "faults", "launch", "rollout", "runs", "tasks", "trainer")
+    ],
 }
 
 _BUILTIN_ERRORS = {
@@ -25,13 +32,16 @@ _BUILTIN_ERRORS = {
 } - {BaseException, Exception}
 
 
-def _exported(module_name: str) -> dict[str, type[BaseException]]:
-    module = importlib.import_module(module_name)
-    return {
-        name: obj
-        for name in module.__all__
-        if isinstance(obj := getattr(module, name), type) and issubclass(obj, BaseException)
-    }
+def _exported(package: str) -> dict[str, type[BaseException]]:
+    """The exception classes ``package`` exports, at its top level or in a second tier."""
+    found: dict[str, type[BaseException]] = {}
+    for module_name in (package, *SECOND_TIERS.get(package, [])):
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                assert found.setdefault(name, obj) is obj, f"two {name} in {package}"
+    return found
 
 
 def _meanings(exc: type[BaseException]) -> set[type[BaseException]]:
@@ -80,3 +90,10 @@ def test_tree_is_drawn_in_the_errors_module(module: str) -> None:
     doc = importlib.import_module(f"{module}._errors").__doc__ or ""
     for cls in ALL[module].values():
         assert cls.__name__ in doc, f"{cls.__name__} is missing from {module}._errors"
+
+
+@pytest.mark.parametrize("module", list(SECOND_TIERS))
+def test_every_error_of_the_tree_is_exported(module: str) -> None:
+    """A package that exports its errors by concern leaves none of them private."""
+    declared = set(importlib.import_module(f"{module}._errors").__all__)
+    assert declared <= set(ALL[module]), sorted(declared - set(ALL[module]))

@@ -59,29 +59,31 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "sc_rollout._vllm_env",
         "uv",
     ): "the uv package, where no uv is on the path, to make vLLM's environment",
-    ("sc_integration._tiny_gpt2", "transformers"): (
+    ("sc_trainer.tasks._tiny_gpt2", "transformers"): (
         "as sc_workers.models._hf: only a run that builds its tiny GPT-2 imports transformers"
     ),
-    ("sc_integration._tiny_gpt2", "tokenizers"): "as transformers, for the model's tokenizer",
-    ("sc_integration._launchers", "ray"): (
+    ("sc_trainer.tasks._tiny_gpt2", "tokenizers"): "as transformers, for the model's tokenizer",
+    ("sc_trainer.launch._launchers", "ray"): (
         "only the Ray backend imports Ray, after setting RAY_ENABLE_UV_RUN_RUNTIME_ENV, "
         "which Ray reads when it is first imported"
     ),
-    ("sc_integration._launchers", "sc_ray"): "imports Ray: as ray above",
-    ("sc_integration.demo", "sc_ray"): (
+    ("sc_trainer.launch._launchers", "sc_ray"): "imports Ray: as ray above",
+    ("sc_trainer.cli._demo", "sc_ray"): (
         "imports Ray: sc-demo catches sc-ray's errors only once one came, after the launcher "
         "set RAY_ENABLE_UV_RUN_RUNTIME_ENV"
     ),
-    ("sc_integration._fleet_ray", "ray"): (
-        "as sc_integration._launchers: the rollout-server fleet imports Ray on first use, so "
-        "importing sc_integration does not"
+    ("sc_trainer.rollout._fleet_ray", "ray"): (
+        "as sc_trainer.launch._launchers: the rollout-server fleet imports Ray on first use, so "
+        "importing sc_trainer does not"
     ),
-    ("sc_integration._fleet_ray", "sc_ray"): "imports Ray: as ray above",
-    ("sc_integration._server_actor", "ray"): (
-        "runs in a rollout server's Ray actor, where Ray is loaded; importing sc_integration "
+    ("sc_trainer.rollout._fleet_ray", "sc_ray"): "imports Ray: as ray above",
+    ("sc_trainer.rollout._server_actor", "ray"): (
+        "runs in a rollout server's Ray actor, where Ray is loaded; importing sc_trainer "
         "does not import Ray"
     ),
-    ("sc_integration._output", "matplotlib"): "only the end of a run draws the plot",
+    ("sc_trainer.runs._output", "matplotlib"): (
+        "only the end of a run draws the plot, and matplotlib is the extra sc-trainer[plot]"
+    ),
 }
 
 

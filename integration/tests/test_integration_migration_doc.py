@@ -20,7 +20,7 @@ PACKAGES = [
     "sc_core",
     "sc_ray",
     "sc_workers",
-    "sc_integration",
+    "sc_trainer",
     "sc_dispatch.ext",
     "sc_dispatch.verl",
     "sc_core.backend",

@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 import torch
-from _integration_runs import final_weights
-from sc_integration import DriverFault
+from sc_trainer.faults import DriverFault
+from sc_trainer.testing import final_weights
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -149,7 +149,7 @@ def _drivers(output: Path) -> list[dict[str, Any]]:
 def test_a_killed_driver_is_replaced_by_one_that_reattaches(
     case: Case, cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
 ) -> None:
-    from sc_integration import read_metrics
+    from sc_trainer.runs import read_metrics
 
     expected = final_weights(clean[case.layout])
     options = {**BASE, **LAYOUTS[case.layout], "run": {"id": cluster.run_id()}}
@@ -236,7 +236,7 @@ def _left(cluster: _Cluster, run_id: str) -> dict[str, list[str]]:
 
 def _teardown(cluster: _Cluster, run_id: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sc_integration.demo", "--teardown", run_id],
+        [sys.executable, "-m", "sc_trainer.cli", "--teardown", run_id],
         env=cluster.cluster.env(),
         capture_output=True,
         text=True,
@@ -307,7 +307,7 @@ def test_a_driver_with_another_configuration_is_refused_and_changes_nothing(
 def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
     cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
 ) -> None:
-    from sc_integration import read_metrics
+    from sc_trainer.runs import read_metrics
 
     expected = final_weights(clean["colocated"])
     options = {**BASE, "run": {"id": cluster.run_id()}}

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sc_integration._tiny_gpt2 import save_tiny_gpt2
 from sc_rollout import (
     GenerateRequest,
     GenerateResult,
@@ -31,6 +30,7 @@ from sc_rollout import (
     ServerState,
     WeightUpdate,
 )
+from sc_trainer.tasks import save_tiny_gpt2
 from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
 
 pytestmark = pytest.mark.timeout(120)

@@ -44,7 +44,7 @@ _PREFIX = {
     "sc-ray": "SC_RAY_",
     "sc-workers": "SC_WORKERS_",
     "sc-rollout": "SC_ROLLOUT_",
-    "sc-integration": "SC_INTEGRATION_",
+    "sc-trainer": "SC_TRAINER_",
 }
 
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import torch
-from sc_integration._tiny_gpt2 import save_tiny_gpt2
 from sc_rollout import (
     AgentSession,
     AppendedTokens,
@@ -41,6 +40,7 @@ from sc_rollout import (
     WeightUpdate,
 )
 from sc_rollout._vllm_env import default_flavor as default_vllm_flavor
+from sc_trainer.tasks import save_tiny_gpt2
 from sc_workers.models import load_hf_model, save_hf_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

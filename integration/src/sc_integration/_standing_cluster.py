@@ -124,7 +124,7 @@ class Driver:
 
 
 def _command(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "sc_integration.demo", "--no-progress", *args]
+    return [sys.executable, "-m", "sc_trainer.cli", "--no-progress", *args]
 
 
 def run_driver(cluster: StandingCluster, args: list[str], timeout: float = 300) -> Driver:

@@ -1,0 +1,327 @@
+"""The trainer's configuration: typed dataclasses, validated when built.
+
+The fields, with their defaults and ``sc-demo`` options, are declared in
+``_fields.py``; :class:`TrainerConfig` adds the checks and the derived values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .._errors import TrainerConfigError
+from ..faults import FaultSpec
+from ._fields import (
+    ALGORITHMS,
+    BACKENDS,
+    DEVICES,
+    PLACEMENTS,
+    ROLLOUT_ENGINES,
+    TrainerFields,
+)
+from ._run import check_detached
+
+__all__ = ["TrainerConfig"]
+
+
+def _positive(owner: str, **values: int | float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not value > 0:
+            raise TrainerConfigError(f"{owner}.{name} must be > 0, got {value!r}")
+
+
+def _int_at_least(owner: str, name: str, value: object, minimum: int) -> None:
+    """``value`` (field ``name``) must be an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainerConfigError(f"{owner}.{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise TrainerConfigError(f"{owner}.{name} must be >= {minimum}, got {value}")
+
+
+def _non_negative(owner: str, **values: int | float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not value >= 0:
+            raise TrainerConfigError(f"{owner}.{name} must be >= 0, got {value!r}")
+
+
+@dataclass
+class TrainerConfig(TrainerFields):
+    """Everything one training run needs; the defaults are the ``sc-demo`` run.
+
+    Rows per step are ``prompts_per_step * responses_per_prompt``; every dp size divides it.
+    ``responses_per_prompt`` is the GRPO group size (PPO may sample several too).
+
+    ``absolute_positions`` gives the built-in model learned absolute position embeddings
+    (``None``: on for the built-in model; a Hugging Face model brings its own position
+    encoding, so ``True`` with ``model_path`` is an error). ``model_path`` trains the local
+    Hugging Face causal LM in that directory on the task as text, through its own
+    tokenizer. ``device`` is where the workers compute (``"cuda"``: one GPU per worker).
+
+    ``placement="separate"`` samples on a rollout group of its own (``workers_per_role``
+    processes, tensor parallel over ``rollout_tp`` of them, replicas over the rest) whose
+    weights follow the actor's through a weight sync after every update; ``"colocated"``
+    (the default) samples with the actor's own model in the actor's processes.
+
+    ``async_staleness`` (k) > 0 makes a separately placed rollout generate the next batch
+    while the actor trains on the current one: a batch that trains the actor from version v
+    to v + 1 was sampled with the weights of version v - k or newer, and the PPO ratio uses
+    the sampling-time log-probs (see docs/guides/async-training.md). 0: the synchronous loop.
+    """
+
+    def __post_init__(self) -> None:
+        owner = "TrainerConfig"
+        if self.algorithm not in ALGORITHMS:
+            raise TrainerConfigError(
+                f"{owner}.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}"
+            )
+        if self.placement not in PLACEMENTS:
+            raise TrainerConfigError(
+                f"{owner}.placement must be one of {PLACEMENTS}, got {self.placement!r}"
+            )
+        _int_at_least(owner, "rollout_tp", self.rollout_tp, 1)
+        if self.rollout_tp > 1 and self.placement != "separate":
+            raise TrainerConfigError(
+                f"{owner}: rollout_tp={self.rollout_tp} needs placement='separate' (a colocated "
+                "rollout samples with the actor's own layout)"
+            )
+        if self.workers_per_role % self.rollout_tp:
+            raise TrainerConfigError(
+                f"{owner}: rollout_tp ({self.rollout_tp}) must divide the rollout group's "
+                f"{self.workers_per_role} workers (workers_per_role)"
+            )
+        _int_at_least(owner, "actor_pp", self.actor_pp, 1)
+        _int_at_least(owner, "sp", self.sp, 1)
+        if self.actor_pp > 1 and self.sp > 1:
+            raise TrainerConfigError(
+                f"{owner}: actor_pp={self.actor_pp} and sp={self.sp}: the actor runs pipeline "
+                "stages on the megatron-style engine and Ulysses on the FSDP engine; pick one"
+            )
+        if self.backend == "local" and (self.actor_pp > 1 or self.sp > 1):
+            raise TrainerConfigError(
+                f"{owner}: actor_pp={self.actor_pp}, sp={self.sp} need a process per stage or "
+                "sequence shard; the in-process backend (backend='local') runs one rank per "
+                "role: use backend='ray'"
+            )
+        for name, size in (("actor_pp", self.actor_pp), ("sp", self.sp)):
+            if self.workers_per_role % size:
+                raise TrainerConfigError(
+                    f"{owner}: {name} ({size}) must divide workers_per_role "
+                    f"({self.workers_per_role})"
+                )
+        if self.actor_pp > self.num_layers and self.model_path is None:
+            raise TrainerConfigError(
+                f"{owner}: actor_pp={self.actor_pp} stages need at least as many decoder layers; "
+                f"num_layers is {self.num_layers}"
+            )
+        _int_at_least(owner, "async_staleness", self.async_staleness, 0)
+        if (
+            self.async_staleness > 0
+            and self.placement != "separate"
+            and self.rollout_engine == "workers"
+        ):
+            raise TrainerConfigError(
+                f"{owner}: async_staleness={self.async_staleness} needs placement='separate' "
+                f"(got {self.placement!r}): generation overlaps the update only on a rollout "
+                "group of its own"
+            )
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise TrainerConfigError(
+                f"{owner}.rollout_engine must be one of {ROLLOUT_ENGINES}, "
+                f"got {self.rollout_engine!r}"
+            )
+        _int_at_least(owner, "rollout_servers", self.rollout_servers, 1)
+        if self.rollout_engine != "workers":
+            if self.placement != "colocated":
+                raise TrainerConfigError(
+                    f"{owner}: rollout_engine={self.rollout_engine!r} generates on servers of "
+                    f"its own; placement must stay 'colocated' (got {self.placement!r})"
+                )
+            if self.async_staleness > 0 and self.temperature != 1.0:
+                raise TrainerConfigError(
+                    f"{owner}: rollout_engine={self.rollout_engine!r} with async_staleness="
+                    f"{self.async_staleness} trains on the engines' log-probs, which are taken "
+                    f"before temperature; temperature must be 1.0, got {self.temperature}"
+                )
+            if self.backend != "ray":
+                raise TrainerConfigError(
+                    f"{owner}: rollout_engine={self.rollout_engine!r} places its servers with "
+                    f"Ray; it needs backend='ray', got {self.backend!r}"
+                )
+        if self.device not in DEVICES:
+            raise TrainerConfigError(
+                f"{owner}.device must be one of {DEVICES}, got {self.device!r}"
+            )
+        if self.absolute_positions is not None and not isinstance(self.absolute_positions, bool):
+            raise TrainerConfigError(
+                f"{owner}.absolute_positions must be a bool or None, "
+                f"got {self.absolute_positions!r}"
+            )
+        if self.model_path is not None and self.absolute_positions:
+            raise TrainerConfigError(
+                f"{owner}: absolute_positions is an option of the built-in model; the Hugging "
+                f"Face model at model_path={self.model_path!r} brings its own position encoding"
+            )
+        if self.model_path is not None and not self.model_path:
+            raise TrainerConfigError(f"{owner}.model_path must not be empty")
+        if self.backend not in BACKENDS:
+            raise TrainerConfigError(
+                f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}"
+            )
+        _positive(
+            owner,
+            steps=self.steps,
+            prompts_per_step=self.prompts_per_step,
+            responses_per_prompt=self.responses_per_prompt,
+            workers_per_role=self.workers_per_role,
+            nnodes=self.nnodes,
+            actor_lr=self.actor_lr,
+            critic_lr=self.critic_lr,
+            ppo_epochs=self.ppo_epochs,
+            ppo_mini_batches=self.ppo_mini_batches,
+            clip_ratio=self.clip_ratio,
+            temperature=self.temperature,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            val_every=self.val_every,
+            save_every=self.save_every,
+        )
+        _non_negative(owner, entropy_coeff=self.entropy_coeff, kl_coef=self.kl_coef, seed=self.seed)
+        for name in ("gamma", "lam"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise TrainerConfigError(f"{owner}.{name} must be in [0, 1], got {value!r}")
+        if self.algorithm == "grpo" and self.responses_per_prompt < 2:
+            raise TrainerConfigError(
+                f"{owner}: grpo compares responses to the same prompt, so responses_per_prompt "
+                f"must be >= 2, got {self.responses_per_prompt}"
+            )
+        if self.hidden_size % self.num_heads:
+            raise TrainerConfigError(
+                f"{owner}: num_heads ({self.num_heads}) must divide hidden_size "
+                f"({self.hidden_size})"
+            )
+        if self.backend == "local" and (self.workers_per_role, self.nnodes) != (1, 1):
+            raise TrainerConfigError(
+                f"{owner}: the local backend runs world size 1 per role on one node, got "
+                f"workers_per_role={self.workers_per_role}, nnodes={self.nnodes}"
+            )
+        if isinstance(self.standby, bool) or not isinstance(self.standby, int) or self.standby < 0:
+            raise TrainerConfigError(f"{owner}.standby must be an int >= 0, got {self.standby!r}")
+        if self.standby and self.backend != "ray":
+            raise TrainerConfigError(
+                f"{owner}: standby={self.standby} keeps spare worker processes, which the "
+                f"{self.backend!r} backend does not have (backend='ray')"
+            )
+        if not isinstance(self.background_checkpoints, bool):
+            raise TrainerConfigError(
+                f"{owner}.background_checkpoints must be a bool, got "
+                f"{self.background_checkpoints!r}"
+            )
+        _int_at_least(owner, "keep_checkpoints", self.keep_checkpoints, 1)
+        _int_at_least(owner, "max_recoveries", self.max_recoveries, 0)
+        for fault in self.faults:
+            if fault.role == "critic" and not self.uses_critic:
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: this run has no critic "
+                    f"(algorithm {self.algorithm!r})"
+                )
+            if fault.role == "rollout" and self.placement != "separate":
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: the rollout has a group of "
+                    "its own only with placement='separate'"
+                )
+            if fault.rank >= self.workers_per_role:
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: rank {fault.rank} is outside "
+                    f"the {self.workers_per_role} workers of a role"
+                )
+        if self.workers_per_role % self.nnodes:
+            raise TrainerConfigError(
+                f"{owner}: workers_per_role ({self.workers_per_role}) must split evenly over "
+                f"nnodes ({self.nnodes})"
+            )
+        _int_at_least(owner, "agent_extra_groups", self.agent_extra_groups, 0)
+        _positive(owner, agent_deadline_s=self.agent_deadline_s)
+        if self.task.mode == "tool-calc":
+            self._check_agent_task(owner)
+        train_prompts = 10**self.task.length - self.task.num_val
+        if self.prompts_per_step > train_prompts:
+            raise TrainerConfigError(
+                f"{owner}.prompts_per_step ({self.prompts_per_step}) exceeds the "
+                f"{train_prompts} training prompts of the task"
+            )
+        rows = self.rows_per_step
+        if rows % (self.workers_per_role * self.ppo_mini_batches):
+            raise TrainerConfigError(
+                f"{owner}: rows per step ({self.prompts_per_step} prompts x "
+                f"{self.responses_per_prompt} responses = {rows}) must divide into "
+                f"workers_per_role ({self.workers_per_role}) x ppo_mini_batches "
+                f"({self.ppo_mini_batches})"
+            )
+        if self.num_cpus is not None:
+            _positive(owner, num_cpus=self.num_cpus)
+            if self.num_cpus < self.worker_processes:
+                raise TrainerConfigError(
+                    f"{owner}: num_cpus ({self.num_cpus}) is below the {self.worker_processes} "
+                    f"worker processes the pools need (one CPU each)"
+                )
+        if not self.output_dir:
+            raise TrainerConfigError(f"{owner}.output_dir must not be empty")
+        check_detached(
+            self.run,
+            backend=self.backend,
+            rollout_engine=self.rollout_engine,
+            standby=self.standby,
+            resume_from=self.resume_from,
+            inject_fault=self.inject_fault,
+        )
+
+    def _check_agent_task(self, owner: str) -> None:
+        """The tool task runs agent sessions on engine servers, synchronously or with a
+        staleness bound of its own (not on worker groups)."""
+        if self.rollout_engine == "workers":
+            raise TrainerConfigError(
+                f"{owner}: task mode 'tool-calc' runs multi-turn agent sessions on engine "
+                "servers; rollout_engine must be 'builtin' or 'vllm', got 'workers'"
+            )
+
+    @property
+    def uses_absolute_positions(self) -> bool:
+        """Whether the built-in model gets absolute position embeddings (``None``: yes)."""
+        return self.model_path is None and self.absolute_positions is not False
+
+    @property
+    def faults(self) -> tuple[FaultSpec, ...]:
+        """:attr:`inject_fault` parsed (empty: no fault)."""
+        if self.inject_fault is None:
+            return ()
+        return FaultSpec.parse_all(self.inject_fault)
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.prompts_per_step * self.responses_per_prompt
+
+    @property
+    def uses_critic(self) -> bool:
+        """PPO learns a value function; GRPO compares responses to the same prompt instead."""
+        return self.algorithm == "ppo"
+
+    @property
+    def ray_num_cpus(self) -> int:
+        """CPUs the demo's local Ray cluster declares: one per worker process, at least.
+
+        The pools reserve one CPU per process; declaring more logical CPUs than the machine
+        has is how several single-threaded workers share a small machine.
+        """
+        if self.num_cpus is not None:
+            return self.num_cpus
+        return max(self.worker_processes, os.cpu_count() or 1)
+
+    @property
+    def worker_processes(self) -> int:
+        """Worker processes of the run: one per rank of each pool (the actor's; the critic's
+        unless colocated; the rollout's when placed separately), and one per engine server."""
+        pools = 1 + (not self.colocate and self.uses_critic) + (self.placement == "separate")
+        servers = self.rollout_servers if self.rollout_engine != "workers" else 0
+        return self.workers_per_role * pools + servers

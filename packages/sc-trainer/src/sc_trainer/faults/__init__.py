@@ -1,0 +1,31 @@
+"""What happens when a worker dies, and the faults that test it.
+
+:class:`Recovery` brings a run back in place after a worker's death (new processes, or a
+standby's, and the newest checkpoint restored); :class:`FaultSpec` (``--inject-fault
+actor:1@step=30``) kills or breaks a worker rank on purpose, :class:`DriverFault`
+(``driver@step=3:update_actor+0.2``) kills a detached run's driver. What survives the driver
+itself is in :mod:`sc_trainer.runs`.
+"""
+
+from sc_dispatch import _public
+
+from .._errors import TrainerRecoveryError
+from ._driver import DRIVER_PHASES, DriverFault, DriverFaults
+from ._recovery import Recovery, replace_dead, wait_for_dead
+from ._workers import FAULT_ROLES, FaultSpec, FaultTargets, inject_due
+
+__all__ = [
+    "DRIVER_PHASES",
+    "DriverFault",
+    "DriverFaults",
+    "FAULT_ROLES",
+    "FaultSpec",
+    "FaultTargets",
+    "Recovery",
+    "TrainerRecoveryError",
+    "inject_due",
+    "replace_dead",
+    "wait_for_dead",
+]
+
+_public.publish(globals())

@@ -1,0 +1,118 @@
+"""Assembling a run: roles to worker classes and pools, the launcher, the trainer, the output.
+
+:class:`TaskRunner` is the driver's entry point (verl's name): it maps roles to worker classes
+and resource pools, starts the backend through its launcher, builds the
+:class:`~sc_trainer.RayPPOTrainer`, trains, and writes the plot and the call trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from sc_core import SpanRecorder
+from sc_rollout import find_vllm_env
+from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker
+
+from .._errors import MissingExtraError
+from ..config import TrainerConfig
+from ..runs import RunOutput, check_resumable, resolve_checkpoint
+from ..tasks import make_task, with_server_model
+from ..trainer import Launcher, ProgressFn, RayPPOTrainer, Role, RunResult
+from ._launchers import make_launcher
+
+__all__ = ["TaskRunner"]
+
+logger = logging.getLogger(__name__)
+
+
+class TaskRunner:
+    """Assembles a run: roles → worker classes, roles → resource pools, then train.
+
+    ``run`` starts the backend through its launcher (a local Ray cluster for
+    ``backend="ray"``), builds the trainer, calls ``init_workers`` and ``fit``, writes the
+    plot and the trace, and stops the backend again.
+    """
+
+    def __init__(self, config: TrainerConfig) -> None:
+        self.config = with_server_model(config)
+
+    def role_worker_mapping(self) -> dict[Role, type]:
+        mapping: dict[Role, type] = {Role.ActorRolloutRef: ActorRolloutRefWorker}
+        if self.config.uses_critic:
+            mapping[Role.Critic] = CriticWorker
+        if self.config.placement == "separate":
+            mapping[Role.Rollout] = RolloutWorker
+        return mapping
+
+    def resource_pool_spec(self) -> tuple[dict[str, list[int]], dict[Role, str]]:
+        """Pools (processes per node) and the pool of each role."""
+        cfg = self.config
+        per_node = [cfg.workers_per_role // cfg.nnodes] * cfg.nnodes
+        spec = {"global_pool": per_node}
+        mapping = {Role.ActorRolloutRef: "global_pool"}
+        if self.config.uses_critic:
+            if self.config.colocate:
+                mapping[Role.Critic] = "global_pool"
+            else:
+                spec["critic_pool"] = list(per_node)
+                mapping[Role.Critic] = "critic_pool"
+        if self.config.placement == "separate":
+            spec["rollout_pool"] = list(per_node)
+            mapping[Role.Rollout] = "rollout_pool"
+        return spec, mapping
+
+    def build_trainer(self, launcher: Launcher) -> RayPPOTrainer:
+        """The trainer of this run, its workers built by ``launcher`` (in ``init_workers``)."""
+        cfg = self.config
+        spec, mapping = self.resource_pool_spec()
+        return RayPPOTrainer(
+            cfg,
+            make_task(cfg),
+            self.role_worker_mapping(),
+            launcher.resource_pool_manager(spec, mapping),
+            launcher,
+            RunOutput(cfg.output_dir),
+        )
+
+    def run(
+        self, progress: ProgressFn | None = None, on_start: Callable[[int], None] | None = None
+    ) -> RunResult:
+        """Train as configured; ``progress(step, metrics)`` after every step."""
+        cfg = self.config
+        if cfg.rollout_engine == "vllm":
+            find_vllm_env()  # EngineNotInstalledError, naming the command, before any worker
+        resume = None if cfg.resume_from is None else resolve_checkpoint(cfg.resume_from)
+        if resume is not None:
+            check_resumable(resume, cfg)  # before any worker starts
+        started = time.perf_counter()
+        startup: list[float] = []
+
+        def begin(step: int) -> None:
+            startup.append(time.perf_counter() - started)
+            if on_start is not None:
+                on_start(step)
+
+        launcher = make_launcher(cfg)
+        recorder = SpanRecorder()
+        with launcher.running(), recorder:
+            trainer = self.build_trainer(launcher)
+            try:
+                trainer.init_workers()
+                result = trainer.fit(progress=progress, on_start=begin, resume_from=resume)
+            except BaseException:
+                if launcher.session is not None:  # a detached run outlives this driver
+                    trainer.detach()
+                else:
+                    trainer.close()
+                raise
+            finally:
+                recorder.write_chrome_trace(trainer.output.trace_path)
+            trainer.close()
+        try:
+            trainer.output.write_plot(result.history)
+        except MissingExtraError as err:  # the plot is a convenience; the run is done
+            logger.warning("%s (the metrics are in %s)", err, trainer.output.metrics_path)
+        return dataclasses.replace(result, startup_seconds=startup[0] if startup else 0.0)

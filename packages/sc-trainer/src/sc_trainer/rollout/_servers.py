@@ -1,0 +1,226 @@
+"""The trainer's engine servers (``--rollout builtin`` or ``--rollout vllm``) and the rollout
+source that generates on them.
+
+Instead of a rollout worker group, the run starts ``rollout_servers`` engine servers, each
+owned by a Ray actor on a CPU pool of its own (:class:`RolloutServerFleet`), behind a router
+(:class:`EngineServers`). The engine is sc-workers' built-in one (``python -m
+sc_workers.rollout``) or vLLM (``python -m sc_rollout vllm``, run by the vLLM environment's
+interpreter; made by ``python -m sc_rollout vllm-env create``, and a clear error naming that
+command when it is missing).
+
+Weights: after each actor update the actor group writes its weights as a Hugging Face
+folder under ``<output>/weights/v<version>`` (``export_hf_model``: rank 0 writes next to the
+folder and renames it into place) and the router pushes that folder to every server, at the
+actor's version (its number of updates). A server restarted by the router is re-synced to
+the last version before it takes requests. The two newest folders are kept.
+
+:class:`ServerRollout` is the rollout source over those servers: each step's prompts go
+through a :class:`RouterRollout` (the rollout worker's batch format), or, with a staleness
+bound k > 0, through a :class:`PartialRollout`: the next step's batch starts generating as
+this one is taken and runs across the weight push (see ``_partial.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from sc_core import WorkerGroup
+from sc_protocol import DataProto
+from sc_rollout import (
+    Router,
+    VLLMEngineConfig,
+    WeightUpdate,
+    find_vllm_env,
+    vllm_argv,
+    vllm_env_vars,
+)
+from sc_workers import ActorRolloutRefWorker
+from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
+
+from ._fleet import ArgvFactory, RolloutServerFleet
+from ._fleet_ray import gpu_pool
+from ._partial import PartialRollout
+from ._router import PendingBatch, RouterRollout, RouterSampling
+from ._source import PromptSource, RolloutSnapshot, Stage
+
+__all__ = ["EngineServers", "ServerEngine", "ServerRollout"]
+
+logger = logging.getLogger(__name__)
+
+#: the engines a server rollout runs
+ServerEngine = Literal["builtin", "vllm"]
+
+_KEEP_VERSIONS = 2
+
+
+def _argv_factory(
+    engine: ServerEngine, model: str, seed: int, device: str
+) -> tuple[ArgvFactory, dict[str, str]]:
+    """How to start one server of ``engine``, and what its environment adds."""
+    if engine == "vllm":
+        config = VLLMEngineConfig(model=model, seed=seed)
+        python = str(find_vllm_env().python)
+        env = vllm_env_vars(config, {})
+        return (lambda host, port: vllm_argv(config, python, host, port)), env
+    # the built-in engine on the GPU Ray gives the server's actor (its only visible one)
+    torch_device = "cuda" if device == "cuda" else "cpu"
+    torch_config = TorchEngineConfig(model=model, seed=seed, device=torch_device)
+    return (lambda host, port: torch_engine_argv(torch_config, host, port)), {}
+
+
+class EngineServers:
+    """``num_servers`` servers of ``engine`` serving ``model``, a router over them, and the
+    push of the actor group's weights to them; :meth:`close` stops the servers."""
+
+    def __init__(
+        self,
+        engine: ServerEngine,
+        model: str,
+        num_servers: int,
+        run_dir: Path,
+        actor: WorkerGroup[ActorRolloutRefWorker],
+        *,
+        seed: int = 0,
+        device: str = "cpu",
+        start_timeout_s: float = 900.0,
+    ) -> None:
+        factory, env = _argv_factory(engine, model, seed, device)
+        # on a GPU run each server gets a GPU of its own (a pool beside the training pools)
+        pool = gpu_pool(num_servers, f"{engine}_fleet_") if device == "cuda" else None
+        self.engine = engine
+        self.actor = actor
+        self.weights_dir = Path(run_dir) / "weights"
+        started = time.perf_counter()
+        self.fleet = RolloutServerFleet(
+            factory,
+            num_servers,
+            pool=pool,
+            env=env,
+            start_timeout_s=start_timeout_s,
+            name_prefix=engine,
+        )
+        logger.info(
+            "%d %s rollout server(s) up in %.0f s",
+            num_servers,
+            engine,
+            time.perf_counter() - started,
+        )
+
+    @property
+    def router(self) -> Router:
+        """The router over the servers."""
+        return self.fleet.router
+
+    def push(self, version: int) -> None:
+        """Export the actor's weights as ``version`` and load them in every server."""
+        folder = self.weights_dir / f"v{version}"
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        self.actor.export_hf_model(str(folder))
+        self.router.push_weights(WeightUpdate(version=version, path=str(folder)))
+        self._prune(version)
+
+    def _prune(self, newest: int) -> None:
+        for old in self.weights_dir.glob("v*"):
+            suffix = old.name[1:]
+            if suffix.isdigit() and int(suffix) <= newest - _KEEP_VERSIONS:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the servers and the pool they run on."""
+        self.fleet.close()
+
+
+class ServerRollout:
+    """The rollout source on engine servers (see the module's documentation): each step's
+    ``prompts`` generated through the router with the rollout worker's ``sampling``; with
+    ``staleness`` k > 0, partial rollout up to step ``last_step``. Owns ``servers``."""
+
+    def __init__(
+        self,
+        servers: EngineServers,
+        prompts: PromptSource,
+        sampling: RouterSampling,
+        *,
+        staleness: int = 0,
+        last_step: int = 0,
+    ) -> None:
+        self.servers = servers
+        self.prompts = prompts
+        self.last_step = last_step
+        self.rollout = RouterRollout(servers.router, sampling, session_key="uid")
+        #: partial rollout (``staleness`` > 0), and the step whose batch generates meanwhile
+        self.partial = PartialRollout(self.rollout, staleness) if staleness > 0 else None
+        self._prefetch: tuple[int, PendingBatch] | None = None
+
+    @property
+    def on_policy(self) -> bool:
+        """Partial rollout trains on trajectories that span weight versions: off-policy."""
+        return self.partial is None
+
+    def start(self, version: int) -> None:
+        """The servers take the actor's weights of ``version``."""
+        self.servers.push(version)
+
+    def take(self, step: int, stage: Stage) -> tuple[DataProto, dict[str, Any]]:
+        if self.partial is None:
+            batch = self.prompts.train_batch(step)
+            with stage("generate"):  # prompts in, prompts + responses out
+                return self.rollout.generate_sequences(batch, batch_id=f"s{step}"), {}
+        with stage("generate"):  # prefetched; the next one generates across this update
+            batch, staleness = self._take_partial(self.partial, step)
+        return batch, {
+            "rollout/staleness": staleness,
+            "rollout/weight_version_max": int(max(batch.non_tensor_batch["weight_version_max"])),
+            "rollout/regenerated_rows": batch.meta_info["regenerated_rows"],
+        }
+
+    def _take_partial(self, partial: PartialRollout, step: int) -> tuple[DataProto, int]:
+        """Step ``step``'s batch within the staleness bound, and the next step's generation
+        started unless ``step`` is the last (it runs across this step's weight push). The
+        batch trains the actor from version ``step - 1``; returns it and its staleness, that
+        minus its oldest version."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None and prefetch[0] != step:  # a recovery or resume moved the step
+            prefetch[1].abort()
+            prefetch = None
+        if prefetch is None:
+            prefetch = (step, partial.submit(self.prompts.train_batch(step), batch_id=f"s{step}"))
+        batch = partial.take(prefetch[1], actor_version=step - 1)
+        if step < self.last_step:
+            nxt = step + 1
+            pending = partial.submit(self.prompts.train_batch(nxt), batch_id=f"s{nxt}")
+            self._prefetch = (nxt, pending)
+        return batch, (step - 1) - int(batch.meta_info["weight_version"])
+
+    def after_update(self, step: int, stage: Stage, validates: bool) -> dict[str, Any]:
+        with stage("sync_weights"):  # the servers sample the next step with these weights
+            self.servers.push(step)
+        return {"sync/weight_version": step}
+
+    def validation_batch(self, step: int) -> DataProto:
+        return self.rollout.generate_sequences(self.prompts.val_batch(), batch_id=f"val{step}")
+
+    def snapshot(self) -> RolloutSnapshot:
+        return RolloutSnapshot()
+
+    def restore(self, snapshot: RolloutSnapshot) -> None:
+        """Nothing to restore: the servers hold their weight version themselves."""
+
+    def drop(self) -> None:
+        """Abort the next step's generation, if one is in flight."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            prefetch[1].abort()
+
+    def close(self, *, detach: bool = False) -> None:
+        """Abort the generation in flight, then stop the router's pool and the servers (a
+        detached run's servers are not re-attached: they stop with this driver too)."""
+        self.drop()
+        try:
+            self.rollout.close()
+        finally:
+            self.servers.close()

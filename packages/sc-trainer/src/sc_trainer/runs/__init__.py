@@ -1,0 +1,56 @@
+"""What survives the driver: the output folder, checkpoints, and detached runs.
+
+:class:`RunOutput` writes a run's folder (metrics, plot, trace, checkpoints);
+:class:`Checkpointer` saves the workers' and the trainer's state there (in the background
+of the next steps), completes and loads it; a detached run (:class:`DetachedRun`, with its
+:class:`RunSession` and the :class:`RunState` written as each step begins) outlives its
+driver on a standing Ray cluster, and a new driver re-attaches and replays the step in
+flight exactly once. What happens when a *worker* dies is in :mod:`sc_trainer.faults`.
+"""
+
+from sc_dispatch import _public
+
+from .._errors import (
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    MissingExtraError,
+    RunStateNotFoundError,
+)
+from ._checkpointer import Checkpointer
+from ._detached import DetachedRun
+from ._output import (
+    PLOT_PANELS,
+    TRAINER_STATE,
+    PendingSave,
+    RunOutput,
+    check_resumable,
+    latest_checkpoint,
+    read_metrics,
+    resolve_checkpoint,
+)
+from ._session import DRIVERS_LOG, RunSession
+from ._state import RUN_STATE, RunState, read_run_state
+
+__all__ = [
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "Checkpointer",
+    "DRIVERS_LOG",
+    "DetachedRun",
+    "MissingExtraError",
+    "PLOT_PANELS",
+    "PendingSave",
+    "RUN_STATE",
+    "RunOutput",
+    "RunSession",
+    "RunState",
+    "RunStateNotFoundError",
+    "TRAINER_STATE",
+    "check_resumable",
+    "latest_checkpoint",
+    "read_metrics",
+    "read_run_state",
+    "resolve_checkpoint",
+]
+
+_public.publish(globals())

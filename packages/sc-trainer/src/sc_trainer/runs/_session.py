@@ -1,0 +1,145 @@
+"""The driver's side of exactly-once in a detached run (``TrainerConfig.run``).
+
+:class:`RunSession` holds one sc-core ``CallIds`` (the run's epoch) shared by every worker
+group, one call scope per step begun (and one per prefetched generation), and the run state
+written atomically as each step begins (``_state.py``). A re-attached driver replays the
+interrupted step under the same scopes: every call the workers already ran is answered from
+their journals. The launcher that makes a session is
+:class:`~sc_trainer.launch.DetachedRayLauncher`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sc_core import CallIds, WorkerDiedError, WorkerGroup
+
+from ._state import RUN_STATE, RunState, read_run_state, write_run_state
+
+__all__ = ["DRIVERS_LOG", "RunSession"]
+
+logger = logging.getLogger(__name__)
+
+#: The file of the output folder that lists each driver of a detached run.
+DRIVERS_LOG = "run_drivers.jsonl"
+
+
+class RunSession:
+    """The call ids, call scopes and run state of one driver of a detached run."""
+
+    def __init__(self, run: Any, folder: Path) -> None:
+        self.run = run
+        self.run_id: str = run.run_id
+        #: whether this driver re-attached to a run another driver started
+        self.attached: bool = bool(run.attached)
+        self.call_ids = CallIds(epoch=int(run.epoch))
+        self.folder = folder
+        self._scope = 0
+        self._replay: int | None = None
+        #: the call scope of each prefetched generation, by the step it generates for
+        self.launched: dict[int, int] = {}
+
+    def read_state(self) -> RunState | None:
+        """The state the previous driver wrote (a re-attached driver reads it once), or
+        ``None`` when that driver died before its first step began (while its workers
+        built their models). :class:`RunStateNotFoundError` when the output folder is not
+        the run's: no driver of it wrote there."""
+        if not (self.folder / RUN_STATE).exists() and (self.folder / DRIVERS_LOG).exists():
+            return None
+        return read_run_state(self.folder, self.run_id)
+
+    def replay_from(self, state: RunState) -> None:
+        """Take over ``state``'s step: its scope is the next one :meth:`begin_step` uses,
+        and new scopes follow it as they did for the previous driver."""
+        self._replay = state.scope
+        self._scope = state.scope - 1
+        launched = state.rollout.launched_step
+        if launched is not None and state.launched_scope is not None:
+            self.launched[launched] = state.launched_scope
+
+    def _new_scope(self) -> int:
+        self._scope += 1
+        return self._scope
+
+    def begin_step(self) -> int:
+        """The call scope of the step that begins now (the replayed step's after a
+        re-attach); every worker group's calls carry it from here on."""
+        scope = self._new_scope()
+        if self._replay is not None:
+            scope, self._replay = self._replay, None
+        self.call_ids.begin(scope)
+        return scope
+
+    def launch_scope(self, step: int) -> contextlib.AbstractContextManager[Any]:
+        """The scope of the prefetched generation for ``step`` (a new one, or the one the
+        previous driver launched it under), for the duration of its call."""
+        scope = self.launched.get(step)
+        if scope is None:
+            scope = self.launched[step] = self._new_scope()
+        return self.call_ids.scope(scope)
+
+    def launch_pending(self, step: int) -> int | None:
+        """The earliest step from ``step`` on whose generation has a launch scope but is not
+        held by this driver's pipeline: the previous driver launched it, and the replay asks
+        for it again under that scope (``None``: there is none)."""
+        pending = [s for s in self.launched if s >= step]
+        return min(pending) if pending else None
+
+    def forget_launches(self) -> None:
+        """Forget every launch scope (a recovery drops the prefetched generations: the
+        steps they were for are generated afresh, under new scopes)."""
+        self.launched.clear()
+
+    def write(self, state: RunState) -> None:
+        """Write ``state`` before the step's first call; forget launch scopes it no longer
+        names, and let the workers forget journal entries older than what it may replay."""
+        write_run_state(self.folder, state)
+        keep = state.scope
+        if state.launched_scope is not None:
+            keep = min(keep, state.launched_scope)
+        self.launched = {s: c for s, c in self.launched.items() if c >= keep}
+        self.call_ids.retain_from(keep)
+
+    def record_driver(
+        self, groups: Sequence[WorkerGroup[Any]], state: RunState | None = None
+    ) -> None:
+        """Append this driver to ``run_drivers.jsonl``: its epoch, pid, whether it
+        re-attached, the step and scope it takes over (``state``), and for every worker of
+        ``groups`` its pid (a re-attach keeps them) and, per method, the last call it
+        completed, ``[epoch, scope, key, ok]``: where each group stands. The record is
+        logged too."""
+        workers: dict[str, list[int] | None] = {}
+        last: dict[str, list[dict[str, list[Any]]] | None] = {}
+        for group in groups:
+            name = group.name_prefix
+            try:
+                workers[name] = [int(p) for p in group.execute_all_sync("_get_pid")]
+                last[name] = [
+                    {m: [r.epoch, r.scope, r.key, r.ok] for m, r in sorted(rank.items())}
+                    for rank in group.last_calls()
+                ]
+            except WorkerDiedError:  # lost while no driver was attached: recovered next
+                workers[name] = last[name] = None
+        line = {
+            "epoch": self.call_ids.epoch,
+            "attached": self.attached,
+            "driver_pid": os.getpid(),
+            "took_over": None if state is None else {"step": state.step, "scope": state.scope},
+            "workers": workers,
+            "last_calls": last,
+        }
+        with (self.folder / DRIVERS_LOG).open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line, sort_keys=True) + "\n")
+        if self.attached:
+            logger.info("run %s: where the groups stand: %s", self.run_id, json.dumps(last))
+
+    def use_on(self, groups: Sequence[WorkerGroup[Any]]) -> None:
+        """Every call of ``groups`` carries an id from this session."""
+        for group in groups:
+            group.use_call_ids(self.call_ids)

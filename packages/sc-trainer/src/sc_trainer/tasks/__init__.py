@@ -1,0 +1,36 @@
+"""The built-in tasks and the tiny models they train.
+
+:class:`DigitsTask` (answer a string of digits reversed, scored per position) for the
+built-in model, :class:`TextDigitsTask` (the same through a Hugging Face tokenizer),
+:class:`ToolCalcTask` (an agent task: modular multiplication with a calculator tool);
+:func:`make_task` picks the one a configuration asks for, :class:`TaskPrompts` makes a digit
+task's batches for the rollout sources, and :func:`save_tiny_gpt2` writes the tiny GPT-2 an
+engine server trains when no model is given (:func:`with_server_model`).
+"""
+
+from sc_dispatch import _public
+
+from .._errors import TaskError
+from ._digits import CharTokenizer, DigitsTask
+from ._make import make_task, with_server_model
+from ._prompts import TaskPrompts
+from ._text_digits import TextDigitsTask
+from ._tiny_gpt2 import TINY_GPT2_CHARS, build_char_tokenizer, save_tiny_gpt2
+from ._tool_calc import TOOL_CALC_CHARS, ToolCalcTask
+
+__all__ = [
+    "CharTokenizer",
+    "DigitsTask",
+    "TINY_GPT2_CHARS",
+    "TOOL_CALC_CHARS",
+    "TaskError",
+    "TaskPrompts",
+    "TextDigitsTask",
+    "ToolCalcTask",
+    "build_char_tokenizer",
+    "make_task",
+    "save_tiny_gpt2",
+    "with_server_model",
+]
+
+_public.publish(globals())

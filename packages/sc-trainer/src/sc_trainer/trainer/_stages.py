@@ -1,0 +1,174 @@
+"""The stages of one training step that run on the driver (balancing, reward, advantages),
+the checks of what workers return, and the per-stage timer: plain functions of a batch, so
+that the trainer's loop (``_trainer.py``) reads as its dataflow."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from sc_protocol import DataProto
+from sc_workers.algos import (
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    masked_mean,
+)
+
+from .._errors import TrainingDivergedError, WorkerOutputError
+from ..agents import AgentEnvironment
+from ..config import TrainerConfig
+from ..tasks import DigitsTask
+from ._balance import balanced_order, shard_token_sums
+
+__all__ = [
+    "TIMING_PREFIXES",
+    "StageTimer",
+    "balance_batch",
+    "check_finite",
+    "compute_advantage",
+    "compute_reward",
+    "log_prob_gap",
+    "metrics_of",
+    "tensors_for",
+]
+
+#: Metric keys that depend on wall time; everything else is a function of the seed.
+TIMING_PREFIXES = ("timing/", "perf/")
+
+
+class StageTimer:
+    """``with timer("generate"): ...`` records the seconds of each stage of one step;
+    ``around(stage)`` is a context the stage runs in (the trainer's injected driver faults)."""
+
+    def __init__(
+        self, around: Callable[[str], contextlib.AbstractContextManager[None]] | None = None
+    ) -> None:
+        self.seconds: dict[str, float] = {}
+        self._around = around
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        around = contextlib.nullcontext() if self._around is None else self._around(stage)
+        with around:
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                elapsed = time.perf_counter() - start
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
+
+
+def balance_batch(batch: DataProto, dp_size: int, metrics: dict[str, Any]) -> DataProto:
+    """Reorder rows so every dp shard holds a similar number of tokens."""
+    counts = tensors_for(batch, "balance")["attention_mask"].sum(dim=-1).tolist()
+    order = balanced_order(counts, dp_size)
+    sums = shard_token_sums([counts[i] for i in order], dp_size)
+    metrics["balance/max_over_mean_tokens"] = max(sums) / (sum(sums) / len(sums))
+    batch.reorder(torch.tensor(order))
+    return batch
+
+
+def compute_reward(
+    task: DigitsTask | AgentEnvironment, batch: DataProto, metrics: dict[str, Any]
+) -> DataProto:
+    """The task's verifiable reward of each response token (``task.batch_scores``: the digit
+    task credits each right position; an agent task pays each session's reward on its last
+    model token)."""
+    td = tensors_for(batch, "reward")
+    mask = td["response_mask"]
+    token_scores = task.batch_scores(batch)
+    td["token_level_scores"] = token_scores
+    td["token_level_rewards"] = token_scores  # the KL term is a loss of the actor
+    scores = token_scores.sum(dim=-1)
+    metrics["train/reward"] = scores.mean().item()
+    metrics["train/reward_std"] = scores.std().item() if len(scores) > 1 else 0.0
+    metrics["train/response_length"] = mask.sum(dim=-1).float().mean().item()
+    return batch
+
+
+def compute_advantage(
+    batch: DataProto, metrics: dict[str, Any], config: TrainerConfig, use_critic: bool
+) -> DataProto:
+    """GAE from the critic's values (PPO), or group-normalised scores (GRPO)."""
+    td = tensors_for(batch, "advantages")
+    rewards, mask = td["token_level_rewards"], td["response_mask"]
+    if use_critic:
+        advantages, returns = compute_gae_advantage_return(
+            token_level_rewards=rewards,
+            values=td["values"],
+            response_mask=mask,
+            gamma=config.gamma,
+            lam=config.lam,
+        )
+    else:
+        advantages, returns = compute_grpo_outcome_advantage(
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=batch.non_tensor_batch["uid"],
+        )
+    td["advantages"] = advantages
+    td["returns"] = returns
+    kl = td["old_log_probs"] - td["ref_log_prob"]
+    metrics["actor/kl_ref"] = masked_mean(kl, mask).item()
+    return batch
+
+
+_NEEDED = {
+    "balance": ("attention_mask",),
+    "reward": ("responses", "response_mask"),
+    "advantages": ("token_level_rewards", "response_mask", "old_log_probs", "ref_log_prob"),
+    "validate": ("responses", "response_mask"),
+    "off_policy": ("rollout_log_probs",),
+}
+
+
+def tensors_for(batch: DataProto, stage: str) -> Any:
+    """The tensor columns of ``batch`` (a TensorDict), checked for what ``stage`` reads."""
+    td = batch.batch
+    missing = [k for k in _NEEDED[stage] if td is None or k not in td]
+    if td is None or missing:
+        have = [] if td is None else sorted(td.keys())
+        raise WorkerOutputError(f"RayPPOTrainer.{stage}: the batch lacks {missing} (has {have})")
+    return td
+
+
+def log_prob_gap(batch: DataProto, metrics: dict[str, Any]) -> None:
+    """How far the sampler's log-probs (``rollout_log_probs``) are from the actor's own
+    (``old_log_probs``) on the response tokens: ``rollout/log_prob_diff_mean`` and ``_max``
+    (absolute, in nats). Near zero when the rollout samples the actor's policy; a gap means
+    the rollout's weights or numerics differ from the actor's."""
+    td = batch.batch
+    if td is None or "rollout_log_probs" not in td or "old_log_probs" not in td:
+        return
+    mask = td["response_mask"].bool()
+    if not bool(mask.any()):
+        return
+    gap = (td["old_log_probs"].float() - td["rollout_log_probs"].float()).abs()[mask]
+    metrics["rollout/log_prob_diff_mean"] = float(gap.mean())
+    metrics["rollout/log_prob_diff_max"] = float(gap.max())
+
+
+def metrics_of(out: DataProto) -> dict[str, float]:
+    """The metrics a worker update returned in ``meta_info["metrics"]``: joining the ranks'
+    outputs gathers each metric into a list of the ranks' values (verl's rule); the values
+    are dp-reduced already, so their mean is the value."""
+    metrics: dict[str, Any] = out.meta_info.get("metrics", {})
+    return {
+        key: float(np.mean(value)) if isinstance(value, list) else float(value)
+        for key, value in metrics.items()
+    }
+
+
+def check_finite(step: int, metrics: Mapping[str, Any]) -> None:
+    bad = {
+        k: v
+        for k, v in metrics.items()
+        if isinstance(v, float) and not math.isfinite(v) and not k.startswith(TIMING_PREFIXES)
+    }
+    if bad:
+        raise TrainingDivergedError(f"RayPPOTrainer.fit: step {step} has non-finite metrics {bad}")

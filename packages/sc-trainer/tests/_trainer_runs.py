@@ -1,0 +1,63 @@
+"""Helpers shared by sc-trainer's tests: a run, and checks of its metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sc_protocol import DataProto
+from sc_trainer import RayPPOTrainer, RunResult, TaskRunner, TrainerConfig
+from sc_trainer.rollout import AsyncRollout, WorkerGroupRollout
+from sc_trainer.tasks import DigitsTask, TaskPrompts
+from sc_trainer.testing import deterministic, final_weights, metric_differences, tiny_config
+from sc_workers import WeightSync
+
+__all__ = [
+    "assert_finite_training_metrics",
+    "assert_same_metrics",
+    "deterministic",
+    "final_weights",
+    "run",
+    "tiny_config",
+    "val_prompts",
+    "weight_sync",
+]
+
+
+def run(config: TrainerConfig) -> RunResult:
+    return TaskRunner(config).run()
+
+
+def assert_same_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    """Two runs' metrics agree step by step, key by key (within float tolerance)."""
+    differences = metric_differences(a, b)
+    assert not differences, differences[:10]
+
+
+def assert_finite_training_metrics(history: list[dict[str, Any]], *, critic: bool) -> None:
+    """Every training step has finite rewards and losses (and the critic's, for PPO)."""
+    needed = ["train/reward", "actor/pg_loss", "actor/kl_ref", "actor/entropy", "actor/kl_loss"]
+    if critic:
+        needed += ["critic/vf_loss"]
+    steps = [r for r in history if r["step"] > 0]
+    assert steps
+    for record in steps:
+        for key in needed:
+            value = record.get(key)
+            assert isinstance(value, float), (record["step"], key, value)
+            assert math.isfinite(value), (record["step"], key, value)
+
+
+def val_prompts(trainer: RayPPOTrainer, rows: int) -> DataProto:
+    """The first ``rows`` held-out prompts of ``trainer``'s digit task, for greedy answers."""
+    task = trainer.task
+    assert isinstance(task, DigitsTask), type(task)
+    return TaskPrompts(task, 1, 1, 0).batch(task.val_strings[:rows], "v", {"do_sample": False})
+
+
+def weight_sync(trainer: RayPPOTrainer) -> WeightSync:
+    """The weight sync of ``trainer``'s separately placed rollout (after ``init_workers``)."""
+    source = trainer.rollout
+    assert isinstance(source, (WorkerGroupRollout, AsyncRollout)), type(source)
+    assert source.weight_sync is not None
+    return source.weight_sync

@@ -1,0 +1,182 @@
+"""Recovery in place (``TrainerConfig.inject_fault``, ``max_recoveries``), in-process: a rank
+killed when a step begins or inside a method is replaced, every role goes back to the newest
+checkpoint, and the run ends with weights bit-identical to an uninterrupted run; the
+checkpoints it relies on. The Ray cases are the fault matrix
+(``test_integration_fault_matrix.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _trainer_runs import deterministic, run, tiny_config
+from sc_core import InjectedFaultError, SpanRecorder, WorkerError
+from sc_trainer import TrainerConfigError
+from sc_trainer.faults import FaultSpec, TrainerRecoveryError
+from sc_trainer.runs import read_metrics
+from sc_workers import published_step
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _weights(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """Every rank file's model tensors under a checkpoint folder."""
+    out = {}
+    for path in sorted(folder.rglob("*.pt")):
+        state = torch.load(path, weights_only=False)
+        model = state.get("model", state)
+        out[str(path.relative_to(folder))] = {
+            k: v for k, v in model.items() if isinstance(v, torch.Tensor)
+        }
+    return out
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    assert wa
+    assert all(wa.values())
+    for name in wa:
+        assert wa[name].keys() == wb[name].keys()
+        for key, tensor in wa[name].items():
+            assert torch.equal(tensor, wb[name][key]), (name, key)
+
+
+def _steps(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in deterministic(r).items() if not k.startswith("recovery/")}
+        for r in history
+    ]
+
+
+def _check_recovered(faulty: Any, clean: Any, failed_step: int, from_step: int) -> None:
+    _assert_same_weights(faulty.checkpoint, clean.checkpoint)
+    history = read_metrics(faulty.output.metrics_path)
+    assert _steps(history) == _steps(read_metrics(clean.output.metrics_path))
+    marked = [r for r in history if "recovery/count" in r]
+    assert len(marked) == 1
+    assert marked[0]["recovery/count"] == 1
+    assert marked[0]["recovery/failed_step"] == failed_step
+    assert marked[0]["recovery/from_step"] == from_step
+    assert marked[0]["step"] == from_step + 1
+
+
+def test_local_actor_death_recovers_bit_identically(tmp_path: Path) -> None:
+    base: dict[str, Any] = {"backend": "local", "steps": 4, "save_every": 2, "val_every": 2}
+    clean = run(tiny_config(tmp_path / "clean", **base))
+    with SpanRecorder() as recorder:
+        faulty = run(tiny_config(tmp_path / "faulty", inject_fault="actor:0@step=4", **base))
+    _check_recovered(faulty, clean, failed_step=4, from_step=2)
+    assert [s.method for s in recorder.spans].count("recovery") == 1
+
+
+def test_a_death_before_the_first_periodic_checkpoint_goes_back_to_step_0(
+    tmp_path: Path,
+) -> None:
+    """Before the first periodic checkpoint the run goes back to the one fit saved before
+    its first step, and ends as a run without the fault does."""
+    base: dict[str, Any] = {"backend": "local", "steps": 3, "save_every": 3, "val_every": 3}
+    clean = run(tiny_config(tmp_path / "clean", **base))
+    faulty = run(tiny_config(tmp_path / "faulty", inject_fault="critic:0@step=2", **base))
+    _check_recovered(faulty, clean, failed_step=2, from_step=0)
+
+
+def test_recoveries_are_bounded(tmp_path: Path) -> None:
+    config = tiny_config(
+        tmp_path,
+        backend="local",
+        steps=3,
+        save_every=1,
+        max_recoveries=0,
+        inject_fault="actor:0@step=2",
+    )
+    with pytest.raises(TrainerRecoveryError, match=r"recovered 0 times \(max_recoveries=0\)"):
+        run(config)
+
+
+def test_fault_spec_and_config_errors(tmp_path: Path) -> None:
+    assert FaultSpec.parse("actor:1@step=30") == FaultSpec("actor", 1, 30)
+    spec = FaultSpec.parse("critic:0@step=3:update_critic+0.25")
+    assert spec == FaultSpec("critic", 0, 3, "update_critic", 0.25, "kill")
+    assert str(spec) == "critic:0@step=3:update_critic+0.25:kill"
+    assert FaultSpec.parse(str(spec)) == spec
+    raised = FaultSpec.parse("actor:1@step=2:update_actor:raise")
+    assert (raised.method, raised.action, raised.delay_s) == ("update_actor", "raise", 0.0)
+    assert FaultSpec.parse_all("actor:0@step=2, critic:1@step=3") == (
+        FaultSpec("actor", 0, 2),
+        FaultSpec("critic", 1, 3),
+    )
+    for bad in (
+        "actor1@step=3",
+        "actor:1@step=0",
+        "reward:0@step=2",
+        "actor:-1@step=2",
+        "actor:1@step=2:raise",  # no method
+        "actor:1@step=2:update_actor+0.5:raise",  # a raise has no delay
+        "actor:1@step=2:update_actor+x",
+        "",
+    ):
+        with pytest.raises(TrainerConfigError, match="inject_fault"):
+            FaultSpec.parse_all(bad)
+    with pytest.raises(TrainerConfigError, match="standby must be an int >= 0, got -1"):
+        tiny_config(tmp_path, standby=-1)
+    with pytest.raises(TrainerConfigError, match="standby=1 keeps spare worker processes"):
+        tiny_config(tmp_path, backend="local", workers_per_role=1, standby=1)
+    with pytest.raises(TrainerConfigError, match="keep_checkpoints must be >= 1, got 0"):
+        tiny_config(tmp_path, keep_checkpoints=0)
+    with pytest.raises(TrainerConfigError, match="background_checkpoints must be a bool"):
+        tiny_config(tmp_path, background_checkpoints="yes")
+    with pytest.raises(TrainerConfigError, match="this run has no critic"):
+        tiny_config(tmp_path, algorithm="grpo", inject_fault="critic:0@step=2")
+    with pytest.raises(TrainerConfigError, match="placement='separate'"):
+        tiny_config(tmp_path, inject_fault="rollout:0@step=2")
+    with pytest.raises(TrainerConfigError, match="rank 2 is outside the 2 workers"):
+        tiny_config(tmp_path, workers_per_role=2, inject_fault="actor:2@step=2")
+    with pytest.raises(TrainerConfigError, match="max_recoveries must be >= 0, got -1"):
+        tiny_config(tmp_path, max_recoveries=-1)
+
+
+def test_a_fault_inside_a_method_recovers_and_a_raised_one_ends_the_run(tmp_path: Path) -> None:
+    """In-process: a kill armed in update_actor reports the rank dead after the update ran;
+    the run recovers and ends as the clean run does. A raised fault is an error, not a
+    death: the run stops with it."""
+    base: dict[str, Any] = {"backend": "local", "steps": 4, "save_every": 2, "val_every": 4}
+    clean = run(tiny_config(tmp_path / "clean", **base))
+    faulty = run(
+        tiny_config(tmp_path / "faulty", inject_fault="actor:0@step=3:update_actor", **base)
+    )
+    _check_recovered(faulty, clean, failed_step=3, from_step=2)
+    with pytest.raises(WorkerError, match="rank 0") as raised:
+        run(
+            tiny_config(
+                tmp_path / "raised", inject_fault="critic:0@step=2:update_critic:raise", **base
+            )
+        )
+    assert isinstance(raised.value, InjectedFaultError)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_checkpoints_complete_and_only_the_newest_are_kept(
+    tmp_path: Path, background: bool
+) -> None:
+    config = tiny_config(
+        tmp_path,
+        backend="local",
+        steps=5,
+        save_every=1,
+        val_every=5,
+        keep_checkpoints=2,
+        background_checkpoints=background,
+    )
+    result = run(config)
+    root = result.output.checkpoint_root
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_4", "global_step_5", "latest"]
+    assert (root / "latest").read_text().strip() == "5"
+    for folder in ("global_step_4", "global_step_5"):
+        step = int(folder.removeprefix("global_step_"))
+        assert published_step(root / folder / "actor") == step
+        assert published_step(root / folder / "critic") == step
+        saved = read_metrics(root / folder / "metrics.jsonl")
+        assert [r["step"] for r in saved] == list(range(step + 1))  # the records up to it

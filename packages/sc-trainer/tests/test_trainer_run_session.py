@@ -1,0 +1,108 @@
+"""RunSession: the call scopes a detached run's driver opens, replays and keeps (no Ray).
+
+A fake run stands in for sc-ray's ``RayRun`` (only its id, epoch and whether it was
+re-attached are read). The ids the session's ``CallIds`` issue are what the workers key
+their journals by, so the tests read them back through ``call_ids.next``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sc_trainer.rollout import RolloutSnapshot
+from sc_trainer.runs import DRIVERS_LOG, RunSession, RunState, RunStateNotFoundError
+
+
+@dataclass
+class _Run:
+    run_id: str = "r1"
+    epoch: int = 1
+    attached: bool = False
+
+
+def _state(step: int, scope: int, launched: tuple[int, int] | None = None) -> RunState:
+    if launched is None:
+        return RunState(run_id="r1", step=step, scope=scope, global_step=step - 1)
+    rollout = RolloutSnapshot(1, {1: 0}, 0, launched[0])
+    return RunState(
+        run_id="r1",
+        step=step,
+        scope=scope,
+        global_step=step - 1,
+        rollout=rollout,
+        launched_scope=launched[1],
+    )
+
+
+def _scope_of_next_call(session: RunSession) -> int:
+    return session.call_ids.next("actor", "update_actor").scope
+
+
+def test_each_step_and_each_launch_gets_a_new_scope(tmp_path: Path) -> None:
+    session = RunSession(_Run(), tmp_path)
+    assert session.call_ids.epoch == 1
+    assert session.begin_step() == 1
+    assert _scope_of_next_call(session) == 1
+    with session.launch_scope(2):
+        assert _scope_of_next_call(session) == 2
+    assert _scope_of_next_call(session) == 1  # back in the step's scope
+    with session.launch_scope(2):  # the same generation asked again: the same scope
+        assert _scope_of_next_call(session) == 2
+    assert session.begin_step() == 3
+
+
+def test_a_replayed_step_reuses_its_scope_and_the_pending_launch(tmp_path: Path) -> None:
+    session = RunSession(_Run(epoch=2, attached=True), tmp_path)
+    session.replay_from(_state(step=4, scope=9, launched=(4, 8)))
+    assert session.begin_step() == 9  # the interrupted step, under its own scope
+    assert session.launch_pending(4) == 4  # step 4's generation is pending
+    with session.launch_scope(4):
+        call = session.call_ids.next("rollout", "generate_sequences")
+    assert (call.epoch, call.scope, call.key) == (2, 8, "generate_sequences#0")
+    assert session.begin_step() == 10  # later steps go on after the replayed one
+
+
+def test_launch_pending_names_the_earliest_step_not_taken(tmp_path: Path) -> None:
+    session = RunSession(_Run(), tmp_path)
+    assert session.launch_pending(1) is None
+    session.begin_step()
+    with session.launch_scope(3):
+        pass
+    with session.launch_scope(5):
+        pass
+    assert session.launch_pending(1) == 3
+    assert session.launch_pending(4) == 5
+    assert session.launch_pending(6) is None
+    session.forget_launches()
+    assert session.launch_pending(1) is None
+    with session.launch_scope(3):  # forgotten: generated afresh under a new scope
+        assert _scope_of_next_call(session) == 4
+
+
+def test_write_keeps_the_pending_launch_in_the_workers_journals(tmp_path: Path) -> None:
+    session = RunSession(_Run(), tmp_path)
+    for _ in range(7):
+        session.begin_step()
+    with session.launch_scope(4):
+        pass  # scope 8
+    session.write(_state(step=3, scope=7, launched=(4, 8)))
+    assert session.call_ids.keep_from == 7  # the step's scope is older than the launch
+    session.write(_state(step=4, scope=9, launched=(4, 8)))
+    assert session.call_ids.keep_from == 8  # the launch is older than the step
+    assert session.launch_pending(4) == 4
+    session.write(_state(step=5, scope=10))  # nothing launched: launch scopes are forgotten
+    assert session.call_ids.keep_from == 10
+    assert session.launch_pending(4) is None
+
+
+def test_read_state(tmp_path: Path) -> None:
+    session = RunSession(_Run(attached=True), tmp_path)
+    with pytest.raises(RunStateNotFoundError):
+        session.read_state()  # no driver of this run wrote here
+    (tmp_path / DRIVERS_LOG).write_text("{}\n")
+    assert session.read_state() is None  # the driver died before its first step
+    state = _state(step=2, scope=3)
+    session.write(state)
+    assert session.read_state() == state
