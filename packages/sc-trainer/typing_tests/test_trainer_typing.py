@@ -35,7 +35,7 @@ CASES = [
     (
         "argument-of-the-wrong-type",
         "batch.union(self.actor_rollout_wg.compute_log_prob(batch))",
-        "batch.union(self.actor_rollout_wg.compute_log_prob(step))",
+        "batch.union(self.actor_rollout_wg.compute_log_prob(m))",
         "arg-type",
     ),
     (
