@@ -42,8 +42,18 @@ means, so callers may catch either::
     │                                               copied into) the run's weight directory
     ├── BackendMismatchError (TypeError)            a pool, class or group of one backend
     │                                               given to another
-    └── MissingExtraError (ImportError)             an optional integration used without its
-                                                    extra installed (the message names it)
+    ├── MissingExtraError (ImportError)             an optional integration used without its
+    │                                               extra installed (the message names it)
+    ├── DatasetNotFoundError (FileNotFoundError)    a data file (data.train_files, val_files)
+    │                                               that does not exist
+    ├── DatasetError (ValueError)                   a data file or row the trainer cannot use:
+    │                                               no prompt column, a row without ground
+    │                                               truth, a prompt too long to keep, ...
+    ├── RewardNotFoundError (LookupError)           a reward function path or name that does
+    │                                               not exist, or is not callable
+    └── RewardFunctionError (RuntimeError)          a reward function that raised, timed out
+                                                    or returned no number, for a row (its
+                                                    index and data_source in the message)
 
 """
 
@@ -54,7 +64,11 @@ __all__ = [
     "BackendMismatchError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "DatasetError",
+    "DatasetNotFoundError",
     "MissingExtraError",
+    "RewardFunctionError",
+    "RewardNotFoundError",
     "ScTrainerError",
     "StalenessBoundError",
     "TaskError",
@@ -148,3 +162,27 @@ class RunStateNotFoundError(ScTrainerError, FileNotFoundError):
 class MissingExtraError(ScTrainerError, ImportError):
     """An optional integration used without its extra installed; the message names the
     extra to install (``pip install 'sc-trainer[plot]'``)."""
+
+
+class DatasetNotFoundError(ScTrainerError, FileNotFoundError):
+    """A data file named by the configuration (``data.train_files``, ``data.val_files``)
+    that does not exist."""
+
+
+class DatasetError(ScTrainerError, ValueError):
+    """A data file or row the trainer cannot use: a file it cannot read, no prompt column, a
+    row without ground truth, a prompt longer than ``data.max_prompt_length`` with
+    ``truncation="error"``, a prompt that cannot be tokenized. The message names the file and
+    the row."""
+
+
+class RewardNotFoundError(ScTrainerError, LookupError):
+    """A reward function that cannot be found: ``custom_reward_function.path`` is not a
+    Python file, or the file has no callable ``custom_reward_function.name``."""
+
+
+class RewardFunctionError(ScTrainerError, RuntimeError):
+    """A reward function that raised, ran past its deadline or returned something that is not
+    a number (nor a dict with a number under ``"score"``), for one row: the message names the
+    row's index and ``data_source`` and carries the traceback. Never recorded as a zero
+    unless the run opted into counting failures."""
