@@ -1,10 +1,20 @@
 """The commands: ``sc-demo`` (:func:`demo_main`), a small RL training run on a local Ray
-cluster it starts itself, or detached on a standing one."""
+cluster it starts itself, or detached on a standing one; ``sc-train`` (:func:`train_main`),
+PPO or GRPO on your own model, data and reward from a config file with verl's keys;
+``sc-export`` (:func:`export_main`), a checkpoint as a Hugging Face folder."""
 
 from sc_dispatch import _public
 
 from ._demo import build_parser, config_from_args, demo_main
+from ._train import export_main, train_main, train_parser
 
-__all__ = ["build_parser", "config_from_args", "demo_main"]
+__all__ = [
+    "build_parser",
+    "config_from_args",
+    "demo_main",
+    "export_main",
+    "train_main",
+    "train_parser",
+]
 
 _public.publish(globals())

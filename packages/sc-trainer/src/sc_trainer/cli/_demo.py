@@ -17,11 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sc_rollout import ScRolloutError
-
 from .._errors import ScTrainerError
 from ..config import TrainerConfig, add_options, check_run_id, config_kwargs
 from ..launch import TaskRunner, teardown_detached_run
+from ._errors import user_errors
 
 # tqdm ships no type information; the bar is used through four plain methods
 _tqdm: Any = importlib.import_module("tqdm").tqdm
@@ -141,12 +140,12 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ScTrainerError as err:
         build_parser().error(str(err))
-    progress = _Progress(config.steps, enabled=args.progress)
+    progress = _Progress(config.total_steps, enabled=args.progress)
     started = time.perf_counter()
     try:
         result = TaskRunner(config).run(progress=progress, on_start=progress.start_at)
     except Exception as err:
-        if not isinstance(err, _user_errors()):
+        if not isinstance(err, user_errors()):
             raise
         progress.close()
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
@@ -175,23 +174,13 @@ def _plot_line(path: Path) -> str:
     return "not drawn (pip install 'sc-trainer[plot]' draws it)"
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """The errors ``sc-demo`` reports in one line (a bad option, a run that cannot start or
-    re-attach), rather than with a traceback. sc-ray's are imported here, once an error came:
-    importing sc_ray imports Ray, which must not happen before the launcher switched off
-    Ray's ``uv run`` runtime-env hook (``RAY_ENABLE_UV_RUN_RUNTIME_ENV``, read at import)."""
-    from sc_ray import ScRayError
-
-    return (ScTrainerError, ScRolloutError, ScRayError)
-
-
 def _teardown(run_id: str, address: str | None) -> int:
     """``sc-demo --teardown ID``: release the run's actors and placement groups."""
     try:
         check_run_id("sc-demo --teardown", run_id)
         info = teardown_detached_run(run_id, address)
     except Exception as err:
-        if not isinstance(err, _user_errors()):
+        if not isinstance(err, user_errors()):
             raise
         print(f"sc-demo: error: {err}", file=sys.stderr)  # noqa: T201
         return 1

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 
 from ._options import option
 from ._run import RunConfig
+from ._sections import DataConfig, RewardConfig, TrackingConfig
 from ._task import TaskConfig
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "BackendName",
     "Device",
     "Placement",
+    "RESUME_MODES",
+    "ResumeMode",
     "RolloutEngineName",
     "TrainerFields",
 ]
@@ -37,6 +40,9 @@ Device = Literal["cpu", "cuda"]
 Placement = Literal["colocated", "separate"]
 #: who generates: the actor's or the rollout's worker group, or engine servers behind a router
 RolloutEngineName = Literal["workers", "builtin", "vllm"]
+#: whether a run continues from its output folder's newest checkpoint by itself
+ResumeMode = Literal["disable", "auto"]
+RESUME_MODES: tuple[ResumeMode, ...] = get_args(ResumeMode)
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
 ROLLOUT_ENGINES: tuple[RolloutEngineName, ...] = get_args(RolloutEngineName)
@@ -83,11 +89,12 @@ class TrainerFields:
             "(world size 1 per role)",
         ),
     )
-    steps: int = field(
+    steps: int | None = field(
         default=200,
         metadata=option(
             group="run",
-            help="total training steps, counting those a resumed run starts from",
+            help="total training steps, counting those a resumed run starts from (a dataset "
+            "run without steps trains data.total_epochs epochs)",
             default_text="200; 300 for the tiny GPT-2 of --rollout builtin or vllm, which learns "
             "the task more slowly than the built-in model",
             derive=lambda given: (
@@ -345,6 +352,15 @@ class TrainerFields:
             default_text="enough for the workers",
         ),
     )
+    #: also write the actor as a Hugging Face folder (``huggingface/``) into each checkpoint
+    save_hf: bool = False
+    #: ``"auto"``: continue from the output folder's newest checkpoint when it has one (no
+    #: ``resume_from`` needed); ``"disable"``: start afresh unless ``resume_from`` is given
+    resume_mode: ResumeMode = "disable"
     task: TaskConfig = field(default_factory=TaskConfig)
+    #: the user's dataset (none: the built-in ``task``), its reward function, the trackers
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     #: a detached run on a standing Ray cluster, that a new driver can re-attach to
     run: RunConfig = field(default_factory=RunConfig)

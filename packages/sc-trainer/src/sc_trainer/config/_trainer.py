@@ -6,6 +6,7 @@ The fields, with their defaults and ``sc-demo`` options, are declared in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from ._fields import (
     BACKENDS,
     DEVICES,
     PLACEMENTS,
+    RESUME_MODES,
     ROLLOUT_ENGINES,
     TrainerFields,
 )
@@ -167,9 +169,16 @@ class TrainerConfig(TrainerFields):
             raise TrainerConfigError(
                 f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}"
             )
+        if self.steps is None:
+            if not self.data.given:
+                raise TrainerConfigError(
+                    f"{owner}.steps may be None only for a dataset run (data.train_files), "
+                    "which then trains data.total_epochs epochs"
+                )
+        else:
+            _positive(owner, steps=self.steps)
         _positive(
             owner,
-            steps=self.steps,
             prompts_per_step=self.prompts_per_step,
             responses_per_prompt=self.responses_per_prompt,
             workers_per_role=self.workers_per_role,
@@ -245,8 +254,9 @@ class TrainerConfig(TrainerFields):
         _positive(owner, agent_deadline_s=self.agent_deadline_s)
         if self.task.mode == "tool-calc":
             self._check_agent_task(owner)
+        self._check_own_task(owner)
         train_prompts = 10**self.task.length - self.task.num_val
-        if self.prompts_per_step > train_prompts:
+        if not self.data.given and self.prompts_per_step > train_prompts:
             raise TrainerConfigError(
                 f"{owner}.prompts_per_step ({self.prompts_per_step}) exceeds the "
                 f"{train_prompts} training prompts of the task"
@@ -285,6 +295,53 @@ class TrainerConfig(TrainerFields):
                 f"{owner}: task mode 'tool-calc' runs multi-turn agent sessions on engine "
                 "servers; rollout_engine must be 'builtin' or 'vllm', got 'workers'"
             )
+
+    def _check_own_task(self, owner: str) -> None:
+        """A dataset run tokenizes its prompts with the model's tokenizer; an export to Hugging
+        Face needs a Hugging Face model; ``resume_mode`` is one of its two values."""
+        if self.resume_mode not in RESUME_MODES:
+            raise TrainerConfigError(
+                f"{owner}.resume_mode must be one of {RESUME_MODES}, got {self.resume_mode!r}"
+            )
+        for name in ("save_hf",):
+            if not isinstance(getattr(self, name), bool):
+                raise TrainerConfigError(f"{owner}.{name} must be a bool, got {self.save_hf!r}")
+        if self.save_hf and self.model_path is None:
+            raise TrainerConfigError(
+                f"{owner}.save_hf: the built-in model has no Hugging Face form; train a Hugging "
+                "Face model (model_path) to export it"
+            )
+        if not self.data.given:
+            return
+        if self.model_path is None:
+            raise TrainerConfigError(
+                f"{owner}: data.train_files={list(self.data.train_files)} is tokenized with the "
+                "model's tokenizer; give a Hugging Face model (model_path, the config key "
+                "actor_rollout_ref.model.path)"
+            )
+        if self.task.mode == "tool-calc":
+            raise TrainerConfigError(
+                f"{owner}: task mode 'tool-calc' is a built-in agent task; a run with "
+                "data.train_files trains on its dataset instead"
+            )
+
+    @property
+    def total_steps(self) -> int:
+        """The run's steps (``steps``; a dataset run without it resolves it from its data
+        first: :meth:`with_steps`)."""
+        if self.steps is None:
+            raise TrainerConfigError(
+                "TrainerConfig.total_steps: steps is None (a dataset run's length in epochs); "
+                "resolve it from the data with with_steps(steps_per_epoch)"
+            )
+        return self.steps
+
+    def with_steps(self, steps_per_epoch: int) -> TrainerConfig:
+        """This configuration with ``steps`` resolved from the data: ``data.total_epochs``
+        epochs of ``steps_per_epoch`` steps when ``steps`` is None; unchanged otherwise."""
+        if self.steps is not None:
+            return self
+        return dataclasses.replace(self, steps=self.data.total_epochs * steps_per_epoch)
 
     @property
     def uses_absolute_positions(self) -> bool:

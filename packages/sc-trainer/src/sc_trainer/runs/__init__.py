@@ -18,6 +18,7 @@ from .._errors import (
 )
 from ._checkpointer import Checkpointer
 from ._detached import DetachedRun
+from ._export import HF_FOLDER, export_checkpoint
 from ._output import (
     PLOT_PANELS,
     TRAINER_STATE,
@@ -37,6 +38,7 @@ __all__ = [
     "Checkpointer",
     "DRIVERS_LOG",
     "DetachedRun",
+    "HF_FOLDER",
     "MissingExtraError",
     "PLOT_PANELS",
     "PendingSave",
@@ -47,6 +49,7 @@ __all__ = [
     "RunStateNotFoundError",
     "TRAINER_STATE",
     "check_resumable",
+    "export_checkpoint",
     "latest_checkpoint",
     "read_metrics",
     "read_run_state",

@@ -304,9 +304,9 @@ def check_resumable(folder: Path, config: TrainerConfig) -> int:
     if differ:
         detail = ", ".join(f"{k}: checkpoint {a!r}, this run {b!r}" for k, (a, b) in differ.items())
         raise CheckpointMismatchError(f"resume: {folder} does not fit this run ({detail})")
-    if step >= config.steps:
+    if step >= config.total_steps:
         raise CheckpointMismatchError(
             f"resume: {folder} is at step {step}; ask for more steps than that, got "
-            f"steps={config.steps}"
+            f"steps={config.total_steps}"
         )
     return step

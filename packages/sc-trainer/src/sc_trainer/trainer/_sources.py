@@ -68,7 +68,7 @@ def make_rollout_source(
             groups.rollout,
             prompts,
             config.async_staleness,
-            config.steps,
+            config.total_steps,
             weight_sync=WeightSync(groups.actor_rollout, groups.rollout),
             dp_size=dp_size,
             call_scope=None if detached is None else detached.launch_scope,
@@ -102,5 +102,5 @@ def _server_source(
         prompts,
         sampling,
         staleness=config.async_staleness,
-        last_step=config.steps,
+        last_step=config.total_steps,
     )

@@ -285,7 +285,7 @@ class RayPPOTrainer:
             step = self.global_step + 1
             try:
                 self._begin_step(step)
-                if self.global_step >= cfg.steps:
+                if self.global_step >= cfg.total_steps:
                     checkpointer.finish(block=True)  # the last checkpoint, complete
                     break
                 self._inject_fault(step)
@@ -298,7 +298,7 @@ class RayPPOTrainer:
                 self._log(metrics)
                 if progress is not None:
                     progress(step, metrics)
-                if step % cfg.save_every == 0 or step == cfg.steps:
+                if step % cfg.save_every == 0 or step == cfg.total_steps:
                     self.save_checkpoint()
                 else:
                     checkpointer.finish(block=False)  # the previous save, if its writes are done
@@ -330,7 +330,7 @@ class RayPPOTrainer:
 
     def _validates(self, step: int) -> bool:
         """Whether the run validates after ``step``."""
-        return step % self.config.val_every == 0 or step == self.config.steps
+        return step % self.config.val_every == 0 or step == self.config.total_steps
 
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
