@@ -17,6 +17,7 @@ SECOND_TIERS = [
     "sc_trainer.agents",
     "sc_trainer.cli",
     "sc_trainer.config",
+    "sc_trainer.data",
     "sc_trainer.faults",
     "sc_trainer.launch",
     "sc_trainer.rewards",
