@@ -138,10 +138,10 @@ def test_validation_scores_one_greedy_session_per_problem(
         batch = rollout.validation_batch(0, problems)
         assert len(batch) == 6
         assert list(batch.non_tensor_batch["prompt_text"]) == problems
-        scores = rollout.task.batch_scores(batch).sum(dim=-1)
+        scores = rollout.task.score_batch(batch).token_scores.sum(dim=-1)
         assert bool(((scores >= 0.0) & (scores <= 1.0)).all())
-        again = rollout.task.batch_scores(rollout.validation_batch(1, problems)).sum(dim=-1)
-        assert torch.equal(again, scores)  # greedy: the same answers
+        repeated = rollout.task.score_batch(rollout.validation_batch(1, problems))
+        assert torch.equal(repeated.token_scores.sum(dim=-1), scores)  # greedy: the same answers
     finally:
         rollout.close()
 

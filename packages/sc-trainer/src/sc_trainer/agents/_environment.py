@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import torch
 from sc_protocol import DataProto
 from sc_rollout import AgentSession, AgentTask
+
+from .._scores import BatchScores
 
 __all__ = ["AgentEnvironment"]
 
@@ -20,7 +21,7 @@ class AgentEnvironment(Protocol):
     tokens, the problems (``sample_train``, ``val_strings``), the sessions of some problems
     (``tasks``), the two agents (``agent`` returns the training reward, ``eval_agent`` the
     task's score, for validation) and the per-token reward of a batch of sessions
-    (``batch_scores``: each session's reward on its last model token)."""
+    (``score_batch``: each session's reward on its last model token)."""
 
     @property
     def prompt_length(self) -> int: ...
@@ -48,4 +49,4 @@ class AgentEnvironment(Protocol):
 
     async def eval_agent(self, task: AgentTask, session: AgentSession) -> float: ...
 
-    def batch_scores(self, batch: DataProto) -> torch.Tensor: ...
+    def score_batch(self, batch: DataProto) -> BatchScores: ...

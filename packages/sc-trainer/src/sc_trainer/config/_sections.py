@@ -149,7 +149,8 @@ class TrackingConfig:
 
     def __post_init__(self) -> None:
         owner = "TrackingConfig"
-        names = (self.logger,) if isinstance(self.logger, str) else self.logger
+        logger: object = self.logger
+        names = (logger,) if isinstance(logger, str) else logger
         if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
             raise TrainerConfigError(f"{owner}.logger must be a list of names, got {names!r}")
         object.__setattr__(self, "logger", tuple(names))

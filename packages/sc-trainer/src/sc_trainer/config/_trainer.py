@@ -319,6 +319,11 @@ class TrainerConfig(TrainerFields):
                 "model's tokenizer; give a Hugging Face model (model_path, the config key "
                 "actor_rollout_ref.model.path)"
             )
+        if not self.data.val_files:
+            raise TrainerConfigError(
+                f"{owner}: a dataset run validates on held-out prompts before the first step "
+                "and every val_every steps (trainer.test_freq); give data.val_files"
+            )
         if self.task.mode == "tool-calc":
             raise TrainerConfigError(
                 f"{owner}: task mode 'tool-calc' is a built-in agent task; a run with "

@@ -20,11 +20,13 @@ from ._checkpointer import Checkpointer
 from ._detached import DetachedRun
 from ._export import HF_FOLDER, export_checkpoint
 from ._output import (
+    CONFIG_FILE,
     PLOT_PANELS,
     TRAINER_STATE,
     PendingSave,
     RunOutput,
     check_resumable,
+    check_same_data,
     latest_checkpoint,
     read_metrics,
     resolve_checkpoint,
@@ -33,6 +35,7 @@ from ._session import DRIVERS_LOG, RunSession
 from ._state import RUN_STATE, RunState, read_run_state
 
 __all__ = [
+    "CONFIG_FILE",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "Checkpointer",
@@ -49,6 +52,7 @@ __all__ = [
     "RunStateNotFoundError",
     "TRAINER_STATE",
     "check_resumable",
+    "check_same_data",
     "export_checkpoint",
     "latest_checkpoint",
     "read_metrics",

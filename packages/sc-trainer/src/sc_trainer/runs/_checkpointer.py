@@ -21,6 +21,7 @@ from sc_core import WorkerGroup
 from sc_workers import ActorRolloutRefWorker, CriticWorker
 
 from ..config import TrainerConfig
+from ._export import HF_FOLDER
 from ._output import PendingSave, RunOutput, check_resumable, read_metrics
 
 __all__ = ["Checkpointer"]
@@ -46,6 +47,7 @@ class Checkpointer:
         background: bool,
         keep: int,
         phase: Phase | None = None,
+        save_hf: bool = False,
     ) -> None:
         self.output = output
         self.actor = actor
@@ -53,6 +55,8 @@ class Checkpointer:
         self.background = background
         self.keep = keep
         self._phase = phase
+        #: also write the actor as a Hugging Face folder (``huggingface/``) into each one
+        self.save_hf = save_hf
         #: the checkpoint whose workers may still be writing (see :meth:`save`)
         self.pending: PendingSave | None = None
 
@@ -84,6 +88,8 @@ class Checkpointer:
                 self.critic.save_checkpoint(
                     str(folder / "critic"), global_step=step, background=background
                 )
+            if self.save_hf:  # the weights of this step, gathered and written by rank 0
+                self.actor.export_hf_model(str(folder / HF_FOLDER))
         self.pending = PendingSave(step, dict(state), [dict(r) for r in history])
         if not background:
             self.finish(block=True)

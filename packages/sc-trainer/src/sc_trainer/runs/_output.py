@@ -34,11 +34,13 @@ from .._errors import (
 from ..config import TrainerConfig
 
 __all__ = [
+    "CONFIG_FILE",
     "PLOT_PANELS",
     "TRAINER_STATE",
     "PendingSave",
     "RunOutput",
     "check_resumable",
+    "check_same_data",
     "latest_checkpoint",
     "read_metrics",
     "resolve_checkpoint",
@@ -287,6 +289,31 @@ _RESUME_KEYS = (
     "rollout_tp",
     "task",
 )
+
+
+#: the resolved configuration a run writes into its output folder (``sc-train --config`` it)
+CONFIG_FILE = "config.yaml"
+
+
+def check_same_data(folder: Path, data: Mapping[str, Any] | None) -> None:
+    """A checkpoint of a dataset run continues only on the same training data: the data's
+    fingerprint saved in ``folder`` must be ``data``'s (:class:`CheckpointMismatchError`
+    otherwise; a checkpoint without one, or ``data`` None, is not checked)."""
+    if data is None:
+        return
+    try:
+        state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointNotFoundError(f"resume: cannot read {folder / TRAINER_STATE}: {err}") from err
+    saved = state.get("data") if isinstance(state, dict) else None
+    if not isinstance(saved, dict) or "fingerprint" not in saved:
+        return
+    if saved["fingerprint"] != data.get("fingerprint"):
+        raise CheckpointMismatchError(
+            f"resume: {folder} was trained on other data (fingerprint {saved['fingerprint']}, "
+            f"this run's {data.get('fingerprint')}): the training files or their "
+            "tokenization changed"
+        )
 
 
 def check_resumable(folder: Path, config: TrainerConfig) -> int:

@@ -18,6 +18,7 @@ import torch
 from sc_protocol import DataProto
 
 from .._errors import TaskError
+from .._scores import BatchScores
 from ..config import TaskConfig
 
 __all__ = ["CharTokenizer", "DigitsTask"]
@@ -202,15 +203,15 @@ class DigitsTask:
         """Per-prompt reward in ``[0, 1]``: the fraction of target positions right."""
         return self.token_scores(texts, responses, response_mask).sum(dim=1)
 
-    def batch_scores(self, batch: DataProto) -> torch.Tensor:
+    def score_batch(self, batch: DataProto) -> BatchScores:
         """The per-token reward ``[rows, R]`` of a generated batch: :meth:`token_scores` of
-        its ``prompt_text`` column, ``responses`` and ``response_mask``."""
+        its ``prompt_text`` column, ``responses`` and ``response_mask`` (no metrics)."""
         td: Any = batch.batch
         missing = [k for k in ("responses", "response_mask") if td is None or k not in td]
         if missing or "prompt_text" not in batch.non_tensor_batch:
             raise TaskError(
-                f"{type(self).__name__}.batch_scores: the batch lacks "
+                f"{type(self).__name__}.score_batch: the batch lacks "
                 f"{missing or ['prompt_text']} (a rollout's output holds them)"
             )
         texts = batch.non_tensor_batch["prompt_text"]
-        return self.token_scores(texts, td["responses"], td["response_mask"])
+        return BatchScores(self.token_scores(texts, td["responses"], td["response_mask"]), {})

@@ -6,20 +6,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import TypeAlias
 
 from sc_workers import load_hf_tokenizer
 
 from .._errors import TrainerConfigError
 from ..agents import AgentEnvironment
 from ..config import TrainerConfig
+from ._dataset import DatasetTask
 from ._digits import DigitsTask
 from ._text_digits import TextDigitsTask
 from ._tiny_gpt2 import save_tiny_gpt2
 from ._tool_calc import TOOL_CALC_CHARS, ToolCalcTask
 
-__all__ = ["make_task", "with_server_model"]
+__all__ = ["Task", "make_task", "with_server_model"]
 
 logger = logging.getLogger(__name__)
+
+#: what a run trains on: the user's dataset, a built-in digit task, or an agent task
+Task: TypeAlias = "DigitsTask | DatasetTask | AgentEnvironment"
 
 
 def with_server_model(config: TrainerConfig) -> TrainerConfig:
@@ -37,10 +42,15 @@ def with_server_model(config: TrainerConfig) -> TrainerConfig:
     return dataclasses.replace(config, model_path=str(folder.resolve()))
 
 
-def make_task(config: TrainerConfig) -> DigitsTask | AgentEnvironment:
-    """The task of a run: token by token for the built-in model, as text through the
-    tokenizer of the Hugging Face model at ``config.model_path``; the tool task (on engine
-    servers, so always a Hugging Face model) through that tokenizer too."""
+def make_task(config: TrainerConfig) -> Task:
+    """The task of a run: the user's dataset and reward function (``config.data``), read
+    through the tokenizer of the Hugging Face model at ``config.model_path``; else a built-in
+    task: token by token for the built-in model, as text through that tokenizer; the tool
+    task (on engine servers, so always a Hugging Face model) through that tokenizer too."""
+    if config.data.given:
+        if config.model_path is None:
+            raise TrainerConfigError("make_task: a dataset needs a Hugging Face model (model_path)")
+        return DatasetTask(config, load_hf_tokenizer(config.model_path))
     if config.task.mode == "tool-calc":
         if config.model_path is None:
             raise TrainerConfigError(

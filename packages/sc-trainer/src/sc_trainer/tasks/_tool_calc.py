@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from sc_protocol import DataProto
 from sc_rollout import AgentSession, AgentTask, SamplingParams
 
 from .._errors import TaskError
+from .._scores import BatchScores
 from ..agents import agent_token_scores
 
 __all__ = ["TOOL_CALC_CHARS", "ToolCalcTask"]
@@ -189,10 +189,10 @@ class ToolCalcTask:
         target = self.answer(problem)
         return sum(a == b for a, b in zip(text, target, strict=False)) / _DIGITS
 
-    def batch_scores(self, batch: DataProto) -> torch.Tensor:
+    def score_batch(self, batch: DataProto) -> BatchScores:
         """The per-token reward of a batch of agent sessions: each session's reward, which
         its agent returned, on its last model token (:func:`agent_token_scores`)."""
-        return agent_token_scores(batch)
+        return BatchScores(agent_token_scores(batch), {})
 
     def hinted(self, session_id: str) -> bool:
         """Whether the training session ``session_id`` is a hint (a fixed draw of its id)."""

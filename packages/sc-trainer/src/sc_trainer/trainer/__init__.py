@@ -11,7 +11,7 @@ from sc_dispatch import _public
 from .._errors import TrainerStateError, TrainingDivergedError, WorkerOutputError
 from ._balance import balanced_order, shard_token_sums
 from ._launcher import Launcher
-from ._result import ProgressFn, RunResult
+from ._result import MetricsSink, ProgressFn, RunResult
 from ._roles import (
     Role,
     RoleClasses,
@@ -33,11 +33,13 @@ from ._stages import (
     compute_reward,
     log_prob_gap,
     metrics_of,
+    response_metrics,
 )
 from ._trainer import RayPPOTrainer
 
 __all__ = [
     "Launcher",
+    "MetricsSink",
     "ProgressFn",
     "RayPPOTrainer",
     "Role",
@@ -58,6 +60,7 @@ __all__ = [
     "log_prob_gap",
     "make_rollout_source",
     "metrics_of",
+    "response_metrics",
     "model_config",
     "registered_method_names",
     "role_classes",

@@ -5,14 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..runs import RunOutput
 
-__all__ = ["ProgressFn", "RunResult"]
+__all__ = ["MetricsSink", "ProgressFn", "RunResult"]
 
 #: ``progress(step, metrics)``: called after every step (and after a recovery)
 ProgressFn = Callable[[int, Mapping[str, Any]], None]
+
+
+class MetricsSink(Protocol):
+    """Where the trainer gives each record of ``metrics.jsonl`` too (the experiment trackers
+    of :mod:`sc_trainer.loggers`)."""
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None: ...
 
 
 @dataclass

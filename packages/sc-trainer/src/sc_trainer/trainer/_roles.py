@@ -35,9 +35,8 @@ from sc_workers import (
 )
 
 from .._errors import TrainerConfigError, TrainerStateError
-from ..agents import AgentEnvironment
 from ..config import TrainerConfig
-from ..tasks import DigitsTask
+from ..tasks import DigitsTask, Task
 from ._launcher import Launcher
 
 __all__ = [
@@ -67,7 +66,7 @@ class Role(enum.Enum):
     Rollout = "rollout"
 
 
-def model_config(config: TrainerConfig, task: DigitsTask | AgentEnvironment) -> ModelConfig:
+def model_config(config: TrainerConfig, task: Task) -> ModelConfig:
     """The model of every role: the Hugging Face directory ``config.model_path`` (its
     architecture and token ids), or the built-in transformer sized by ``config`` for
     ``task``'s tokenizer and sequence length."""
@@ -105,9 +104,7 @@ def _micro_batch(rows: int, pp: int) -> int:
     return rows
 
 
-def worker_configs(
-    config: TrainerConfig, task: DigitsTask | AgentEnvironment
-) -> tuple[ActorRolloutRefConfig, CriticConfig]:
+def worker_configs(config: TrainerConfig, task: Task) -> tuple[ActorRolloutRefConfig, CriticConfig]:
     """The sc-workers configuration of the actor/rollout/ref and critic workers.
 
     The actor and reference model run ``actor_pp`` pipeline stages on the megatron-style

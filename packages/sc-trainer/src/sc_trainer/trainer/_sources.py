@@ -12,13 +12,14 @@ from ..config import TrainerConfig
 from ..rollout import (
     AsyncRollout,
     EngineServers,
+    PromptSource,
     RolloutSource,
     RouterSampling,
     ServerRollout,
     WorkerGroupRollout,
 )
 from ..runs import DetachedRun
-from ..tasks import DigitsTask, TaskPrompts
+from ..tasks import DatasetTask, DigitsTask, Task, TaskPrompts
 from ._roles import TrainerGroups
 
 __all__ = ["make_rollout_source"]
@@ -26,7 +27,7 @@ __all__ = ["make_rollout_source"]
 
 def make_rollout_source(
     config: TrainerConfig,
-    task: DigitsTask | AgentEnvironment,
+    task: Task,
     groups: TrainerGroups,
     run_dir: Path,
     worker_config: ActorRolloutRefConfig,
@@ -56,12 +57,12 @@ def make_rollout_source(
         except BaseException:
             servers.close()
             raise
-    if not isinstance(task, DigitsTask):
+    if isinstance(task, AgentEnvironment):
         raise TrainerConfigError(
             "make_rollout_source: an agent task runs its sessions on engine servers "
             f"(rollout_engine 'builtin' or 'vllm'), got {config.rollout_engine!r}"
         )
-    prompts = TaskPrompts(task, config.prompts_per_step, config.responses_per_prompt, config.seed)
+    prompts = _prompts(config, task)
     dp_size = config.workers_per_role
     if groups.rollout is not None and config.async_staleness > 0:
         return AsyncRollout(
@@ -76,9 +77,16 @@ def make_rollout_source(
     return WorkerGroupRollout(groups.actor_rollout, prompts, dp_size, groups.rollout)
 
 
+def _prompts(config: TrainerConfig, task: DigitsTask | DatasetTask) -> PromptSource:
+    """Each step's prompts: the dataset's, or the built-in task's."""
+    if isinstance(task, DatasetTask):
+        return task.prompts
+    return TaskPrompts(task, config.prompts_per_step, config.responses_per_prompt, config.seed)
+
+
 def _server_source(
     config: TrainerConfig,
-    task: DigitsTask | AgentEnvironment,
+    task: Task,
     servers: EngineServers,
     worker_config: ActorRolloutRefConfig,
 ) -> RolloutSource:
@@ -95,7 +103,7 @@ def _server_source(
             deadline_s=config.agent_deadline_s,
             servers=servers,
         )
-    prompts = TaskPrompts(task, config.prompts_per_step, config.responses_per_prompt, config.seed)
+    prompts = _prompts(config, task)
     sampling = RouterSampling.from_configs(worker_config.rollout, worker_config.model)
     return ServerRollout(
         servers,

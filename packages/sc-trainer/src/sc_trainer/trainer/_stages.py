@@ -20,9 +20,8 @@ from sc_workers.algos import (
 )
 
 from .._errors import TrainingDivergedError, WorkerOutputError
-from ..agents import AgentEnvironment
 from ..config import TrainerConfig
-from ..tasks import DigitsTask
+from ..tasks import Task
 from ._balance import balanced_order, shard_token_sums
 
 __all__ = [
@@ -34,6 +33,7 @@ __all__ = [
     "compute_reward",
     "log_prob_gap",
     "metrics_of",
+    "response_metrics",
     "tensors_for",
 ]
 
@@ -73,15 +73,14 @@ def balance_batch(batch: DataProto, dp_size: int, metrics: dict[str, Any]) -> Da
     return batch
 
 
-def compute_reward(
-    task: DigitsTask | AgentEnvironment, batch: DataProto, metrics: dict[str, Any]
-) -> DataProto:
-    """The task's verifiable reward of each response token (``task.batch_scores``: the digit
+def compute_reward(task: Task, batch: DataProto, metrics: dict[str, Any]) -> DataProto:
+    """The task's verifiable reward of each response token (``task.score_batch``: the digit
     task credits each right position; an agent task pays each session's reward on its last
     model token)."""
     td = tensors_for(batch, "reward")
     mask = td["response_mask"]
-    token_scores = task.batch_scores(batch)
+    token_scores, reward_metrics = task.score_batch(batch)
+    metrics.update(reward_metrics)
     td["token_level_scores"] = token_scores
     td["token_level_rewards"] = token_scores  # the KL term is a loss of the actor
     scores = token_scores.sum(dim=-1)
@@ -89,6 +88,20 @@ def compute_reward(
     metrics["train/reward_std"] = scores.std().item() if len(scores) > 1 else 0.0
     metrics["train/response_length"] = mask.sum(dim=-1).float().mean().item()
     return batch
+
+
+def response_metrics(batch: DataProto, metrics: dict[str, Any]) -> None:
+    """What users read first about a step's responses: their length in tokens (mean, max,
+    and the share that reached the response length, ``clip_ratio``), and the tokens of the
+    batch (``perf/tokens``: prompts and responses, for the step's throughput)."""
+    td = tensors_for(batch, "reward")
+    lengths = td["response_mask"].sum(dim=-1).float()
+    width = td["responses"].shape[-1]
+    metrics["response_length/mean"] = lengths.mean().item()
+    metrics["response_length/max"] = lengths.max().item()
+    metrics["response_length/clip_ratio"] = (lengths >= width).float().mean().item()
+    mask = td["attention_mask"] if "attention_mask" in td else td["response_mask"]
+    metrics["perf/tokens"] = int(mask.sum().item())
 
 
 def compute_advantage(

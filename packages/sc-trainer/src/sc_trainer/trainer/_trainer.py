@@ -29,14 +29,13 @@ from sc_protocol import DataProto
 from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, WeightSyncError
 
 from .._errors import TrainerRecoveryError, TrainerStateError
-from ..agents import AgentEnvironment
 from ..config import TrainerConfig
 from ..faults import DriverFault, DriverFaults, FaultSpec, Recovery, inject_due
 from ..rollout import RolloutSource
 from ..runs import Checkpointer, DetachedRun, RunOutput, RunState, latest_checkpoint
-from ..tasks import DigitsTask
+from ..tasks import Task, data_state
 from ._launcher import Launcher
-from ._result import ProgressFn, RunResult
+from ._result import MetricsSink, ProgressFn, RunResult
 from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, worker_configs
 from ._sources import make_rollout_source
 from ._stages import (
@@ -47,6 +46,7 @@ from ._stages import (
     compute_reward,
     log_prob_gap,
     metrics_of,
+    response_metrics,
     tensors_for,
 )
 
@@ -66,13 +66,17 @@ class RayPPOTrainer:
     def __init__(
         self,
         config: TrainerConfig,
-        task: DigitsTask | AgentEnvironment,
+        task: Task,
         role_worker_mapping: Mapping[Role, type],
         resource_pool_manager: ResourcePoolManager,
         launcher: Launcher,
         output: RunOutput,
+        *,
+        tracking: MetricsSink | None = None,
     ) -> None:
         self.config = config
+        #: where each step's metrics go besides ``metrics.jsonl`` (the experiment trackers)
+        self.tracking = tracking
         self.task = task
         self.role_worker_mapping = dict(role_worker_mapping)
         self._classes = role_classes(self.role_worker_mapping)
@@ -96,6 +100,8 @@ class RayPPOTrainer:
         #: where every batch comes from (after :meth:`init_workers`)
         self.rollout: RolloutSource | None = None
         self.checkpointer: Checkpointer | None = None
+        #: when the trainer was made (``perf/wall_clock_s`` counts from here)
+        self._started = time.perf_counter()
 
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
@@ -130,6 +136,7 @@ class RayPPOTrainer:
             background=cfg.background_checkpoints,
             keep=cfg.keep_checkpoints,
             phase=self._driver_faults.phase,
+            save_hf=cfg.save_hf,
         )
         self.rollout = make_rollout_source(
             cfg, self.task, groups, self.output.root, self.actor_rollout_ref_config, self.detached
@@ -199,6 +206,7 @@ class RayPPOTrainer:
         rollout, _ = self._parts("fit")
         batch, rollout_metrics = rollout.take(step, t)  # prompts + responses ("generate")
         m.update(rollout_metrics)
+        response_metrics(batch, m)
         if "weight_version" in batch.meta_info:  # sampled by a rollout with its own weights
             m["rollout/weight_version"] = batch.meta_info["weight_version"]
         with t("balance"):
@@ -222,6 +230,8 @@ class RayPPOTrainer:
         m.update(rollout.after_update(step, t, validates=self._validates(step)))
         m.update({f"timing/{k}": v for k, v in t.seconds.items()})
         m["perf/step_time_s"] = sum(t.seconds.values())
+        m["perf/throughput_tokens_s"] = m["perf/tokens"] / max(m["perf/step_time_s"], 1e-9)
+        m["perf/wall_clock_s"] = time.perf_counter() - self._started
         check_finite(step, m)
         return m
 
@@ -245,7 +255,8 @@ class RayPPOTrainer:
         rollout, _ = self._parts("validate")
         with self._driver_faults.phase(self.global_step, "validate"):
             batch = rollout.validation_batch(self.global_step)
-            return float(self.task.batch_scores(batch).sum(dim=-1).mean().item())
+            scores = self.task.score_batch(batch).token_scores
+            return float(scores.sum(dim=-1).mean().item())
 
     def fit(
         self,
@@ -335,6 +346,8 @@ class RayPPOTrainer:
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
         self.output.log_metrics(record)
+        if self.tracking is not None:
+            self.tracking.log(record, int(record["step"]))
         logger.info("step %s %s", record.get("step"), json.dumps(record, default=str))
 
     # -------------------------------------------------------------- checkpoints
@@ -344,6 +357,9 @@ class RayPPOTrainer:
         background writes are: :class:`~sc_trainer.runs.Checkpointer`)."""
         _, checkpointer = self._parts("save_checkpoint")
         state = {"global_step": self.global_step, "config": asdict(self.config)}
+        data = data_state(self.task, self.global_step)
+        if data is not None:  # a dataset run: where in its data it is
+            state["data"] = data
         return checkpointer.save(self.global_step, state, self.history)
 
     def _load_checkpoint(self, folder: Path) -> None:
