@@ -19,6 +19,7 @@ SECOND_TIERS = [
     "sc_trainer.config",
     "sc_trainer.faults",
     "sc_trainer.launch",
+    "sc_trainer.loggers",
     "sc_trainer.rollout",
     "sc_trainer.runs",
     "sc_trainer.tasks",
