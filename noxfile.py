@@ -47,8 +47,9 @@ PACKAGES = [
 PACKAGE_PARAMS = [nox.param(dist, id=dist, tags=[dist]) for dist in PACKAGES]
 #: extras a package's tests install, so that the code behind them is tested (sc-workers' hf
 #: tests fail rather than skip in that session when transformers is missing; sc-trainer's
-#: runs draw their plot)
-TEST_EXTRAS = {"sc-workers": ["hf"], "sc-trainer": ["plot"]}
+#: runs draw their plot, and its trackers' tests, which fail there too without their
+#: backend, write to TensorBoard, W&B and MLflow)
+TEST_EXTRAS = {"sc-workers": ["hf"], "sc-trainer": ["plot", "tensorboard", "wandb", "mlflow"]}
 #: pytest arguments a package's tests session adds: sc-trainer's leaves the long fault matrix
 #: (20 trainings) to the faults session, runs one case per kind of point, and leaves the
 #: tests on the vLLM engine to the vllm session (which makes vLLM's environment)
@@ -71,7 +72,7 @@ MIDDLE_PYTHONS_SKIP = frozenset({"sc-protocol", "sc-ray", "sc-workers", "sc-trai
 #: Ray clusters) the cluster-free module and two tests of calls and their errors on actors;
 #: for sc-workers all but the checkpoint module that kills a child process at every
 #: filesystem step of a save; for sc-trainer the modules that need no Ray cluster and train
-#: for at most a few steps in this process.
+#: for at most a few steps in this process, and the trackers' (their extras' floors).
 QUICK_TESTS: dict[str, list[str]] = {
     "sc-ray": [
         "test_ray_unit.py",
@@ -85,6 +86,7 @@ QUICK_TESTS: dict[str, list[str]] = {
         "test_trainer_driver_faults.py",
         "test_trainer_agent_batch.py",
         "test_trainer_local.py",
+        "test_trainer_loggers.py",
     ],
 }
 

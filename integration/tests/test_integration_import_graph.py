@@ -84,6 +84,19 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("sc_trainer.runs._output", "matplotlib"): (
         "only the end of a run draws the plot, and matplotlib is the extra sc-trainer[plot]"
     ),
+    ("sc_trainer.loggers._tensorboard", "tensorboard"): (
+        "the extra sc-trainer[tensorboard]: only a run with the tensorboard tracker needs it"
+    ),
+    ("sc_trainer.loggers._tensorboard", "torch"): (
+        "torch.utils.tensorboard imports tensorboard (the extra above): imported with it"
+    ),
+    ("sc_trainer.loggers._wandb", "wandb"): (
+        "the extra sc-trainer[wandb]: only a run with the wandb tracker imports it"
+    ),
+    ("sc_trainer.loggers._mlflow", "mlflow"): (
+        "the extra sc-trainer[mlflow]: only a run with the mlflow tracker imports it, after "
+        "setting the variables MLflow reads when it is first imported"
+    ),
 }
 
 

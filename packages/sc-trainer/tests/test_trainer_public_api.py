@@ -20,6 +20,7 @@ SECOND_TIERS = [
     "sc_trainer.data",
     "sc_trainer.faults",
     "sc_trainer.launch",
+    "sc_trainer.loggers",
     "sc_trainer.rewards",
     "sc_trainer.rollout",
     "sc_trainer.runs",
