@@ -18,6 +18,7 @@ SECOND_TIERS = [
     "sc_trainer.cli",
     "sc_trainer.config",
     "sc_trainer.data",
+    "sc_trainer.evaluation",
     "sc_trainer.faults",
     "sc_trainer.launch",
     "sc_trainer.loggers",

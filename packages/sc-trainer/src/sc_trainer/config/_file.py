@@ -74,16 +74,19 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _nearest(name: str, known: Iterable[str]) -> str:
-    """The nearest known key to ``name``, in words for an error message: the key with the
-    same last part if there is one (``trainer.lr``: ``actor_rollout_ref.actor.optim.lr``),
-    else the closest spelling."""
+    """The nearest known keys to ``name``, in words for an error message: the keys with the
+    same last part if there are some (``trainer.lr``: ``actor_rollout_ref.actor.optim.lr``
+    or ``critic.optim.lr``), else the closest spelling."""
     candidates = list(known)
     leaf = name.rpartition(".")[2]
-    same_leaf = [c for c in candidates if c.rpartition(".")[2] == leaf]
-    close = difflib.get_close_matches(name, same_leaf, n=1, cutoff=0.0) if same_leaf else []
+    close = [c for c in candidates if c.rpartition(".")[2] == leaf][:3]
     if not close:
         close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.3)
-    return f"the nearest known key is {close[0]!r}" if close else "no known key is near it"
+    if not close:
+        return "no known key is near it"
+    if len(close) == 1:
+        return f"the nearest known key is {close[0]!r}"
+    return "the nearest known keys are " + " or ".join(repr(c) for c in close)
 
 
 def _check_known(flat: Mapping[str, Any], where: str) -> None:

@@ -348,6 +348,28 @@ class TrainerConfig(TrainerFields):
             return self
         return dataclasses.replace(self, steps=self.data.total_epochs * steps_per_epoch)
 
+    def with_absolute_paths(self) -> TrainerConfig:
+        """This configuration with every path made absolute (relative ones are relative to
+        the current directory): the workers, which run elsewhere, read the same files."""
+
+        def absolute(path: str | None) -> str | None:
+            return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+        data = dataclasses.replace(
+            self.data,
+            train_files=tuple(str(absolute(f)) for f in self.data.train_files),
+            val_files=tuple(str(absolute(f)) for f in self.data.val_files),
+        )
+        reward = dataclasses.replace(self.reward, path=absolute(self.reward.path))
+        return dataclasses.replace(
+            self,
+            model_path=absolute(self.model_path),
+            output_dir=str(absolute(self.output_dir)),
+            resume_from=absolute(self.resume_from),
+            data=data,
+            reward=reward,
+        )
+
     @property
     def uses_absolute_positions(self) -> bool:
         """Whether the built-in model gets absolute position embeddings (``None``: yes)."""

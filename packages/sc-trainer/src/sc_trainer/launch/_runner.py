@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from sc_core import SpanRecorder
 from sc_rollout import find_vllm_env
@@ -49,7 +50,7 @@ class TaskRunner:
     """
 
     def __init__(self, config: TrainerConfig) -> None:
-        config = with_server_model(config)
+        config = with_server_model(config.with_absolute_paths())
         self.task = make_task(config)
         if isinstance(self.task, DatasetTask):
             config = config.with_steps(self.task.steps_per_epoch)

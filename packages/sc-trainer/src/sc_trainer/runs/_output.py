@@ -304,7 +304,9 @@ def check_same_data(folder: Path, data: Mapping[str, Any] | None) -> None:
     try:
         state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise CheckpointNotFoundError(f"resume: cannot read {folder / TRAINER_STATE}: {err}") from err
+        raise CheckpointNotFoundError(
+            f"resume: cannot read {folder / TRAINER_STATE}: {err}"
+        ) from err
     saved = state.get("data") if isinstance(state, dict) else None
     if not isinstance(saved, dict) or "fingerprint" not in saved:
         return
