@@ -21,7 +21,19 @@ PACKAGES = {
 SECOND_TIERS = {
     "sc_trainer": [
         f"sc_trainer.{sub}"
-        for sub in ("agents", "config", "faults", "launch", "rollout", "runs", "tasks", "trainer")
+        for sub in (
+            "agents",
+            "config",
+            "data",
+            "faults",
+            "launch",
+            "loggers",
+            "rewards",
+            "rollout",
+            "runs",
+            "tasks",
+            "trainer",
+        )
     ],
 }
 

@@ -13,6 +13,7 @@ engine server trains when no model is given (:func:`with_server_model`).
 from sc_dispatch import _public
 
 from .._errors import TaskError
+from .._scores import BatchScores
 from ._dataset import DatasetTask, data_state
 from ._digits import CharTokenizer, DigitsTask
 from ._make import Task, make_task, with_server_model
@@ -22,6 +23,7 @@ from ._tiny_gpt2 import TINY_GPT2_CHARS, build_char_tokenizer, save_tiny_gpt2
 from ._tool_calc import TOOL_CALC_CHARS, ToolCalcTask
 
 __all__ = [
+    "BatchScores",
     "CharTokenizer",
     "DatasetTask",
     "DigitsTask",
