@@ -1,6 +1,7 @@
-"""What scoring a batch gives: :class:`BatchScores` (a leaf module every task shares)."""
+"""What scoring a batch gives: :class:`BatchScores` (a leaf module every task shares).
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: a ``NamedTuple``'s annotations stay objects,
+so they resolve wherever the class is exported from."""
 
 from typing import Any, NamedTuple
 
