@@ -68,6 +68,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "which Ray reads when it is first imported"
     ),
     ("sc_trainer.launch._launchers", "sc_ray"): "imports Ray: as ray above",
+    ("sc_trainer.launch._connect", "ray"): (
+        "as sc_trainer.launch._launchers, after deciding RAY_AUTH_MODE, which Ray reads when "
+        "it is first imported"
+    ),
     ("sc_trainer.cli._errors", "sc_ray"): (
         "imports Ray: sc-demo catches sc-ray's errors only once one came, after the launcher "
         "set RAY_ENABLE_UV_RUN_RUNTIME_ENV"

@@ -93,8 +93,9 @@ class StandingCluster:
         env = dict(os.environ)
         env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
         env["RAY_ADDRESS"] = self.address
-        # no token authentication (Ray turns it on for `ray start` when ~/.ray holds a token)
-        env["RAY_AUTH_MODE"] = "disabled"
+        # Ray's own default authentication, as an operator's `ray start --head` has it (token,
+        # since Ray 2.59): the driver must find its way in by itself
+        env.pop("RAY_AUTH_MODE", None)
         env.pop("RAY_NAMESPACE", None)
         return env
 

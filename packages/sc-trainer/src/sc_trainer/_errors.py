@@ -44,6 +44,8 @@ means, so callers may catch either::
     │                                               given to another
     ├── MissingExtraError (ImportError)             an optional integration used without its
     │                                               extra installed (the message names it)
+    ├── ClusterConnectError (ConnectionError)       a standing Ray cluster a detached run
+    │                                               cannot connect to (what to set is named)
     ├── DatasetNotFoundError (FileNotFoundError)    a data file (data.train_files, val_files)
     │                                               that does not exist
     ├── DatasetError (ValueError)                   a data file or row the trainer cannot use:
@@ -64,6 +66,7 @@ __all__ = [
     "BackendMismatchError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "ClusterConnectError",
     "DatasetError",
     "DatasetNotFoundError",
     "MissingExtraError",
@@ -186,3 +189,9 @@ class RewardFunctionError(ScTrainerError, RuntimeError):
     a number (nor a dict with a number under ``"score"``), for one row: the message names the
     row's index and ``data_source`` and carries the traceback. Never recorded as a zero
     unless the run opted into counting failures."""
+
+
+class ClusterConnectError(ScTrainerError, ConnectionError):
+    """A detached run's driver that cannot connect to its standing Ray cluster: nothing
+    listens at the address, or the cluster refuses the driver (token authentication); the
+    message names the address and what to set."""

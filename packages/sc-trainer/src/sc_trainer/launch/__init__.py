@@ -10,7 +10,7 @@ detached run's workers on a standing cluster, re-attached to by a new driver).
 
 from sc_dispatch import _public
 
-from .._errors import BackendMismatchError
+from .._errors import BackendMismatchError, ClusterConnectError
 from ..trainer import Launcher
 from ._launchers import (
     WORKER_ENV,
@@ -24,6 +24,7 @@ from ._runner import TaskRunner
 
 __all__ = [
     "BackendMismatchError",
+    "ClusterConnectError",
     "DetachedRayLauncher",
     "InProcessLauncher",
     "Launcher",

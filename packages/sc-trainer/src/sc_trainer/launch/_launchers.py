@@ -37,6 +37,7 @@ from .._settings import WORKER_LOGS
 from ..config import TrainerConfig
 from ..runs import RunSession
 from ..trainer import Launcher
+from ._connect import connect_to_cluster
 
 __all__ = [
     "DetachedRayLauncher",
@@ -198,14 +199,10 @@ class DetachedRayLauncher:
         """Connect to the cluster in the run's namespace, create or re-attach to the run;
         on leaving, tear the run down if the body finished, else leave it for a new driver
         (its workers keep running; the lease is given up at once)."""
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        import ray
         from sc_ray import RayRun, UnknownRunError, run_namespace
 
-        ray.init(
-            address=self.address or "auto",
-            namespace=run_namespace(self.run_id),
-            log_to_driver=WORKER_LOGS.get(),
+        ray = connect_to_cluster(
+            self.address, namespace=run_namespace(self.run_id), log_to_driver=WORKER_LOGS.get()
         )
         try:
             try:
@@ -299,11 +296,9 @@ def make_launcher(config: TrainerConfig) -> Launcher:
 def teardown_detached_run(run_id: str, address: str | None) -> Any:
     """Release every actor and placement group of run ``run_id`` (``sc-demo --teardown``);
     sc-ray's ``RunInfo`` of what was released."""
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    import ray
     from sc_ray import run_namespace, teardown_run
 
-    ray.init(address=address or "auto", namespace=run_namespace(run_id), log_to_driver=False)
+    ray = connect_to_cluster(address, namespace=run_namespace(run_id), log_to_driver=False)
     try:
         return teardown_run(run_id)
     finally:
