@@ -240,6 +240,18 @@ class TrainerConfig(TrainerFields):
                     f"{owner}.inject_fault={self.inject_fault!r}: the rollout has a group of "
                     "its own only with placement='separate'"
                 )
+            if fault.role == "server":
+                if self.rollout_engine == "workers":
+                    raise TrainerConfigError(
+                        f"{owner}.inject_fault={self.inject_fault!r}: a server fault needs engine "
+                        "servers (rollout_engine 'builtin' or 'vllm')"
+                    )
+                if fault.rank >= self.rollout_servers:
+                    raise TrainerConfigError(
+                        f"{owner}.inject_fault={self.inject_fault!r}: server {fault.rank} is "
+                        f"outside the run's {self.rollout_servers} servers (rollout_servers)"
+                    )
+                continue
             if fault.rank >= self.workers_per_role:
                 raise TrainerConfigError(
                     f"{owner}.inject_fault={self.inject_fault!r}: rank {fault.rank} is outside "

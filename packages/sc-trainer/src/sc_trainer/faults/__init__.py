@@ -12,7 +12,7 @@ from sc_dispatch import _public
 from .._errors import TrainerRecoveryError
 from ._driver import DRIVER_PHASES, DriverFault, DriverFaults
 from ._recovery import Recovery, replace_dead, wait_for_dead
-from ._workers import FAULT_ROLES, FaultSpec, FaultTargets, inject_due
+from ._workers import FAULT_ROLES, FaultSpec, FaultTargets, ServerTargets, inject_due
 
 __all__ = [
     "DRIVER_PHASES",
@@ -22,6 +22,7 @@ __all__ = [
     "FaultSpec",
     "FaultTargets",
     "Recovery",
+    "ServerTargets",
     "TrainerRecoveryError",
     "inject_due",
     "replace_dead",
