@@ -502,12 +502,14 @@ def gpu(session: nox.Session) -> None:
 @nox.session(default=False, tags=["faults"])
 def faults(session: nox.Session) -> None:
     """The whole fault-injection matrix (not run by default): recovery in place, about 20
-    short trainings on Ray, each with a rank killed, and re-attach, ten detached runs whose
-    driver is killed and replaced (see docs/guides/fault-tolerance.md)."""
+    short trainings on Ray, each with a rank killed; recovery with engine servers (a dead
+    worker, a dead server, both, under partial rollout); and re-attach, ten detached runs
+    whose driver is killed and replaced (see docs/guides/fault-tolerance.md)."""
     _sync(session, "--package", "sc-integration", "--group", "test")
     session.run(
         "pytest",
         os.path.join("packages", "sc-trainer", "tests", "test_trainer_fault_matrix.py"),
+        os.path.join("packages", "sc-trainer", "tests", "test_trainer_server_faults.py"),
         os.path.join("integration", "tests", "test_integration_reattach.py"),
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": "sc-integration"},

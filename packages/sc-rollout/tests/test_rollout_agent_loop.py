@@ -324,3 +324,68 @@ def test_errors_name_the_value() -> None:
         loop.submit(_tasks(1, 1))
     assert issubclass(AgentLoopClosedError, ScRolloutError)
     assert issubclass(AgentLoopClosedError, RuntimeError)
+
+
+def test_a_session_id_is_refused_until_its_group_was_taken() -> None:
+    ended = threading.Event()
+
+    async def agent(task: AgentTask, session: AgentSession) -> float:
+        await session.agenerate()
+        if task.data == "wait":
+            await asyncio.to_thread(ended.wait, 10)
+        return 1.0
+
+    config = AgentLoopConfig(8, 10.0, SAMPLING)
+    with AgentLoop(ToyEngine(), agent, config=config) as loop:
+        # "a" ends at once, "b" (same group) waits: the group stays held, "a" ended in it
+        loop.submit([AgentTask([3, 4], "g", session_id="a"), AgentTask([3, 4], "g", "wait", "b")])
+        wait_until(lambda: loop.running == 1, "session a to end")
+        for sid in ("a", "b"):  # ended but held, and running: both refused, by name
+            with pytest.raises(RolloutRequestError, match=f"session id '{sid}' .* not taken"):
+                loop.submit([AgentTask([3, 4], "other", session_id=sid)])
+        with pytest.raises(RolloutRequestError, match="session id 'c' appears twice"):
+            loop.submit([AgentTask([1], "h", session_id="c"), AgentTask([1], "i", session_id="c")])
+        assert loop.pending_groups() == 1  # a refused batch submits nothing
+        ended.set()
+        (group,) = loop.take_all(timeout=10)
+        assert [o.task.session_id for o in group] == ["a", "b"]
+        # once taken, the id is free: a new episode, a new session with the same seed
+        loop.submit([AgentTask([3, 4], "g2", session_id="a")])
+        (again,) = loop.take_all(timeout=10)
+        assert [o.task.session_id for o in again] == ["a"]
+        assert again[0].rollout["response_ids"] == group[0].rollout["response_ids"]
+        # discarded groups free their ids too
+        loop.submit([AgentTask([3, 4], "g3", "wait", "d")])
+        assert loop.discard(["g3"]) == 1
+        loop.submit([AgentTask([3, 4], "g4", session_id="d")])
+        assert [o.task.session_id for o in _flat(loop.take_all(timeout=10))] == ["d"]
+
+
+def test_concurrent_submits_of_one_session_id_start_it_once() -> None:
+    gate = threading.Event()
+
+    async def agent(task: AgentTask, session: AgentSession) -> float:
+        await asyncio.to_thread(gate.wait, 10)
+        return 1.0
+
+    with AgentLoop(ToyEngine(), agent, config=AgentLoopConfig(64, 10.0, SAMPLING)) as loop:
+        barrier = threading.Barrier(8)
+        accepted: list[int] = []
+        refused: list[str] = []
+
+        def submit(k: int) -> None:
+            barrier.wait(5)
+            try:
+                accepted.append(loop.submit([AgentTask([1], f"g{k}", session_id="same")]))
+            except RolloutRequestError as exc:
+                refused.append(str(exc))
+
+        threads = [threading.Thread(target=submit, args=(k,)) for k in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        gate.set()
+        assert (len(accepted), len(refused)) == (1, 7)
+        assert all("session id 'same'" in message for message in refused)
+        assert len(_flat(loop.take_all(timeout=10))) == 1

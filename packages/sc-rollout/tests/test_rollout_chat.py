@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import openai
 import pytest
+from _rollout_helpers import END, TEMPLATE, CharChatML, Scripted
 from sc_rollout import (
     AgentSession,
     ChatFront,
@@ -21,9 +22,6 @@ from sc_rollout import (
     ChatServer,
     ChatTemplate,
     ChatTemplateError,
-    EngineHealth,
-    GenerateRequest,
-    GenerateResult,
     HermesToolCallParser,
     RolloutConfigError,
     RolloutRequestError,
@@ -35,63 +33,9 @@ from sc_rollout import (
     ToolCall,
     ToolCallParser,
     UnknownSessionError,
-    WeightUpdate,
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-SPECIAL = ("<|im_start|>", "<|im_end|>")
-START, END = 0, 1  # token ids of the special tokens; a character c is ord(c) + 2
-
-
-class CharChatML:
-    """A ChatML chat template over a character-level tokenizer whose two special tokens are
-    one token each; tools are listed in the system message, a tool call is rendered as
-    ``<tool_call>`` JSON ``</tool_call>`` (arguments re-serialized unless given as a string,
-    as Hugging Face templates do), a tool result as a ``tool`` message."""
-
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None,
-        add_generation_prompt: bool,
-    ) -> str:
-        out: list[str] = []
-        rest = list(messages)
-        if tools:
-            system = rest.pop(0)["content"] if rest and rest[0]["role"] == "system" else ""
-            listed = "\n".join(json.dumps(t["function"], sort_keys=True) for t in tools)
-            out.append(f"<|im_start|>system\n{system}\n# Tools\n{listed}<|im_end|>\n")
-        for message in rest:
-            body = message["content"]
-            for call in message.get("tool_calls", []):
-                fn, arguments = call["function"], call["function"]["arguments"]
-                if not isinstance(arguments, str):  # OpenAI's JSON string is taken as it is
-                    arguments = json.dumps(arguments)
-                payload = f'{{"name": {json.dumps(fn["name"])}, "arguments": {arguments}}}'
-                body += f"\n<tool_call>\n{payload}\n</tool_call>"
-            out.append(f"<|im_start|>{message['role']}\n{body}<|im_end|>\n")
-        if add_generation_prompt:
-            out.append("<|im_start|>assistant\n")
-        return "".join(out)
-
-    def encode(self, text: str) -> list[int]:
-        ids: list[int] = []
-        i = 0
-        while i < len(text):
-            for k, special in enumerate(SPECIAL):
-                if text.startswith(special, i):
-                    ids.append(k)
-                    i += len(special)
-                    break
-            else:
-                ids.append(ord(text[i]) + 2)
-                i += 1
-        return ids
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(SPECIAL[t] if t < 2 else chr(t - 2) for t in token_ids)
 
 
 class Counting(CharChatML):
@@ -107,65 +51,6 @@ class Counting(CharChatML):
     ) -> str:
         text = super().render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
         return f"({len(messages)} messages)" + text
-
-
-TEMPLATE = CharChatML()
-
-
-def _logprob(token: int, position: int) -> float:
-    return -((token * 7 + position) % 13 + 1) / 10
-
-
-class Scripted:
-    """A rollout engine whose answer to a prompt is ``reply(prompt text)``, tokenized, ended
-    by ``<|im_end|>`` (a stop token) and cut at ``max_tokens`` ("length"); log-probs are a
-    fixed function of the token and its position. Keeps every request."""
-
-    def __init__(self, reply: Callable[[str], str], fail: int = 0) -> None:
-        self.reply = reply
-        self.requests: list[GenerateRequest] = []
-        self.fail = fail  # the next `fail` requests raise
-        self._lock = threading.Lock()
-
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        with self._lock:
-            self.requests.append(request)
-            if self.fail:
-                self.fail -= 1
-                raise RuntimeError("the engine failed")
-        tokens = [*TEMPLATE.encode(self.reply(TEMPLATE.decode(request.prompt_ids))), END]
-        cut = tokens[: request.sampling.max_tokens]
-        return GenerateResult(
-            request_id=request.request_id,
-            token_ids=tuple(cut),
-            logprobs=tuple(_logprob(t, i) for i, t in enumerate(cut)),
-            finish_reason="stop" if cut[-1] in request.sampling.stop_token_ids else "length",
-            weight_version=0,
-        )
-
-    def abort(self, request_id: str) -> bool:
-        return False
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def load_weights(self, update: WeightUpdate) -> int:
-        return update.version
-
-    def weight_version(self) -> int:
-        return 0
-
-    def health(self) -> EngineHealth:
-        return EngineHealth("scripted", 100_000, 0, False, False, 0)
-
-    def sleep(self, level: int = 1) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
 
 
 SAMPLING = SamplingParams(max_tokens=500, stop_token_ids=[END])
@@ -533,6 +418,23 @@ def test_a_failed_turn_keeps_its_prompt_for_a_retry_of_the_same_request() -> Non
             "only an assistant message has tool_calls",
         ),
         ({"tools": "get_weather"}, RolloutTypeError, "'tools' must be a list of objects"),
+        ({"tools": [{}]}, RolloutTypeError, r"tools\[0\].function must be an object, got None"),
+        ({"tools": ["x"]}, RolloutTypeError, r"tools\[0\] must be an object, got 'x'"),
+        (
+            {"tools": [WEATHER, {"type": "custom", "custom": {"name": "f"}}]},
+            RolloutRequestError,
+            r"tools\[1\].type must be 'function' \(the only tools served\), got 'custom'",
+        ),
+        (
+            {"tools": [{"function": {"name": ""}}]},
+            RolloutTypeError,
+            r"tools\[0\].function.name must be a non-empty str, got ''",
+        ),
+        (
+            {"tools": [{"function": {"name": "f", "parameters": []}}]},
+            RolloutTypeError,
+            r"tools\[0\].function.parameters must be an object \(a JSON schema\), got \[\]",
+        ),
         ({"max_tokens": 0}, RolloutRequestError, "complete: SamplingParams.max_tokens must be"),
         ({"temperature": "hot"}, RolloutTypeError, "SamplingParams.temperature must be"),
         ({"session_id": 3}, RolloutTypeError, "session_id must be a non-empty str"),

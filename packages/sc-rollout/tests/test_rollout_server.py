@@ -165,6 +165,8 @@ def test_the_completions_endpoint_speaks_openai_with_token_ids(server: RolloutSe
         ),
         ("POST", "/v1/completions", [1, 2], 400, "RolloutTypeError", "must be a JSON object"),
         ("POST", "/v1/completions", b"{nope", 400, "RolloutRequestError", "not valid JSON"),
+        ("POST", "/pause", b"\x1c", 400, "RolloutRequestError", "not valid JSON"),  # no space
+        ("POST", "/pause", b"\xff", 400, "RolloutRequestError", "not valid JSON: 'utf-8'"),
         ("POST", "/weights", {"version": "3"}, 400, "RolloutTypeError", "got '3' (str)"),
         ("POST", "/weights", {"version": 1.5}, 400, "RolloutTypeError", "got 1.5 (float)"),
         ("POST", "/weights", {"path": "/w"}, 400, "RolloutTypeError", "got None"),

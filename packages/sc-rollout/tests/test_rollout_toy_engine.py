@@ -3,6 +3,7 @@ stop tokens, abort, pause and resume, versioned weights, sleep and wake up, clea
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -147,6 +148,11 @@ def test_weights_from_a_file_follow_its_bytes(tmp_path: Path) -> None:
     assert "missing.bin" in str(info.value)
     assert isinstance(info.value, OSError)
     assert engines[0].weight_version() == 1
+    # names no file system holds (a NUL; a lone surrogate, not encodable): not read either
+    for name, reason in (("a\x00b", "embedded null byte"), ("a\ud800", "surrogates")):
+        with pytest.raises(WeightLoadError, match=f"cannot read .*: .*{reason}"):
+            engines[0].load_weights(WeightUpdate(2, str(tmp_path / name)))
+    assert engines[0].weight_version() == 1
     with pytest.raises(RolloutTypeError, match=r"load_weights\(\) takes a WeightUpdate, got int"):
         engines[0].load_weights(3)  # type: ignore[arg-type]
 
@@ -260,6 +266,11 @@ def test_bad_requests_get_clear_errors() -> None:
     assert "a prompt of 8 tokens with max_tokens=4 needs 12 positions" in str(info.value)
     assert "the context length is 10" in str(info.value)
     assert isinstance(info.value, ValueError)
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    if limit:  # the longest int JSON carries: with the prompt, one digit more than str() takes
+        nines = int("9" * limit)
+        with pytest.raises(PromptTooLongError, match=r"needs \(an int of \d+ bits\) positions"):
+            engine.generate(request([1], max_tokens=nines))
     with pytest.raises(RolloutRequestError, match=r"prompt token id 9 at position 1 is outside"):
         engine.generate(request([1, 9]))
     with pytest.raises(RolloutTypeError, match=r"generate\(\) takes a GenerateRequest"):

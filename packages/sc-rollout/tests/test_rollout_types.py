@@ -43,6 +43,8 @@ from sc_rollout._wire import (
         ({"max_tokens": True}, RolloutTypeError, "max_tokens must be an int, got True"),
         ({"temperature": -0.5}, RolloutRequestError, "temperature must be >= 0"),
         ({"temperature": math.nan}, RolloutRequestError, "temperature must be finite"),
+        ({"temperature": 10**400}, RolloutRequestError, "temperature must be finite, got 1000"),
+        ({"top_p": -(10**400)}, RolloutRequestError, "top_p must be finite, got -1000"),
         ({"temperature": "hot"}, RolloutTypeError, "temperature must be a number, got 'hot'"),
         ({"top_p": 0.0}, RolloutRequestError, "top_p must be in (0, 1], got 0.0"),
         ({"top_p": 1.5}, RolloutRequestError, "top_p must be in (0, 1], got 1.5"),

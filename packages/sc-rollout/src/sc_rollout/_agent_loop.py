@@ -207,6 +207,9 @@ class AgentLoop:
         self._groups: dict[str, list[AgentOutcome]] = {}  # group -> ended, in the group
         self._members: dict[str, list[str]] = {}  # group -> its session ids, as submitted
         self._finished: list[str] = []  # groups whose sessions all ended, in that order
+        #: every session id submitted and not handed out (running, or ended in a group not
+        #: taken nor discarded yet) -> its group: such an id is refused by submit()
+        self._held_ids: dict[str, str] = {}
         self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -221,9 +224,17 @@ class AgentLoop:
     # --- submitting ---------------------------------------------------------------------------
 
     def submit(self, tasks: Iterable[AgentTask]) -> int:
-        """Start a session for each of ``tasks``; returns how many. The tasks of one group
-        are submitted together (a group already submitted is a
-        :class:`~sc_rollout.RolloutRequestError`), and so are session ids."""
+        """Start a session for each of ``tasks``; returns how many.
+
+        The tasks of one group are submitted together: a group submitted before and not yet
+        taken is a :class:`~sc_rollout.RolloutRequestError`. So is a session id the loop
+        holds, running or ended in a group not yet taken (its outcome would be handed out
+        twice), and a session id twice in ``tasks``; the error names the id, and nothing of
+        the batch is submitted. Once :meth:`take_groups` / :meth:`take_all` handed its group
+        out (or :meth:`discard` dropped it), a session id is free again: submitting it
+        starts a new, independent session (a new episode; with the config's seed it samples
+        with the same derived seed as before, so vary the ids, or the seed, between steps
+        for samples that differ)."""
         batch = list(tasks)
         for task in batch:
             if not isinstance(task, AgentTask):
@@ -234,20 +245,19 @@ class AgentLoop:
             if self._closed:
                 raise AgentLoopClosedError("AgentLoop.submit: the loop is closed")
             members: dict[str, list[str]] = {}
-            ids = set()
+            ids: set[str] = set()
             for task in batch:
                 if task.group in self._members:
                     raise RolloutRequestError(
                         f"AgentLoop.submit: group {task.group!r} was submitted before; a "
                         "group's sessions are submitted together"
                     )
-                if task.session_id in self._running or task.session_id in ids:
-                    raise RolloutRequestError(
-                        f"AgentLoop.submit: session id {task.session_id!r} is already running"
-                    )
+                self._check_new_id(task.session_id, ids)
                 ids.add(task.session_id)
                 members.setdefault(task.group, []).append(task.session_id)
             self._members.update(members)
+            for group, sids in members.items():
+                self._held_ids.update(dict.fromkeys(sids, group))
             for group in members:
                 self._groups[group] = []
             futures = [
@@ -256,6 +266,22 @@ class AgentLoop:
         for future in futures:
             future.result()  # each session's task is registered once this returns
         return len(batch)
+
+    def _check_new_id(self, session_id: str, batch: set[str]) -> None:
+        """Refuse ``session_id`` if the loop holds it or the batch has it (under the lock)."""
+        where = f"AgentLoop.submit: session id {session_id!r}"
+        if session_id in batch:
+            raise RolloutRequestError(f"{where} appears twice in the tasks submitted")
+        group = self._held_ids.get(session_id)
+        if group is None:
+            return
+        ended = any(o.task.session_id == session_id for o in self._groups.get(group, ()))
+        state = "has ended" if ended else "is still running"
+        raise RolloutRequestError(
+            f"{where} was submitted before and {state} in group {group!r}, which was not taken "
+            "yet; a session id may be submitted again once take_groups() / take_all() "
+            "handed its group out (or discard() dropped it)"
+        )
 
     async def _start(self, task: AgentTask) -> None:
         handle = asyncio.ensure_future(self._run(task))
@@ -355,7 +381,8 @@ class AgentLoop:
         ended, each group's outcomes in its tasks' submission order), removed from the loop;
         waits for them. More than the groups submitted and not taken is a
         :class:`~sc_rollout.RolloutRequestError`; ``timeout`` seconds without enough is an
-        :class:`~sc_rollout.RolloutTimeoutError` (nothing is taken)."""
+        :class:`~sc_rollout.RolloutTimeoutError` (nothing is taken). The session ids of
+        the groups taken may be submitted again (see :meth:`submit`)."""
         check_int(count, "AgentLoop.take_groups(count)", 1)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -377,9 +404,15 @@ class AgentLoop:
             out = []
             for group in taken:
                 order = {sid: i for i, sid in enumerate(self._members.pop(group))}
+                self._release_ids(order)
                 ended = self._groups.pop(group)
                 out.append(sorted(ended, key=lambda m: order[m.task.session_id]))
             return out
+
+    def _release_ids(self, session_ids: Iterable[str]) -> None:
+        """Free the session ids of a group handed out or discarded (under the lock)."""
+        for session_id in session_ids:
+            self._held_ids.pop(session_id, None)
 
     def take_all(self, timeout: float | None = None) -> list[list[AgentOutcome]]:
         """Every group submitted and not taken, once all have ended (see
@@ -405,7 +438,8 @@ class AgentLoop:
 
     def discard(self, groups: Iterable[str] | None = None, timeout: float | None = 30.0) -> int:
         """Cancel ``groups`` (``None``: every group not taken) and forget them once their
-        sessions ended; returns how many groups were discarded."""
+        sessions ended (their session ids may be submitted again); returns how many groups
+        were discarded."""
         with self._cond:
             chosen = list(self._members) if groups is None else list(groups)
         if not chosen:
@@ -423,7 +457,7 @@ class AgentLoop:
                 self._cond.wait(left)
             for group in chosen:
                 if group in self._members:
-                    del self._members[group]
+                    self._release_ids(self._members.pop(group))
                     self._groups.pop(group, None)
                     self._finished.remove(group)
         return len(chosen)

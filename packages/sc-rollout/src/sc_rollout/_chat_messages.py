@@ -166,14 +166,36 @@ def parse_messages(value: object, where: str) -> tuple[ChatMessage, ...]:
     return tuple(_message(m, f"{where}: messages[{i}]") for i, m in enumerate(value))
 
 
+def _tool(value: object, where: str) -> dict[str, Any]:
+    """One of the request's tools: OpenAI's function tool, ``{"type": "function",
+    "function": {"name": ..., "parameters": {...}, ...}}`` (``type`` may be left out)."""
+    if not isinstance(value, Mapping):
+        raise RolloutTypeError(f"{where} must be an object, got {value!r:.80}")
+    if value.get("type", "function") != "function":
+        raise RolloutRequestError(
+            f"{where}.type must be 'function' (the only tools served), got {value['type']!r:.80}"
+        )
+    function = value.get("function")
+    if not isinstance(function, Mapping):
+        raise RolloutTypeError(f"{where}.function must be an object, got {function!r:.80}")
+    _str(function.get("name"), f"{where}.function.name", required=True)
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise RolloutTypeError(
+            f"{where}.function.parameters must be an object (a JSON schema), got {parameters!r:.80}"
+        )
+    return dict(value)
+
+
 def parse_tools(value: object, where: str) -> tuple[list[dict[str, Any]] | None, str]:
-    """The request's ``tools`` (a list of objects, passed to the template as they are;
-    ``None`` when absent or empty) and a key that compares them."""
+    """The request's ``tools`` (a list of OpenAI function tools, each with a
+    ``function.name``, passed to the template as they are; ``None`` when absent or empty)
+    and a key that compares them."""
     if value is None or value == []:
         return None, ""
-    if not isinstance(value, list) or not all(isinstance(t, Mapping) for t in value):
+    if not isinstance(value, list):
         raise RolloutTypeError(f"{where}: 'tools' must be a list of objects, got {value!r:.80}")
-    tools = [dict(t) for t in value]
+    tools = [_tool(t, f"{where}: tools[{i}]") for i, t in enumerate(value)]
     return tools, json.dumps(tools, sort_keys=True, default=repr)
 
 

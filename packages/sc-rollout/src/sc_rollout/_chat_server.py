@@ -10,7 +10,10 @@ Endpoints (JSON bodies)::
 Errors answer with OpenAI's error body and the status the rollout server uses (400 a bad
 request, a template that diverges or a history that does not extend its session; 409 a
 session with a request in flight or an engine's state; 404 an unknown endpoint; 500
-otherwise). Each request runs on a thread of its own.
+otherwise). Bodies are read within the rollout server's limits (``_server.py``: 400, 408,
+411, 413). An answer's ``X-Session-Id`` header echoes its session id when that is a plain
+printable ASCII header value (``sc_session_id`` in the body always does). Each request runs
+on a thread of its own.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ catch either::
     │   │                                      given: bad sampling parameters, an empty
     │   │                                      prompt, a token id outside the vocabulary, a
     │   │                                      request id already in flight, n > 1, stream,
-    │   │                                      a model the server does not serve
+    │   │                                      a model the server does not serve, an HTTP
+    │   │                                      body that cannot be read (its length, its
+    │   │                                      size, its depth), a session id an agent loop
+    │   │                                      still holds
     │   ├── PromptTooLongError                 the prompt and max_tokens do not fit in the
     │   │                                      engine's context length
     │   ├── ChatTemplateError                  a chat template that renders a conversation's

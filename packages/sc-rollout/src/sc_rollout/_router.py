@@ -24,6 +24,7 @@ from ._errors import (
     NoLiveServerError,
     RolloutConfigError,
     RolloutRequestError,
+    RolloutServerError,
     RolloutTimeoutError,
     RolloutTypeError,
     RouterClosedError,
@@ -207,6 +208,12 @@ class Router:
                 failures.append(f"{entry.name}: {exc}")
                 self._suspect(entry, client, incarnation, failures[-1])
                 continue
+            except RolloutServerError as exc:  # an answer that is no result: name the server
+                self._release(entry, request.request_id, served=False)
+                raise RolloutServerError(
+                    f"Router.generate(request {request.request_id}): server {entry.name} "
+                    f"answered with no valid result: {exc}"
+                ) from exc
             except BaseException:
                 self._release(entry, request.request_id, served=False)
                 raise

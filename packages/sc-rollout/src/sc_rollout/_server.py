@@ -14,6 +14,12 @@ Endpoints (JSON bodies, see ``_wire.py`` for the completion format)::
 Errors answer with OpenAI's error body and a status (400 bad request or type, 409 a version
 or state conflict, 422 unreadable weights, 404 unknown endpoint, 500 otherwise); the error's
 class name travels in ``error.type``. Each request runs on a thread of its own.
+
+A body is read by its ``Content-Length`` only: one that is not a number of bytes, or two
+that disagree, answer 400; more than :data:`MAX_BODY_BYTES` 413 (unread); a body that ends
+early 400, one that stops coming for :data:`READ_TIMEOUT_S` 408; a ``Transfer-Encoding``
+411. A body must be JSON nested at most ``MAX_JSON_DEPTH`` deep (``_wire.py``). A malformed
+request is never a 5xx.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
@@ -43,6 +51,9 @@ from ._wire import (
 )
 
 __all__ = [
+    "LINGER_S",
+    "MAX_BODY_BYTES",
+    "READ_TIMEOUT_S",
     "Answer",
     "JsonHTTPServer",
     "JsonHandler",
@@ -56,6 +67,18 @@ _log = logging.getLogger("sc_rollout.server")
 
 #: host names that bind every interface, which a rollout server never does
 _ALL_INTERFACES = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+
+#: the largest request body a server reads (32 MiB: a prompt of a million token ids fits
+#: several times); a larger ``Content-Length`` is answered 413 without reading the body
+MAX_BODY_BYTES = 32 * 1024 * 1024
+#: seconds a server waits for the next bytes of a request (a body that stops coming is
+#: answered 408) or for a client to take its answer (``JsonHandler.timeout``)
+READ_TIMEOUT_S = 30.0
+#: seconds a server keeps reading (and dropping) what a client still sends after the answer,
+#: before it closes the connection
+LINGER_S = 2.0
+
+_DIGITS = re.compile("[0-9]+")
 
 
 def check_host(host: str | None, where: str) -> str:
@@ -96,20 +119,44 @@ class JsonHTTPServer(ThreadingHTTPServer):
         super().__init__(address, handler)
 
 
+class _BodyError(RolloutRequestError):
+    """A request whose body cannot be read: a malformed or conflicting ``Content-Length``
+    (400), a body too large (413), one that ended early (400) or did not come in time (408),
+    a transfer coding (411). It answers with its own ``status``, as a
+    :class:`~sc_rollout.RolloutRequestError`."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class JsonHandler(BaseHTTPRequestHandler):
     """Answers JSON requests: a subclass says which ``(method, path)`` it serves
     (:meth:`_endpoint`) and which paths exist under another method (:meth:`_known`);
     errors go out as OpenAI's error body, an sc-rollout error with its status, any other
-    as 500."""
+    as 500.
+
+    The body is read by its ``Content-Length`` only (at most :data:`MAX_BODY_BYTES`; a
+    transfer coding is refused), each read waiting at most :attr:`timeout` seconds; the
+    body is JSON nested at most ``MAX_JSON_DEPTH`` deep (see ``_wire.py``). Every such
+    refusal is a 4xx."""
 
     #: where requests and failures are logged
     logger = _log
+    #: seconds a connection may wait for the next bytes of its request (its head, its body)
+    #: or for the client to take the answer: a body that stops coming is answered 408, a
+    #: head that does (or an idle connection) closed
+    timeout = READ_TIMEOUT_S
 
     def setup(self) -> None:
         super().setup()
         # headers and body leave in separate writes: without this, Nagle's algorithm and the
         # peer's delayed ACK hold the body back
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def finish(self) -> None:
+        super().finish()
+        self._linger()
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -133,11 +180,17 @@ class JsonHandler(BaseHTTPRequestHandler):
         raise NotImplementedError
 
     def _extra_headers(self, body: dict[str, Any]) -> dict[str, str]:
-        """Headers an answer carries besides the content's."""
+        """Headers an answer carries besides the content's (one whose value is not plain
+        printable ASCII is left out)."""
         return {}
 
     def _dispatch(self, method: str) -> None:
-        path = self._route_path()
+        try:
+            path = self._route_path()
+        except ValueError as exc:  # urlsplit: "http://[x/" holds an unclosed IPv6 address
+            message = f"{method} {self.path!r:.80}: not a request path ({exc})"
+            self._send(400, error_body("RolloutRequestError", message, 400))
+            return
         where = f"{method} {path}"
         answer_of = self._endpoint(method, path)
         if answer_of is None:
@@ -146,9 +199,10 @@ class JsonHandler(BaseHTTPRequestHandler):
             self._send(status, error_body(kind, f"{where}: no such endpoint", status))
             return
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = decode_body(self.rfile.read(length), where) if length else {}
+            body = decode_body(self._read_body(where), where)
             answer = answer_of(body)
+        except _BodyError as exc:
+            self._send(exc.status, error_body("RolloutRequestError", str(exc), exc.status))
         except ScRolloutError as exc:
             status = error_status(exc)
             self._send(status, error_body(type(exc).__name__, str(exc), status))
@@ -159,18 +213,99 @@ class JsonHandler(BaseHTTPRequestHandler):
         else:
             self._send(200, answer)
 
+    def _read_body(self, where: str) -> bytes:
+        """The request's body, as its ``Content-Length`` says (none: empty); a
+        :class:`_BodyError` when it cannot be read."""
+        encoding = self.headers.get("Transfer-Encoding")
+        if encoding is not None:
+            raise _BodyError(
+                f"{where}: Transfer-Encoding {encoding!r:.40} is not supported; send the body "
+                "with a Content-Length",
+                411,
+            )
+        values = [v.strip(" \t") for v in self.headers.get_all("Content-Length") or []]
+        if not values:
+            return b""
+        if len(set(values)) > 1:
+            raise _BodyError(
+                f"{where}: conflicting Content-Length headers: {', '.join(values)!r:.80}", 400
+            )
+        text = values[0]
+        if _DIGITS.fullmatch(text) is None:
+            raise _BodyError(
+                f"{where}: Content-Length must be a number of bytes, got {text!r:.40}", 400
+            )
+        digits = text.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_BODY_BYTES)) or int(digits) > MAX_BODY_BYTES:
+            raise _BodyError(
+                f"{where}: Content-Length {digits:.40} is above the limit of {MAX_BODY_BYTES} "
+                "bytes",
+                413,
+            )
+        length = int(digits)
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            raise _BodyError(
+                f"{where}: the body did not arrive within {self.timeout} s (Content-Length "
+                f"{length})",
+                408,
+            ) from None
+        except OSError as exc:  # the client went away: the answer will not reach it either
+            raise _BodyError(f"{where}: the body could not be read: {exc}", 400) from None
+        if len(raw) < length:
+            raise _BodyError(
+                f"{where}: the body ended after {len(raw)} of the {length} bytes its "
+                "Content-Length announces",
+                400,
+            )
+        return raw
+
     def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode("utf-8")
+        try:
+            data = json.dumps(body).encode("utf-8")
+            headers = {
+                name: value
+                for name, value in self._extra_headers(body).items()
+                if value.isascii() and value.isprintable() and value == value.strip()
+            }
+        except Exception as exc:  # an answer that is no JSON: the endpoint's fault
+            self.logger.exception("%s: the answer could not be encoded", self.path)
+            status, headers = 500, {}
+            message = f"{self.command} {self.path}: the answer could not be encoded: {exc!r:.200}"
+            data = json.dumps(error_body("InternalServerError", message, 500)).encode("utf-8")
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
-            for name, value in self._extra_headers(body).items():
+            for name, value in headers.items():
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
         except OSError as exc:  # the client went away (a router that gave up on us)
             self.logger.debug("%s: the answer could not be sent: %s", self.path, exc)
+
+    def _linger(self) -> None:
+        """Before the connection closes, read and drop what the client still sends (a body
+        not read: refused, or longer than its Content-Length), for at most
+        :data:`LINGER_S` seconds and :data:`MAX_BODY_BYTES` bytes: closing a socket with
+        unread input resets the connection, and the client could lose the answer."""
+        sock = self.connection
+        deadline = time.monotonic() + LINGER_S
+        left = MAX_BODY_BYTES
+        try:
+            sock.shutdown(socket.SHUT_WR)  # the answer is complete: the client sees its end
+            while left > 0:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                sock.settimeout(wait)
+                chunk = sock.recv(min(left, 65536))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:  # reset, timed out, already closed: nothing more to wait for
+            pass
 
 
 class _HTTPServer(JsonHTTPServer):

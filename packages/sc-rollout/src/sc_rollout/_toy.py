@@ -135,6 +135,15 @@ def _sample(logits: tuple[float, ...], sampling: SamplingParams, rng: random.Ran
     return kept[-1]
 
 
+def _shown(number: int) -> str:
+    """``number`` in decimal, or its size where Python will not write it (an int of more
+    than 4300 digits: a max_tokens of 4300 nines, which JSON carries, plus the prompt)."""
+    try:
+        return str(number)
+    except ValueError:
+        return f"(an int of {number.bit_length()} bits)"
+
+
 class _Flight:
     """One request in flight: whether it was aborted."""
 
@@ -221,8 +230,8 @@ class ToyEngine:
         if need > self._config.context_length:
             raise PromptTooLongError(
                 f"{self._config.model}: request {request.request_id}: a prompt of {length} "
-                f"tokens with max_tokens={request.sampling.max_tokens} needs {need} positions; "
-                f"the context length is {self._config.context_length}"
+                f"tokens with max_tokens={_shown(request.sampling.max_tokens)} needs "
+                f"{_shown(need)} positions; the context length is {self._config.context_length}"
             )
 
     def _run(self, request: GenerateRequest, flight: _Flight) -> GenerateResult:
@@ -311,10 +320,11 @@ class ToyEngine:
         if update.path is not None:
             try:
                 digest = _digest(Path(update.path))
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: a NUL, or a name not encodable
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 raise WeightLoadError(
                     f"{self._config.model}: load_weights(version={update.version}): cannot "
-                    f"read {update.path!r}: {exc.strerror or exc}"
+                    f"read {update.path!r}: {reason}"
                 ) from exc
         weights = _weights(self._config, update.version, digest)
         with self._cond:

@@ -49,9 +49,12 @@ def check_int(
 def _check_float(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RolloutTypeError(f"{where} must be a number, got {value!r} ({type(value).__name__})")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond the largest float
+        number = math.inf
     if not math.isfinite(number):
-        raise RolloutRequestError(f"{where} must be finite, got {value!r}")
+        raise RolloutRequestError(f"{where} must be finite, got {value!r:.40}")
     return number
 
 

@@ -10,7 +10,9 @@ and ``min_weight_version`` with every completion.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -39,12 +41,14 @@ from ._types import (
 
 __all__ = [
     "ERROR_CLASSES",
+    "MAX_JSON_DEPTH",
     "completion_body",
     "decode_body",
     "error_body",
     "error_status",
     "health_body",
     "health_from_body",
+    "json_depth",
     "request_body",
     "request_from_body",
     "result_from_body",
@@ -82,12 +86,54 @@ def error_body(kind: str, message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
+#: how deep the arrays and objects of a JSON body may nest (the body itself is level 1): a
+#: deeper body is refused before it is parsed, so that nothing that reads it later (the
+#: parser, a ``repr`` in an error message, a chat template) recurses that deep
+MAX_JSON_DEPTH = 64
+
+#: a JSON string (escapes included), and a bracket outside of one
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+#: what JSON calls whitespace (``str.strip()`` would take more: "\x1c", "\xa0", ...)
+_JSON_SPACE = " \t\n\r"
+
+
+def json_depth(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (0 for a scalar), counted
+    without parsing (nor recursing): brackets inside strings are text."""
+    brackets = _JSON_BRACKET.findall(_JSON_STRING.sub("", text))
+    steps = (1 if b in "[{" else -1 for b in brackets)
+    return max(itertools.accumulate(steps), default=0)
+
+
 def decode_body(raw: bytes, where: str) -> dict[str, Any]:
-    """A request or response body as a JSON object; ``where`` names the endpoint."""
+    """A request or response body as a JSON object; ``where`` names the endpoint. A body
+    that is not UTF-8 JSON, that nests deeper than :data:`MAX_JSON_DEPTH`, or that holds a
+    number Python does not read (an int of more than 4300 digits) is a
+    :class:`RolloutRequestError`; one that is no object a :class:`RolloutTypeError`."""
     try:
-        body = json.loads(raw.decode("utf-8")) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise RolloutRequestError(f"{where}: the body is not valid JSON: {exc}") from None
+    if not text.strip(_JSON_SPACE):  # no body: an empty object
+        return {}
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise RolloutRequestError(
+            f"{where}: the body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are read"
+        )
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RolloutRequestError(f"{where}: the body is not valid JSON: {exc}") from None
+    except RecursionError:  # not JSON, but nested too deep for the parser to find out
+        raise RolloutRequestError(
+            f"{where}: the body is not valid JSON and nests too deep to be read"
+        ) from None
+    except ValueError as exc:  # valid JSON: an int of more digits than Python converts
+        raise RolloutRequestError(
+            f"{where}: the body holds a number Python cannot read: {exc}"
+        ) from None
     if not isinstance(body, dict):
         raise RolloutTypeError(
             f"{where}: the body must be a JSON object, got {type(body).__name__}"

@@ -14,6 +14,7 @@ in the batch as empty rows (see ``_batch.py``) and are counted in the step's met
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,8 @@ from ._batch import build_agent_batch
 from ._environment import AgentEnvironment
 
 __all__ = ["AgentRollout"]
+
+logger = logging.getLogger(__name__)
 
 
 class AgentRollout:
@@ -122,21 +125,19 @@ class AgentRollout:
         if self.staleness == 0:
             self.loop.discard()  # off-policy now: the next batch samples the next weights
         outcomes = [o for group in taken for o in group]
-        batch = build_agent_batch(
-            outcomes,
-            prompt_length=self.task.prompt_length,
-            response_length=self.task.response_length,
-            pad_token_id=self.task.pad_token_id,
-            meta_info={"global_step": step},
-        )
+        batch = self._batch(outcomes, step)
         self._check_some_kept(step, batch, outcomes)
         metrics = self._metrics(batch, outcomes, stale)
         metrics["rollout/staleness"] = actor_version - int(batch.meta_info["weight_version"])
         return batch, metrics
 
+    def _actor_version(self, weight_version: int) -> int:
+        servers = self.servers
+        return weight_version if servers is None else servers.actor_version(weight_version)
+
     def _too_stale(self, group: Sequence[AgentOutcome], actor_version: int) -> bool:
         versions = [o.rollout["weight_version_min"] for o in group if o.ok]
-        versions = [v for v in versions if v is not None]
+        versions = [self._actor_version(v) for v in versions if v is not None]
         return bool(versions) and actor_version - min(versions) > self.staleness
 
     @staticmethod
@@ -181,8 +182,11 @@ class AgentRollout:
             self.servers.push(version)
 
     def drop(self) -> None:
-        """Nothing to drop: a group left over from before a recovery that is too far behind
-        the actor is replaced when a batch is taken."""
+        """A recovery begins: the sessions running or held past the last batch sampled
+        weights the run goes back from; they are cancelled and forgotten."""
+        dropped = self.loop.discard()
+        if dropped:
+            logger.info("agent rollout: dropped %d prompt groups before a recovery", dropped)
 
     def take(self, step: int, stage: Stage) -> tuple[DataProto, dict[str, Any]]:
         with stage("generate"):  # multi-turn sessions; the first groups to finish
@@ -205,13 +209,18 @@ class AgentRollout:
         order = {task.session_id: row for row, task in enumerate(tasks)}
         outcomes = [o for group in self._greedy.take_all() for o in group]
         outcomes.sort(key=lambda o: order[o.task.session_id])  # the problems' order
-        return build_agent_batch(
+        return self._batch(outcomes, step)
+
+    def _batch(self, outcomes: Sequence[AgentOutcome], step: int) -> DataProto:
+        """The batch of ``outcomes`` (step ``step``), its weight versions the actor's."""
+        batch = build_agent_batch(
             outcomes,
             prompt_length=self.task.prompt_length,
             response_length=self.task.response_length,
             pad_token_id=self.task.pad_token_id,
             meta_info={"global_step": step},
         )
+        return batch if self.servers is None else self.servers.in_actor_versions(batch)
 
     def snapshot(self) -> RolloutSnapshot:
         return RolloutSnapshot()

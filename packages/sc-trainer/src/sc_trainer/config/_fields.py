@@ -327,7 +327,9 @@ class TrainerFields:
             help="kill rank RANK of ROLE's group (actor, critic or rollout) when step N begins, "
             "to watch the run recover in place, e.g. actor:1@step=30; with METHOD, kill it S "
             "seconds into that method from step N on (or make the method raise, which ends the "
-            "run); several faults are separated by commas",
+            "run); server:I@step=N kills engine server I (--rollout builtin or vllm), which the "
+            "router restarts; reward:P@step=N[:raise|hang] makes the reward call of row P of step "
+            "N's batch fail (a dataset run); several faults are separated by commas",
             default_text="no fault",
         ),
     )

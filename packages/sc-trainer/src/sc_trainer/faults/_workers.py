@@ -20,12 +20,20 @@ from sc_core.ext import FAULT_ACTIONS, FaultAction
 
 from .._errors import TrainerConfigError, TrainerStateError
 
-__all__ = ["FAULT_ROLES", "FaultSpec", "FaultTargets", "inject", "inject_due", "is_driver_fault"]
+__all__ = [
+    "FAULT_ROLES",
+    "FaultSpec",
+    "FaultTargets",
+    "ServerTargets",
+    "inject",
+    "inject_due",
+    "is_driver_fault",
+]
 
 logger = logging.getLogger(__name__)
 
-#: The roles a fault can be injected into.
-FAULT_ROLES = ("actor", "critic", "rollout")
+#: The roles a fault can be injected into (``server``: an engine server of the rollout)
+FAULT_ROLES = ("actor", "critic", "rollout", "server")
 
 _SPEC = re.compile(
     r"^(?P<role>[a-z]+):(?P<rank>\d+)@step=(?P<step>\d+)"
@@ -34,6 +42,8 @@ _SPEC = re.compile(
 )
 #: The prefix of a fault that kills the driver itself (``_driver.py``).
 DRIVER_PREFIX = "driver@"
+#: The prefix of a fault in the reward function (``_reward.py``).
+REWARD_PREFIX = "reward:"
 
 
 def is_driver_fault(text: str) -> bool:
@@ -81,6 +91,11 @@ class FaultSpec:
             raise TrainerConfigError(
                 f"inject_fault: a delay or 'raise' needs a method ({_GRAMMAR})"
             )
+        if self.role == "server" and self.method is not None:
+            raise TrainerConfigError(
+                f"inject_fault: a server fault kills the server's process as step {self.step} "
+                f"begins; it takes no method ({self.method!r})"
+            )
         if self.action == "raise" and self.delay_s:
             raise TrainerConfigError(
                 f"inject_fault: a raised fault fires as {self.method} starts; drop the delay "
@@ -106,10 +121,15 @@ class FaultSpec:
 
     @classmethod
     def parse_all(cls, text: str) -> tuple[FaultSpec, ...]:
-        """Several faults, separated by commas."""
+        """Several faults, separated by commas (the driver's and the reward's left out: see
+        :class:`~sc_trainer.faults.DriverFault` and :class:`~sc_trainer.faults.RewardFault`)."""
         if not isinstance(text, str) or not text.strip():
             raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {text!r}")
-        parts = [part for part in text.split(",") if not is_driver_fault(part)]
+        parts = [
+            part
+            for part in text.split(",")
+            if not is_driver_fault(part) and not part.strip().startswith(REWARD_PREFIX)
+        ]
         return tuple(cls.parse(part) for part in parts)
 
     def __str__(self) -> str:
@@ -132,6 +152,15 @@ def inject(group: WorkerGroup[Any], fault: FaultSpec) -> None:
     group.kill_worker(fault.rank)
 
 
+class ServerTargets(Protocol):
+    """The engine servers a ``server`` fault can kill (``EngineServers.fleet`` is one)."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def kill_server(self, name: str) -> None: ...
+
+
 class FaultTargets(Protocol):
     """The worker groups a fault can be injected into (``TrainerGroups`` has them)."""
 
@@ -145,10 +174,30 @@ class FaultTargets(Protocol):
     def rollout(self) -> WorkerGroup[Any] | None: ...
 
 
-def inject_due(groups: FaultTargets, faults: list[FaultSpec], step: int) -> list[FaultSpec]:
-    """Inject the faults of ``faults`` whose step begins into their roles' groups; the faults
-    left for later steps."""
+def _kill_server(servers: ServerTargets | None, fault: FaultSpec) -> None:
+    if servers is None:
+        raise TrainerStateError(f"inject_fault {fault}: this run has no engine servers")
+    names = servers.names
+    if not 0 <= fault.rank < len(names):
+        raise TrainerConfigError(
+            f"inject_fault {fault}: server {fault.rank} is outside the run's {len(names)} servers"
+        )
+    servers.kill_server(names[fault.rank])
+
+
+def inject_due(
+    groups: FaultTargets,
+    faults: list[FaultSpec],
+    step: int,
+    servers: ServerTargets | None = None,
+) -> list[FaultSpec]:
+    """Inject the faults of ``faults`` whose step begins into their roles' groups (a
+    ``server`` fault into ``servers``); the faults left for later steps."""
     for fault in (f for f in faults if f.step == step):
+        if fault.role == "server":
+            logger.warning("step %d: injecting the fault %s", step, fault)
+            _kill_server(servers, fault)
+            continue
         group = {
             "actor": groups.actor_rollout,
             "critic": groups.critic,

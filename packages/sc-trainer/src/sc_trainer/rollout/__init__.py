@@ -22,11 +22,12 @@ from .._errors import (
     WeightPublishError,
 )
 from ._async import AsyncRollout, GenerationWindow
+from ._engine_servers import EngineServers, ServerEngine
 from ._fleet import ArgvFactory, RolloutServerFleet
 from ._partial import ON_STALE, OnStale, PartialRollout
 from ._publisher import WEIGHTS_FILE, WeightPublisher
 from ._router import PendingBatch, RouterRollout, RouterSampling
-from ._servers import EngineServers, ServerEngine, ServerRollout
+from ._servers import ServerRollout
 from ._source import PromptSource, RolloutSnapshot, RolloutSource, Stage
 from ._workers import WorkerGroupRollout
 

@@ -25,6 +25,7 @@ the first over-stale batch raises :class:`~sc_trainer.rollout.StalenessBoundErro
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 from sc_protocol import DataProto
@@ -52,7 +53,9 @@ class PartialRollout:
     bound of ``staleness`` versions (see the module's documentation).
 
     ``on_stale``: ``"regenerate"`` or ``"raise"``; ``max_regenerations``: rounds of
-    regeneration one :meth:`take` may run before it raises.
+    regeneration one :meth:`take` may run before it raises; ``version_of``: the actor version
+    a weight version of the servers holds (``EngineServers.actor_version``; None: the same
+    number), so the bound counts actor versions.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class PartialRollout:
         *,
         on_stale: OnStale = "regenerate",
         max_regenerations: int = 2,
+        version_of: Callable[[int], int] | None = None,
     ) -> None:
         if not isinstance(rollout, RouterRollout):
             raise RolloutInputError(
@@ -87,10 +91,15 @@ class PartialRollout:
         self.staleness = staleness
         self.on_stale = on_stale
         self.max_regenerations = max_regenerations
+        #: the actor version a weight version of the servers holds (None: the same number)
+        self.version_of = version_of
 
     def submit(self, prompts: DataProto, *, batch_id: str | None = None) -> PendingBatch:
         """Start generating ``prompts`` in the background; returns at once."""
         return self.rollout.submit(prompts, batch_id=batch_id)
+
+    def _actor_version(self, weight_version: int) -> int:
+        return weight_version if self.version_of is None else self.version_of(weight_version)
 
     def stale_rows(self, results: list[GenerateResult], actor_version: int) -> list[int]:
         """The rows whose first token is more than ``staleness`` versions older than
@@ -98,7 +107,7 @@ class PartialRollout:
         return [
             row
             for row, result in enumerate(results)
-            if actor_version - _first_version(result) > self.staleness
+            if actor_version - self._actor_version(_first_version(result)) > self.staleness
         ]
 
     def take(self, pending: PendingBatch, actor_version: int) -> DataProto:
@@ -113,7 +122,7 @@ class PartialRollout:
         rounds = 0
         results = pending.results()
         while stale := self.stale_rows(results, actor_version):
-            oldest = min(_first_version(results[row]) for row in stale)
+            oldest = min(self._actor_version(_first_version(results[row])) for row in stale)
             where = (
                 f"PartialRollout.take: batch {pending.batch_id}: {len(stale)} of "
                 f"{len(results)} trajectories started at weight version {oldest}, more than "
@@ -121,7 +130,8 @@ class PartialRollout:
             )
             if self.on_stale == "raise":
                 raise StalenessBoundError(where)
-            current = self.rollout.router.weight_version
+            served = self.rollout.router.weight_version
+            current = None if served is None else self._actor_version(served)
             if current is None or actor_version - current > self.staleness:
                 raise StalenessBoundError(
                     f"{where}; they cannot be generated again within the bound: the servers "

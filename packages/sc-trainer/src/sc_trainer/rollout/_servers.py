@@ -11,8 +11,11 @@ command when it is missing).
 Weights: after each actor update the actor group writes its weights as a Hugging Face
 folder under ``<output>/weights/v<version>`` (``export_hf_model``: rank 0 writes next to the
 folder and renames it into place) and the router pushes that folder to every server, at the
-actor's version (its number of updates). A server restarted by the router is re-synced to
-the last version before it takes requests. The two newest folders are kept.
+actor's version (its number of updates), or, after a recovery went back to an older
+checkpoint, under the next weight version (the servers' versions only grow; see
+``_engine_servers.py``): batches report actor versions either way. A server restarted by the
+router is re-synced to the last version before it takes requests. The two newest folders are
+kept.
 
 :class:`ServerRollout` is the rollout source over those servers: each step's prompts go
 through a :class:`RouterRollout` (the rollout worker's batch format), or, with a staleness
@@ -23,115 +26,18 @@ this one is taken and runs across the weight push (see ``_partial.py``).
 from __future__ import annotations
 
 import logging
-import shutil
-import time
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from sc_core import WorkerGroup
 from sc_protocol import DataProto
-from sc_rollout import (
-    Router,
-    VLLMEngineConfig,
-    WeightUpdate,
-    find_vllm_env,
-    vllm_argv,
-    vllm_env_vars,
-)
-from sc_workers import ActorRolloutRefWorker
-from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
 
-from ._fleet import ArgvFactory, RolloutServerFleet
-from ._fleet_ray import gpu_pool
+from ._engine_servers import EngineServers
 from ._partial import PartialRollout
 from ._router import PendingBatch, RouterRollout, RouterSampling
 from ._source import PromptSource, RolloutSnapshot, Stage
 
-__all__ = ["EngineServers", "ServerEngine", "ServerRollout"]
+__all__ = ["ServerRollout"]
 
 logger = logging.getLogger(__name__)
-
-#: the engines a server rollout runs
-ServerEngine = Literal["builtin", "vllm"]
-
-_KEEP_VERSIONS = 2
-
-
-def _argv_factory(
-    engine: ServerEngine, model: str, seed: int, device: str
-) -> tuple[ArgvFactory, dict[str, str]]:
-    """How to start one server of ``engine``, and what its environment adds."""
-    if engine == "vllm":
-        config = VLLMEngineConfig(model=model, seed=seed)
-        python = str(find_vllm_env().python)
-        env = vllm_env_vars(config, {})
-        return (lambda host, port: vllm_argv(config, python, host, port)), env
-    # the built-in engine on the GPU Ray gives the server's actor (its only visible one)
-    torch_device = "cuda" if device == "cuda" else "cpu"
-    torch_config = TorchEngineConfig(model=model, seed=seed, device=torch_device)
-    return (lambda host, port: torch_engine_argv(torch_config, host, port)), {}
-
-
-class EngineServers:
-    """``num_servers`` servers of ``engine`` serving ``model``, a router over them, and the
-    push of the actor group's weights to them; :meth:`close` stops the servers."""
-
-    def __init__(
-        self,
-        engine: ServerEngine,
-        model: str,
-        num_servers: int,
-        run_dir: Path,
-        actor: WorkerGroup[ActorRolloutRefWorker],
-        *,
-        seed: int = 0,
-        device: str = "cpu",
-        start_timeout_s: float = 900.0,
-    ) -> None:
-        factory, env = _argv_factory(engine, model, seed, device)
-        # on a GPU run each server gets a GPU of its own (a pool beside the training pools)
-        pool = gpu_pool(num_servers, f"{engine}_fleet_") if device == "cuda" else None
-        self.engine = engine
-        self.actor = actor
-        self.weights_dir = Path(run_dir) / "weights"
-        started = time.perf_counter()
-        self.fleet = RolloutServerFleet(
-            factory,
-            num_servers,
-            pool=pool,
-            env=env,
-            start_timeout_s=start_timeout_s,
-            name_prefix=engine,
-        )
-        logger.info(
-            "%d %s rollout server(s) up in %.0f s",
-            num_servers,
-            engine,
-            time.perf_counter() - started,
-        )
-
-    @property
-    def router(self) -> Router:
-        """The router over the servers."""
-        return self.fleet.router
-
-    def push(self, version: int) -> None:
-        """Export the actor's weights as ``version`` and load them in every server."""
-        folder = self.weights_dir / f"v{version}"
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
-        self.actor.export_hf_model(str(folder))
-        self.router.push_weights(WeightUpdate(version=version, path=str(folder)))
-        self._prune(version)
-
-    def _prune(self, newest: int) -> None:
-        for old in self.weights_dir.glob("v*"):
-            suffix = old.name[1:]
-            if suffix.isdigit() and int(suffix) <= newest - _KEEP_VERSIONS:
-                shutil.rmtree(old, ignore_errors=True)
-
-    def close(self) -> None:
-        """Stop the servers and the pool they run on."""
-        self.fleet.close()
 
 
 class ServerRollout:
@@ -153,7 +59,11 @@ class ServerRollout:
         self.last_step = last_step
         self.rollout = RouterRollout(servers.router, sampling, session_key="uid")
         #: partial rollout (``staleness`` > 0), and the step whose batch generates meanwhile
-        self.partial = PartialRollout(self.rollout, staleness) if staleness > 0 else None
+        self.partial = (
+            PartialRollout(self.rollout, staleness, version_of=servers.actor_version)
+            if staleness > 0
+            else None
+        )
         self._prefetch: tuple[int, PendingBatch] | None = None
 
     @property
@@ -169,7 +79,8 @@ class ServerRollout:
         if self.partial is None:
             batch = self.prompts.train_batch(step)
             with stage("generate"):  # prompts in, prompts + responses out
-                return self.rollout.generate_sequences(batch, batch_id=f"s{step}"), {}
+                out = self.rollout.generate_sequences(batch, batch_id=f"s{step}")
+            return self.servers.in_actor_versions(out), {}
         with stage("generate"):  # prefetched; the next one generates across this update
             batch, staleness = self._take_partial(self.partial, step)
         return batch, {
@@ -189,7 +100,7 @@ class ServerRollout:
             prefetch = None
         if prefetch is None:
             prefetch = (step, partial.submit(self.prompts.train_batch(step), batch_id=f"s{step}"))
-        batch = partial.take(prefetch[1], actor_version=step - 1)
+        batch = self.servers.in_actor_versions(partial.take(prefetch[1], actor_version=step - 1))
         if step < self.last_step:
             nxt = step + 1
             pending = partial.submit(self.prompts.train_batch(nxt), batch_id=f"s{nxt}")
@@ -202,7 +113,8 @@ class ServerRollout:
         return {"sync/weight_version": step}
 
     def validation_batch(self, step: int) -> DataProto:
-        return self.rollout.generate_sequences(self.prompts.val_batch(), batch_id=f"val{step}")
+        out = self.rollout.generate_sequences(self.prompts.val_batch(), batch_id=f"val{step}")
+        return self.servers.in_actor_versions(out)
 
     def snapshot(self) -> RolloutSnapshot:
         return RolloutSnapshot()

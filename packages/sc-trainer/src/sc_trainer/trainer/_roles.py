@@ -265,6 +265,18 @@ class TrainerGroups:
     owned: tuple[WorkerGroup[Any], ...]
     rollout: WorkerGroup[RolloutWorker] | None = None
 
+    def init_models(self) -> None:
+        """Every role's ``init_model`` (idempotent: a rank that has its model keeps it)."""
+        self.actor_rollout.init_model()
+        if self.critic is not None:
+            self.critic.init_model()
+        if self.rollout is not None:
+            self.rollout.init_model()
+
+    def any_dead(self) -> bool:
+        """Whether a worker of an owned group is known dead."""
+        return any(group.dead_ranks for group in self.owned)
+
     def every_group(self) -> list[WorkerGroup[Any]]:
         """Every group object, the role groups (spawned views) and their owners, once each."""
         found: list[WorkerGroup[Any]] = []

@@ -32,8 +32,9 @@ def make_rollout_source(
     run_dir: Path,
     worker_config: ActorRolloutRefConfig,
     detached: DetachedRun | None = None,
-) -> RolloutSource:
-    """The rollout source of a run whose worker groups are ``groups``: engine servers
+) -> tuple[RolloutSource, EngineServers | None]:
+    """The rollout source of a run whose worker groups are ``groups``, and the engine servers
+    it generates on (``None``: it generates on worker groups): engine servers
     (``rollout_engine`` builtin or vllm: agent sessions for an agent task, else the router
     rollout, partial with ``async_staleness``), or worker groups (the actor's, a separate
     rollout group's, or that group one step ahead with ``async_staleness``)."""
@@ -53,7 +54,7 @@ def make_rollout_source(
             device=config.device,
         )
         try:
-            return _server_source(config, task, servers, worker_config)
+            return _server_source(config, task, servers, worker_config), servers
         except BaseException:
             servers.close()
             raise
@@ -65,7 +66,7 @@ def make_rollout_source(
     prompts = _prompts(config, task)
     dp_size = config.workers_per_role
     if groups.rollout is not None and config.async_staleness > 0:
-        return AsyncRollout(
+        source: RolloutSource = AsyncRollout(
             groups.rollout,
             prompts,
             config.async_staleness,
@@ -74,7 +75,9 @@ def make_rollout_source(
             dp_size=dp_size,
             call_scope=None if detached is None else detached.launch_scope,
         )
-    return WorkerGroupRollout(groups.actor_rollout, prompts, dp_size, groups.rollout)
+    else:
+        source = WorkerGroupRollout(groups.actor_rollout, prompts, dp_size, groups.rollout)
+    return source, None
 
 
 def _prompts(config: TrainerConfig, task: DigitsTask | DatasetTask) -> PromptSource:

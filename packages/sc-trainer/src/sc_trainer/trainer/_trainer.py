@@ -1,17 +1,12 @@
 """The reference PPO/GRPO trainer, in the single-controller style.
 
-:class:`RayPPOTrainer`'s ``init_workers`` turns the roles into typed worker groups (actor,
-rollout and reference colocated in one process per rank, the critic with them or in a pool
-of its own; see ``_roles``) and picks the run's rollout source (``_sources``); ``fit`` is
-the training loop, written as plain sequential Python on the driver. It holds its parts
-rather than inheriting them: the :class:`~sc_trainer.rollout.RolloutSource` every batch
-comes from, the :class:`~sc_trainer.runs.Checkpointer`, the
-:class:`~sc_trainer.faults.Recovery` that brings dead workers back, and for a detached run
-the :class:`~sc_trainer.runs.DetachedRun` a new driver re-attaches through.
-
-Every worker call is checked by mypy with ``sc_core.mypy_plugin``: ``self.actor_rollout_wg``
-is a ``WorkerGroup[ActorRolloutRefWorker]``, so ``self.actor_rollout_wg.compute_log_prob(batch)``
-takes and returns a ``DataProto``.
+:class:`RayPPOTrainer`'s ``init_workers`` turns the roles into typed worker groups (``_roles``)
+and picks the run's rollout source (``_sources``); ``fit`` is the training loop, plain
+sequential Python on the driver. It holds its parts: the rollout source every batch comes
+from, the checkpointer, the recovery that brings dead workers back, and for a detached run
+the :class:`~sc_trainer.runs.DetachedRun` a new driver re-attaches through. Every worker call
+is checked by mypy with ``sc_core.mypy_plugin`` (``self.actor_rollout_wg`` is a
+``WorkerGroup[ActorRolloutRefWorker]``).
 """
 
 from __future__ import annotations
@@ -30,8 +25,8 @@ from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, Weigh
 
 from .._errors import TrainerRecoveryError, TrainerStateError
 from ..config import TrainerConfig
-from ..faults import DriverFault, DriverFaults, FaultSpec, Recovery, inject_due
-from ..rollout import RolloutSource
+from ..faults import DriverFault, DriverFaults, FaultSpec, Recovery, RewardFaults, inject_due
+from ..rollout import EngineServers, RolloutSource
 from ..runs import Checkpointer, DetachedRun, RunOutput, RunState, latest_checkpoint
 from ..tasks import Task, data_state
 from ._launcher import Launcher
@@ -99,6 +94,8 @@ class RayPPOTrainer:
         self._groups: TrainerGroups | None = None
         #: where every batch comes from (after :meth:`init_workers`)
         self.rollout: RolloutSource | None = None
+        #: the engine servers the rollout generates on (None: it generates on worker groups)
+        self.servers: EngineServers | None = None
         self.checkpointer: Checkpointer | None = None
         #: when the trainer was made (``perf/wall_clock_s`` counts from here)
         self._started = time.perf_counter()
@@ -128,7 +125,7 @@ class RayPPOTrainer:
         if self.detached is not None:
             replay = self.detached.adopt(groups.every_group(), groups.owned)
         if replay is None:  # re-attached workers keep their models
-            self._init_models()
+            self._workers("init_models").init_models()
         self.checkpointer = Checkpointer(
             self.output,
             groups.actor_rollout,
@@ -138,17 +135,9 @@ class RayPPOTrainer:
             phase=self._driver_faults.phase,
             save_hf=cfg.save_hf,
         )
-        self.rollout = make_rollout_source(
+        self.rollout, self.servers = make_rollout_source(
             cfg, self.task, groups, self.output.root, self.actor_rollout_ref_config, self.detached
         )
-
-    def _init_models(self) -> None:
-        """Every role's ``init_model`` (idempotent: a rank that has its model keeps it)."""
-        self.actor_rollout_wg.init_model()
-        if self.use_critic:
-            self.critic_wg.init_model()
-        if self.rollout_wg is not None:
-            self.rollout_wg.init_model()
 
     def _workers(self, attribute: str) -> TrainerGroups:
         if self._groups is None:
@@ -289,7 +278,7 @@ class RayPPOTrainer:
             on_start(self.global_step)
         if prologue:
             self._prologue(resume_from)
-        if replay is not None and (replay.recovering or self._any_dead()):
+        if replay is not None and (replay.recovering or self._workers("fit").any_dead()):
             # a worker died while no driver was attached, or the last driver died recovering
             recovered = self._recover(replay.step, None)
         while True:
@@ -396,14 +385,15 @@ class RayPPOTrainer:
         self.global_step = state.global_step
         self.recovery.count = state.recoveries
 
-    def _any_dead(self) -> bool:
-        return any(group.dead_ranks for group in self._workers("fit").owned)
-
     # ------------------------------------------------------------ recovery
     def _inject_fault(self, step: int) -> None:
         """Inject the faults of ``config.inject_fault`` whose step begins (each once)."""
+        reward_faults = getattr(self.task, "reward_faults", None)
+        if isinstance(reward_faults, RewardFaults):
+            reward_faults.arm(step)
         if any(f.step == step for f in self._faults):
-            self._faults = inject_due(self._workers("inject_fault"), self._faults, step)
+            servers = None if self.servers is None else self.servers.fleet
+            self._faults = inject_due(self._workers("inject_fault"), self._faults, step, servers)
 
     def _recover(self, step: int, error: BaseException | None) -> dict[str, Any]:
         """Bring the workers back after ``error`` (a death during ``step``, or ``None``: one
@@ -427,7 +417,9 @@ class RayPPOTrainer:
             return latest
 
         def restore(checkpoint: Path) -> int:
-            self._init_models()  # builds what the re-formed groups dropped; the rest keep theirs
+            self._workers(
+                "init_models"
+            ).init_models()  # builds what the re-formed groups dropped; the rest keep theirs
             self._load_checkpoint(checkpoint)
             rollout.start(self.global_step)  # the sampler gets the restored weights
             return self.global_step
@@ -435,19 +427,20 @@ class RayPPOTrainer:
         return self.recovery.recover(step, error, groups.owned, prepare, restore)
 
     # ---------------------------------------------------------------- the end
-    def close(self) -> None:
+    def close(self, *, detach: bool = False) -> None:
         """Stop the rollout source and every worker (spawned role groups share the workers
-        of the groups owned here)."""
-        rollout, self.rollout = self.rollout, None
+        of the groups owned here); ``detach``: a detached run's driver that stops leaves its
+        workers to the next driver, only the driver-side threads end."""
+        rollout, self.rollout, self.servers = self.rollout, None, None
         self.checkpointer = None
         groups, self._groups = self._groups, None
         failure: BaseException | None = None
         if rollout is not None:
             try:
-                rollout.close()
+                rollout.close(detach=detach)
             except BaseException as exc:  # the workers are stopped all the same
                 failure = exc
-        for group in reversed(() if groups is None else groups.owned):
+        for group in reversed(() if groups is None or detach else groups.owned):
             try:
                 group.close()
             except BaseException as exc:  # close the others, then report the first failure
@@ -456,10 +449,5 @@ class RayPPOTrainer:
             raise failure
 
     def detach(self) -> None:
-        """Forget the worker groups without stopping them: a detached run's driver that
-        stops leaves its workers to the next driver (the driver-side threads end)."""
-        rollout, self.rollout = self.rollout, None
-        self.checkpointer = None
-        if rollout is not None:
-            rollout.close(detach=True)
-        self._groups = None
+        """:meth:`close` without stopping the workers (a detached run's driver that stops)."""
+        self.close(detach=True)
