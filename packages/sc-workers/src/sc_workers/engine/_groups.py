@@ -11,19 +11,23 @@ send) would leave them blocked until ``SC_WORKERS_PG_TIMEOUT_S``. Instead it
    holders (the workers, :class:`GroupHolder`) have kept their state and dropped every
    object that references a group. gloo closes a group's connections only once its last
    reference is gone; then the peers' pending operations fail at once ("connection closed by
-   peer"), they read the published failure (:func:`failure`) and tear their groups down in
-   turn;
+   peer"), they read the published failure (:meth:`ProcessGroups.failure`) and tear their
+   groups down in turn;
 3. writes an *acknowledgement* with the number of the last call that ran on the old
    generation.
 
-The next call on each rank (:func:`rebuild_if_torn_down`) waits for every rank's
-acknowledgement and joins generation ``g + 1``: a new default group on the same store, under
-a new prefix. A rank that started a later call on the old groups before it learnt of the
-failure (non-blocking calls) has that call aborted too; every rank's acknowledgement says how
-far it got, so every rank aborts the same calls and rebuilds at the same one.
+The next call on each rank (``WorkerBase._catch_up``, :mod:`sc_workers.workers._common`)
+waits for every rank's acknowledgement and joins generation ``g + 1``: a new default group
+on the same store, under a new prefix. A rank that started a later call on the old groups
+before it learnt of the failure (non-blocking calls) has that call aborted too; every rank's
+acknowledgement says how far it got, so every rank aborts the same calls and rebuilds at the
+same one.
 
 A rank that finished its call before its peer failed learns of the failure at the start of
-its next call (:func:`check_failure`, one store look-up per call).
+its next call (:meth:`ProcessGroups.failure`, one store look-up per call).
+
+DTensor caches sharding decisions keyed by device meshes (which hold their groups); the
+teardown clears those caches (:func:`_clear_dtensor_caches`) so that the groups can go.
 """
 
 from __future__ import annotations
