@@ -84,6 +84,7 @@ QUICK_TESTS: dict[str, list[str]] = {
         "test_trainer_task.py",
         "test_trainer_run_session.py",
         "test_trainer_driver_faults.py",
+        "test_trainer_node_faults.py",
         "test_trainer_agent_batch.py",
         "test_trainer_local.py",
         "test_trainer_loggers.py",
@@ -503,14 +504,16 @@ def gpu(session: nox.Session) -> None:
 def faults(session: nox.Session) -> None:
     """The whole fault-injection matrix (not run by default): recovery in place, about 20
     short trainings on Ray, each with a rank killed; recovery with engine servers (a dead
-    worker, a dead server, both, under partial rollout); and re-attach, ten detached runs
-    whose driver is killed and replaced (see docs/guides/fault-tolerance.md)."""
+    worker, a dead server, both, under partial rollout); re-attach, ten detached runs
+    whose driver is killed and replaced; and a whole node lost from a two-node cluster, with
+    and without room left for its ranks (see docs/guides/fault-tolerance.md)."""
     _sync(session, "--package", "sc-integration", "--group", "test")
     session.run(
         "pytest",
         os.path.join("packages", "sc-trainer", "tests", "test_trainer_fault_matrix.py"),
         os.path.join("packages", "sc-trainer", "tests", "test_trainer_server_faults.py"),
         os.path.join("integration", "tests", "test_integration_reattach.py"),
+        os.path.join("integration", "tests", "test_integration_node_loss.py"),
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": "sc-integration"},
     )

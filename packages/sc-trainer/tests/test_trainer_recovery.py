@@ -6,6 +6,7 @@ checkpoints it relies on. The Ray cases are the fault matrix
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from _trainer_runs import deterministic, run, tiny_config
 from sc_core import InjectedFaultError, SpanRecorder, WorkerError
 from sc_trainer import TrainerConfigError
-from sc_trainer.faults import FaultSpec, TrainerRecoveryError
+from sc_trainer.faults import FaultSpec, Recovery, TrainerRecoveryError, lost_peer
 from sc_trainer.runs import read_metrics
 from sc_workers import published_step
 
@@ -180,3 +181,80 @@ def test_checkpoints_complete_and_only_the_newest_are_kept(
         assert published_step(root / folder / "critic") == step
         saved = read_metrics(root / folder / "metrics.jsonl")
         assert [r["step"] for r in saved] == list(range(step + 1))  # the records up to it
+
+
+# --- the recovery's own decisions, without workers ---------------------------------------
+
+
+class _Group:
+    """What :class:`Recovery` asks of a worker group: its dead ranks and replace_ranks."""
+
+    def __init__(self, dead: list[int], replace_error: BaseException | None = None) -> None:
+        self.name_prefix = "g"
+        self.dead_ranks = dead
+        self.replace_error = replace_error
+
+    def check_worker_aliveness(self) -> None:
+        pass
+
+    def replace_ranks(self) -> list[int]:
+        if self.replace_error is not None:
+            raise self.replace_error
+        return list(self.dead_ranks)
+
+
+def _gloo_error() -> WorkerError:
+    lost = RuntimeError(
+        "[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:8387: Connection reset by peer"
+    )
+    return WorkerError("update_actor", 0, "RuntimeError", str(lost), "", cause=lost)
+
+
+def test_an_error_that_lost_a_peer_is_told_from_a_workers_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert lost_peer(_gloo_error())
+    wrapped = RuntimeError("weight sync failed")
+    wrapped.__cause__ = RuntimeError("NCCL error: remote process exited or network error")
+    assert lost_peer(wrapped)
+    own = InjectedFaultError("injected fault in update_actor on rank 0")
+    assert not lost_peer(WorkerError("update_actor", 0, "InjectedFaultError", str(own), ""))
+    assert not lost_peer(None)
+    monkeypatch.setenv("SC_TRAINER_LOST_PEER_GRACE_S", "7")
+    assert Recovery(3).lost_peer_grace_s == 7.0
+    assert Recovery(3, lost_peer_grace_s=0.5).lost_peer_grace_s == 0.5
+
+
+def test_a_lost_peer_is_waited_for_up_to_the_grace_then_the_error_stands() -> None:
+    """No worker is ever found dead: the error itself ends the run, after the grace."""
+    recovery = Recovery(3, lost_peer_grace_s=0.6)
+    error = _gloo_error()
+    group: Any = _Group(dead=[])
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        recovery.recover(3, error, [group], _no_checkpoint, _no_restore)
+    assert info.value is error
+    assert 0.6 <= time.monotonic() - started < 5.0
+    assert recovery.count == 0
+
+
+def test_workers_that_cannot_be_replaced_are_a_trainer_recovery_error(tmp_path: Path) -> None:
+    recovery = Recovery(3)
+    no_room = TimeoutError("rank 1 of group 'g' was not placed again: missing {CPU: 1}")
+    group: Any = _Group(dead=[1], replace_error=no_room)
+    with pytest.raises(TrainerRecoveryError) as info:
+        recovery.recover(3, _gloo_error(), [group], lambda what: tmp_path, _no_restore)
+    message = str(info.value)
+    assert message.startswith("step 3: update_actor failed on rank 0: RuntimeError")
+    assert "the dead workers could not be replaced: TimeoutError: rank 1 of group 'g'" in message
+    assert "missing {CPU: 1}" in message
+    assert info.value.__cause__ is no_room
+    assert recovery.count == 0
+
+
+def _no_checkpoint(what: str) -> Path:
+    raise AssertionError(f"no worker died, nothing to prepare ({what})")
+
+
+def _no_restore(checkpoint: Path) -> int:
+    raise AssertionError(f"nothing to restore ({checkpoint})")

@@ -4,8 +4,9 @@ verl's Ray layer under the same names: :class:`RayResourcePool` (one placement g
 node, ordered by node IP), :class:`RayClassWithInitArgs`, :class:`RayWorkerGroup`,
 :class:`ResourcePoolManager` (sc-core's manager building Ray pools, also named
 :class:`RayResourcePoolManager`), colocated and fused worker classes (the raw fused class to
-subclass too), split and merge of pools, :func:`parallel_put`, and runs that outlive their driver
-(:class:`RayRun`, :func:`teardown_run`).
+subclass too), split and merge of pools, :func:`parallel_put`, runs that outlive their driver
+(:class:`RayRun`, :func:`teardown_run`), and :class:`NodeLoss` (a whole node lost on purpose,
+for fault-injection tests).
 Ray's loosely typed API is confined to one private module; importing ``sc_ray`` does not
 import torch or sc-protocol (they are imported when a DataProto is handled).
 """
@@ -22,7 +23,9 @@ from ._colocate import (
 from ._errors import (
     DetachedWorkerError,
     InsufficientResourcesError,
+    NodeLossError,
     PlacementTimeoutError,
+    RankPlacementTimeoutError,
     RayResourcePoolError,
     RunExistsError,
     RunIdError,
@@ -33,6 +36,7 @@ from ._errors import (
     WorkerEnvError,
 )
 from ._futures import RayFuture
+from ._node_loss import NodeLoss
 from ._pool_manager import RayResourcePoolManager
 from ._put import parallel_put
 from ._resource_pool import PLACEMENT_TIMEOUT_ENV, RayResourcePool, sort_placement_group_by_node_ip
@@ -53,9 +57,12 @@ __version__ = "0.2.0"
 __all__ = [
     "DetachedWorkerError",
     "InsufficientResourcesError",
+    "NodeLoss",
+    "NodeLossError",
     "PLACEMENT_TIMEOUT_ENV",
     "PlacementTimeoutError",
     "RESERVED_ENV_VARS",
+    "RankPlacementTimeoutError",
     "RayClassWithInitArgs",
     "RayFuture",
     "RayResourcePool",

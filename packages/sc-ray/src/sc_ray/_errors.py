@@ -15,8 +15,12 @@ class subclasses :class:`ScRayError` and exactly one builtin exception, the one 
     │                                              node's placement group) has: it could never
     │                                              be placed, so it fails at once
     ├── PlacementTimeoutError (TimeoutError)       the cluster did not reserve the pool's
-    │                                              bundles within the placement deadline;
-    │                                              names what was asked and what the cluster has
+    │   │                                          bundles within the placement deadline;
+    │   │                                          names what was asked and what the cluster has
+    │   └── RankPlacementTimeoutError              ``replace_ranks``: the bundles of the ranks
+    │                                              to replace, whose node was lost, were not
+    │                                              placed again on a live node in time; names
+    │                                              the group, the ranks and what is missing
     ├── WorkerEnvError (ValueError)                a user ``worker_env`` / ``runtime_env`` that
     │                                              sets a variable the worker group owns
     │                                              (WORLD_SIZE, RANK, MASTER_ADDR, ...)
@@ -33,8 +37,12 @@ class subclasses :class:`ScRayError` and exactly one builtin exception, the one 
     ├── RunIdError (ValueError)                    a run id that is not
     │                                              ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``, or a
     │                                              driver not connected in the run's namespace
-    └── RunExistsError (ValueError)                ``RayRun.create`` for a run id the cluster
-                                                   already holds
+    ├── RunExistsError (ValueError)                ``RayRun.create`` for a run id the cluster
+    │                                              already holds
+    └── NodeLossError (RuntimeError)               ``NodeLoss`` (fault injection): the node to
+                                                   lose is the driver's own or not alive, or
+                                                   the process that loses it did not start
+                                                   there, or the node was not gone in time
 
 ``RayResourcePoolError`` also subclasses sc-core's ``ResourcePoolError`` (a ``ValueError`` as
 well), so ``except sc_core.ResourcePoolError`` catches bad pools of either package. An
@@ -44,12 +52,16 @@ unknown role in :meth:`ResourcePoolManager.get_resource_pool` is sc-core's
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from sc_core import ResourcePoolError as _CoreResourcePoolError
 
 __all__ = [
     "DetachedWorkerError",
     "InsufficientResourcesError",
+    "NodeLossError",
     "PlacementTimeoutError",
+    "RankPlacementTimeoutError",
     "RayResourcePoolError",
     "RunExistsError",
     "RunIdError",
@@ -75,6 +87,31 @@ class InsufficientResourcesError(RayResourcePoolError):
 
 class PlacementTimeoutError(ScRayError, TimeoutError):
     """The cluster did not reserve a pool's bundles within the placement deadline."""
+
+
+class RankPlacementTimeoutError(PlacementTimeoutError):
+    """``replace_ranks`` could not start new workers for ``ranks`` of group ``group``: their
+    placement-group bundles, lost with their node, were not placed again on a live node
+    within ``timeout_s`` (the pool's placement deadline). ``asked`` is what one bundle
+    reserves, ``missing`` how much of it no live node has free (empty when the cluster has
+    it in all but Ray did not place the bundle in time)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        group: str,
+        ranks: Sequence[int],
+        asked: Mapping[str, float],
+        missing: Mapping[str, float],
+        timeout_s: float,
+    ) -> None:
+        super().__init__(message)
+        self.group = group
+        self.ranks = tuple(ranks)
+        self.asked = dict(asked)
+        self.missing = dict(missing)
+        self.timeout_s = timeout_s
 
 
 class WorkerEnvError(ScRayError, ValueError):
@@ -106,3 +143,8 @@ class RunIdError(ScRayError, ValueError):
 
 class RunExistsError(ScRayError, ValueError):
     """``RayRun.create`` for a run that already exists."""
+
+
+class NodeLossError(ScRayError, RuntimeError):
+    """:class:`~sc_ray.NodeLoss` could not lose the node it was asked to: the driver's own,
+    one not alive, or one where its killer did not start or finish in time."""

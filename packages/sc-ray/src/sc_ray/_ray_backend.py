@@ -48,6 +48,12 @@ _POLL_S = 0.25
 #: how long a call whose only errors say another rank caused them waits for that rank's own
 #: error (it arrives a moment later: the rank fails first, then its peers notice)
 _PEER_GRACE_S = 5.0
+#: how long ``replace_ranks`` waits for the cluster to report a dead rank's actor dead: a
+#: call finds an actor on a lost node unreachable at once, but the cluster reports it dead
+#: (and places its node's placement group again) only once its health checks of the node
+#: have failed (about 15 s with Ray's defaults). An actor still reported alive after this
+#: long is killed and replaced where it was.
+REPORTED_DEAD_WAIT_S = 60.0
 
 _put_pool_lock = threading.Lock()
 _put_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -246,15 +252,22 @@ class RayBackend:
         environment, a new rendezvous port on rank 0's node): a spare of the group's standby
         on the rank's node where there is one, else a new actor on the rank's bundle; waits
         up to ``timeout`` seconds for their constructors; on a failure the new actors are
-        killed."""
+        killed. A rank whose node was lost first waits until the cluster reports its actor
+        dead (at most :data:`REPORTED_DEAD_WAIT_S`), then, up to the pool's placement deadline,
+        for Ray to place its bundle on a live node (:class:`RankPlacementTimeoutError`
+        otherwise, before any new actor is created)."""
         spec = self._launch
         if spec is None:
             raise WorkerGroupError(
                 f"RayWorkerGroup {self.name_prefix!r}.replace_ranks: the group was attached "
                 "to detached actors (from_detached) and has no pool to start new ones in"
             )
+        where = f"RayWorkerGroup {self.name_prefix!r}.replace_ranks"
+        self._await_reported_dead(ranks, where)
         for rank in ranks:
             rapi.kill(self.workers[rank])
+        # a rank whose node was lost waits for Ray to place its bundle on a live node
+        spec.pool.wait_ranks_placed(ranks, where=where, group=self.name_prefix)
         self._generation += 1
         slots = spec.pool.bundle_slots()
         takers: dict[int, Spare] = {}
@@ -298,6 +311,33 @@ class RayBackend:
         if self.on_replaced is not None:
             self.on_replaced(list(self._names), addr, port, self._generation)
         return ReplacedWorkers(dict(created), addr, port)
+
+    def _await_reported_dead(self, ranks: Sequence[int], where: str) -> None:
+        """Wait until the cluster reports the actors of ``ranks`` dead, at most
+        :data:`REPORTED_DEAD_WAIT_S`: a rank a call found unreachable may be on a node that
+        was lost and not yet declared dead; its bundle (and a spare there) still look
+        placed on that node until it is."""
+        deadline = rapi.monotonic() + REPORTED_DEAD_WAIT_S
+        alive = [r for r in ranks if rapi.actor_state(self.workers[r]) == "ALIVE"]
+        if alive:
+            logger.info(
+                "%s: the cluster still reports ranks %s alive; waiting up to %.0f s for it to "
+                "report them dead (a lost node is declared dead by health checks)",
+                where,
+                alive,
+                REPORTED_DEAD_WAIT_S,
+            )
+        while alive and rapi.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            alive = [r for r in alive if rapi.actor_state(self.workers[r]) == "ALIVE"]
+        if alive:
+            logger.warning(
+                "%s: the cluster reports ranks %s alive %.0f s after they were found dead; "
+                "killing them and replacing them where they were",
+                where,
+                alive,
+                REPORTED_DEAD_WAIT_S,
+            )
 
     def close(self) -> None:
         """Kill every actor (detached ones too); a group attached with ``from_detached``

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,12 @@ from dataclasses import dataclass
 from sc_core import ResourcePool
 
 from . import _ray_api as rapi
-from ._errors import InsufficientResourcesError, PlacementTimeoutError, RayResourcePoolError
+from ._errors import (
+    InsufficientResourcesError,
+    PlacementTimeoutError,
+    RankPlacementTimeoutError,
+    RayResourcePoolError,
+)
 from ._settings import PLACEMENT_TIMEOUT
 
 __all__ = [
@@ -37,6 +43,9 @@ logger = logging.getLogger("sc_ray")
 #: not say, and its default (both from :data:`sc_ray._settings.PLACEMENT_TIMEOUT`).
 PLACEMENT_TIMEOUT_ENV = PLACEMENT_TIMEOUT.name
 DEFAULT_PLACEMENT_TIMEOUT_S = PLACEMENT_TIMEOUT.default
+
+#: How often :meth:`RayResourcePool.wait_ranks_placed` asks Ray where the bundles are.
+_PLACED_POLL_S = 0.2
 
 #: Ray's resource name for each accelerator name a pool accepts.
 DEVICE_RESOURCE = {"cuda": "GPU", "gpu": "GPU", "npu": "NPU"}
@@ -226,11 +235,7 @@ class RayResourcePool(ResourcePool):
         bundle = self.bundle()
         self._check_capacity(bundle, strategy)
         lifetime = "detached" if self.detached else None
-        timeout = (
-            self.placement_timeout_s
-            if self.placement_timeout_s is not None
-            else PLACEMENT_TIMEOUT.get()
-        )
+        timeout = self.resolved_placement_timeout()
         created: list[rapi.PlacementGroup] = []
         try:
             for pg_name, count in zip(names, self._store, strict=True):
@@ -255,6 +260,98 @@ class RayResourcePool(ResourcePool):
         self.pgs = sort_placement_group_by_node_ip(created)
         logger.debug("placed pool %s as %s", self._store, names)
         return self.pgs
+
+    def resolved_placement_timeout(self) -> float:
+        """The seconds a placement of this pool may take: ``placement_timeout_s``, else
+        ``$SC_RAY_PLACEMENT_TIMEOUT_S``, else 300."""
+        if self.placement_timeout_s is not None:
+            return self.placement_timeout_s
+        return PLACEMENT_TIMEOUT.get()
+
+    def unplaced_ranks(self, ranks: Sequence[int]) -> list[int]:
+        """The ranks among ``ranks`` whose bundle is not reserved on a live node now: its
+        node was lost and Ray has not placed the placement group again (it does so as soon
+        as a live node has the room)."""
+        slots = self.bundle_slots()
+        alive = {n.node_id for n in rapi.list_nodes() if n.alive}
+        seen: dict[str, tuple[str, dict[int, str]]] = {}
+        out: list[int] = []
+        for rank in ranks:
+            slot = slots[rank]
+            key = rapi.placement_group_id(slot.placement_group)
+            if key not in seen:
+                pg = slot.placement_group
+                seen[key] = (
+                    rapi.placement_group_state(pg),
+                    rapi.placement_group_bundle_node_map(pg),
+                )
+            state, nodes = seen[key]
+            if state != "CREATED" or nodes.get(slot.bundle_index) not in alive:
+                out.append(rank)
+        return out
+
+    def wait_ranks_placed(self, ranks: Sequence[int], *, where: str, group: str) -> None:
+        """Wait until the bundles of ``ranks`` are reserved on live nodes (at once, unless
+        their node was lost), up to the pool's placement deadline
+        (:meth:`resolved_placement_timeout`); then :class:`RankPlacementTimeoutError` names
+        the group, the ranks and the resources no live node has free. ``where`` names the
+        caller in the message."""
+        timeout = self.resolved_placement_timeout()
+        deadline = rapi.monotonic() + timeout
+        waiting = self.unplaced_ranks(ranks)
+        if waiting:
+            logger.warning(
+                "%s: the bundles of ranks %s lost their node; waiting up to %g s for Ray to "
+                "place them again on a live node",
+                where,
+                waiting,
+                timeout,
+            )
+        while waiting:
+            if rapi.monotonic() >= deadline:
+                raise self._rank_placement_error(where, group, waiting, timeout)
+            time.sleep(_PLACED_POLL_S)
+            waiting = self.unplaced_ranks(waiting)
+
+    def _rank_placement_error(
+        self, where: str, group: str, ranks: list[int], timeout: float
+    ) -> RankPlacementTimeoutError:
+        slots = self.bundle_slots()
+        bundle = self.bundle()
+        # a node's placement group moves whole (STRICT_PACK): one live node needs room for
+        # all its bundles; the largest such demand among the lost groups
+        per_group: dict[str, int] = {}
+        for rank in ranks:
+            key = rapi.placement_group_id(slots[rank].placement_group)
+            per_group[key] = slots[rank].local_world_size
+        count = max(per_group.values())
+        need = {k: v * count for k, v in bundle.items()}
+        free = rapi.available_resources()
+        missing = {k: v - free.get(k, 0.0) for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
+        where_ranks = ", ".join(
+            f"rank {r} (bundle {slots[r].bundle_index} of node {slots[r].node_index} of pool "
+            f"{self._store})"
+            for r in ranks
+        )
+        nodes = [n for n in rapi.list_nodes() if n.alive]
+        per_node = "; ".join(f"{n.ip} ({n.node_id[:8]}): {_fmt(n.resources)}" for n in nodes)
+        short = (
+            f"missing {_fmt(missing)}: no live node has that free"
+            if missing
+            else "the cluster has that much free in all, but Ray did not place it on one node"
+        )
+        message = (
+            f"{where}: group {group!r} cannot start {where_ranks} again: its node was lost and "
+            f"Ray did not place the bundle again on a live node within {timeout:g} s. Its "
+            f"node's placement group asks {_fmt(need)} on one node ({count} bundle(s) of "
+            f"{_fmt(bundle)}); {short}. The cluster has {_fmt(rapi.cluster_resources())} in "
+            f"all, {_fmt(free)} free, on {len(nodes)} live node(s): {per_node}. Add a node "
+            "with that room or free it (the pool's placement_timeout_s, else "
+            f"{PLACEMENT_TIMEOUT.name}, sets the wait)"
+        )
+        return RankPlacementTimeoutError(
+            message, group=group, ranks=ranks, asked=bundle, missing=missing, timeout_s=timeout
+        )
 
     def _check_capacity(self, bundle: Mapping[str, float], strategy: str) -> None:
         """Fail at once when the cluster could never hold the pool: more of a resource than

@@ -83,8 +83,18 @@ class Standby:
 
     def take(self, node_index: int) -> Spare | None:
         """A spare on node ``node_index`` (started ones first), replaced by a new one that
-        starts in the background; ``None`` when that node has none."""
+        starts in the background; ``None`` when that node has none alive. Spares that died
+        (lost with their node) are dropped and replaced by new ones, which start where Ray
+        placed that node's placement group again."""
         here = [s for s in self.spares if s.slot.node_index == node_index]
+        dead = [s for s in here if rapi.actor_state(s.actor) == "DEAD"]
+        for spare in dead:
+            self.spares.remove(spare)
+            logger.warning(
+                "standby %s on node %d is dead; starting another", spare.name, node_index
+            )
+            self._start(self._node_slots[node_index])
+        here = [s for s in here if s not in dead]  # the new ones are not among them
         if not here:
             return None
         spare = next((s for s in here if rapi.is_ready(s.ready)), here[0])

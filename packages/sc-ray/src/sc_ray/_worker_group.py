@@ -364,6 +364,13 @@ class RayWorkerGroup(WorkerGroup[W]):
         dead = set(self.dead_ranks)
         return [r for r in range(self.world_size) if r not in dead]
 
+    def worker_node_ids(self) -> list[str | None]:
+        """The Ray node id of each rank's actor, in rank order, from the cluster's actor
+        table (no call into the actors, which may be busy); ``None`` for a rank whose actor
+        is not placed or is gone."""
+        self._sc_backend("worker_node_ids")  # a closed group refuses
+        return [rapi.actor_node_id(actor) for actor in self._workers]
+
     def kill_worker(self, rank: int) -> None:
         """Kill ``rank``'s actor (no restart), for testing recovery, and wait until the
         cluster reports it dead (``ray.kill`` returns before the actor is gone), at most

@@ -5,7 +5,8 @@ calls Ray only through the typed functions of this package, so an untyped value 
 out of it. Handles are opaque: :class:`ObjectRef`, :class:`ActorHandle`, :class:`PlacementGroup`
 and :class:`RemoteClass` are, for the type checker, classes with no public attributes; at run
 time they are Ray's own objects. One module per subject: ``_cluster``, ``_placement``,
-``_actors``, ``_objects``, ``_runs`` (what runs need); ``_base`` holds Ray itself as ``Any``
+``_actors``, ``_objects``, ``_runs`` (what runs need), ``_node_loss`` (losing a node on
+purpose, for tests); ``_base`` holds Ray itself as ``Any``
 and the handle types.
 """
 
@@ -15,6 +16,7 @@ from ._actors import (
     ActorState,
     actor_id,
     actor_node_and_devices,
+    actor_node_id,
     actor_placement_group,
     actor_state,
     actor_states,
@@ -56,6 +58,7 @@ from ._cluster import (
     node_ip_address,
     shutdown,
 )
+from ._node_loss import fire_node_killer, start_node_killer
 from ._objects import (
     RemoteFailure,
     cancel,
@@ -73,6 +76,7 @@ from ._placement import (
     create_placement_group,
     get_placement_group,
     node_affinity,
+    placement_group_bundle_node_map,
     placement_group_bundle_nodes,
     placement_group_bundles,
     placement_group_id,
@@ -108,6 +112,7 @@ __all__ = [
     "SimulatedCluster",
     "actor_id",
     "actor_node_and_devices",
+    "actor_node_id",
     "actor_placement_group",
     "actor_state",
     "actor_states",
@@ -126,6 +131,7 @@ __all__ = [
     "current_node_id",
     "disable_uv_run_propagation",
     "find_free_port",
+    "fire_node_killer",
     "get",
     "get_actor",
     "get_placement_group",
@@ -147,6 +153,7 @@ __all__ = [
     "namespaces_with_actor",
     "node_affinity",
     "node_ip_address",
+    "placement_group_bundle_node_map",
     "placement_group_bundle_nodes",
     "placement_group_bundles",
     "placement_group_by_id",
@@ -166,6 +173,7 @@ __all__ = [
     "remove_placement_group",
     "run_task",
     "shutdown",
+    "start_node_killer",
     "unwrap_remote_class",
     "wait",
     "wait_placement_group",

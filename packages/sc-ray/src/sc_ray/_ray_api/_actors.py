@@ -174,6 +174,19 @@ def actor_state(actor: ActorHandle) -> str:
     return str(raw.get("State", "UNKNOWN")) if raw else "UNKNOWN"
 
 
+def actor_node_id(actor: ActorHandle) -> str | None:
+    """The node an actor was placed on, from the cluster's actor table (no call into the
+    actor, which may be busy); ``None`` before it is placed, or when the table has no entry."""
+    if isinstance(actor, _GoneActor):
+        return None
+    try:
+        raw = cast("dict[str, Any]", _state.actors(actor_id=actor_id(actor)))
+    except Exception:
+        return None
+    node = str((raw or {}).get("Address", {}).get("NodeID", "") or "")
+    return None if not node or set(node) == {"0"} else node
+
+
 def ready_ref(actor: ActorHandle) -> ObjectRef:
     """A reference that is ready once the actor's constructor has finished (or failed)."""
     return cast("ObjectRef", cast(Any, actor).__ray_ready__.remote())

@@ -123,6 +123,7 @@ class SimulatedCluster:
 
     def __init__(self) -> None:
         self._cluster: Any = _cluster_utils.Cluster()
+        self._nodes: dict[str, Any] = {}
 
     def add_node(
         self, num_cpus: int, num_gpus: int = 0, resources: Mapping[str, float] | None = None
@@ -134,7 +135,13 @@ class SimulatedCluster:
             resources=dict(resources) if resources else None,
             include_dashboard=False,
         )
+        self._nodes[str(node.node_id)] = node
         return str(node.node_id)
+
+    def remove_node(self, node_id: str) -> None:
+        """Lose the node ``node_id`` (not the driver's): its processes are killed without a
+        graceful shutdown, so the cluster learns of it through its health checks."""
+        self._cluster.remove_node(self._nodes.pop(node_id), allow_graceful=False)
 
     def connect(self, namespace: str | None = None) -> None:
         """Connect this process as the driver."""

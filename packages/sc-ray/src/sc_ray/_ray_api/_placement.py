@@ -89,6 +89,13 @@ def placement_group_bundle_nodes(pg: PlacementGroup) -> list[str]:
     return [str(raw[k]) for k in sorted(raw)]
 
 
+def placement_group_bundle_node_map(pg: PlacementGroup) -> dict[int, str]:
+    """``{bundle index: node id}`` for the bundles of ``pg`` Ray has placed now (a group
+    being rescheduled after a node loss may lack some, or still name the lost node)."""
+    raw = cast("dict[Any, Any]", _table(pg).get("bundles_to_node_id", {}))
+    return {int(k): str(v) for k, v in raw.items() if v}
+
+
 def placement_strategy(
     pg: PlacementGroup, bundle_index: int, capture_child_tasks: bool = False
 ) -> SchedulingStrategy:

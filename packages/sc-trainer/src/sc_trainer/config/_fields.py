@@ -318,7 +318,8 @@ class TrainerFields:
         ),
     )
     # fault tolerance: faults to inject ("actor:1@step=30", "critic:0@step=3:update_critic+0.2",
-    # comma-separated; see sc_trainer.faults), and how many deaths one run recovers from in place
+    # "node@step=3:update_actor+0.5", comma-separated; see sc_trainer.faults), and how many
+    # deaths one run recovers from in place
     inject_fault: str | None = field(
         default=None,
         metadata=option(
@@ -329,7 +330,9 @@ class TrainerFields:
             "seconds into that method from step N on (or make the method raise, which ends the "
             "run); server:I@step=N kills engine server I (--rollout builtin or vllm), which the "
             "router restarts; reward:P@step=N[:raise|hang] makes the reward call of row P of step "
-            "N's batch fail (a dataset run); several faults are separated by commas",
+            "N's batch fail (a dataset run); node@step=N[:PHASE[+S]] loses a whole node (backend "
+            "ray): the node of the highest actor rank not on the driver's node, or of actor rank "
+            "RANK with node:RANK@...; several faults are separated by commas",
             default_text="no fault",
         ),
     )

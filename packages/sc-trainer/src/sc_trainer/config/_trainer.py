@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from .._errors import TrainerConfigError
-from ..faults import FaultSpec, RewardFault
+from ..faults import FaultSpec, NodeFault, RewardFault
 from ._fields import (
     ALGORITHMS,
     BACKENDS,
@@ -229,6 +229,17 @@ class TrainerConfig(TrainerFields):
             )
         _int_at_least(owner, "keep_checkpoints", self.keep_checkpoints, 1)
         _int_at_least(owner, "max_recoveries", self.max_recoveries, 0)
+        for node_fault in self.node_faults:
+            if self.backend != "ray":
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: losing a node needs the Ray "
+                    f"backend (backend='ray'), not {self.backend!r}"
+                )
+            if node_fault.rank is not None and node_fault.rank >= self.workers_per_role:
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: actor rank {node_fault.rank} "
+                    f"is outside the {self.workers_per_role} workers of a role"
+                )
         for fault in self.faults:
             if fault.role == "critic" and not self.uses_critic:
                 raise TrainerConfigError(
@@ -411,6 +422,11 @@ class TrainerConfig(TrainerFields):
     def reward_faults(self) -> tuple[RewardFault, ...]:
         """The reward faults of :attr:`inject_fault` (``reward:P@step=N[:raise|hang]``)."""
         return RewardFault.parse_all(self.inject_fault)
+
+    @property
+    def node_faults(self) -> tuple[NodeFault, ...]:
+        """The ``node@...`` faults of :attr:`inject_fault` (empty: none)."""
+        return NodeFault.parse_all(self.inject_fault)
 
     @property
     def rows_per_step(self) -> int:

@@ -3,7 +3,8 @@
 :class:`Recovery` brings a run back in place after a worker's death (new processes, or a
 standby's, and the newest checkpoint restored); :class:`FaultSpec` (``--inject-fault
 actor:1@step=30``) kills or breaks a worker rank on purpose, :class:`DriverFault`
-(``driver@step=3:update_actor+0.2``) kills a detached run's driver, :class:`RewardFault`
+(``driver@step=3:update_actor+0.2``) kills a detached run's driver, :class:`NodeFault`
+(``node@step=3:update_actor+0.5``) loses a whole node of a run on Ray, :class:`RewardFault`
 (``reward:3@step=2:hang``) makes one call of the reward function fail. What survives the driver
 itself is in :mod:`sc_trainer.runs`.
 """
@@ -12,17 +13,22 @@ from sc_dispatch import _public
 
 from .._errors import TrainerRecoveryError
 from ._driver import DRIVER_PHASES, DriverFault, DriverFaults
-from ._recovery import Recovery, replace_dead, wait_for_dead
+from ._node import ArmedLoss, NodeFault, NodeFaults
+from ._recovery import LOST_PEER_MARKS, Recovery, lost_peer, replace_dead, wait_for_dead
 from ._reward import REWARD_ACTIONS, RewardFault, RewardFaults
 from ._workers import FAULT_ROLES, FaultSpec, FaultTargets, ServerTargets, inject_due
 
 __all__ = [
+    "ArmedLoss",
     "DRIVER_PHASES",
     "DriverFault",
     "DriverFaults",
     "FAULT_ROLES",
     "FaultSpec",
     "FaultTargets",
+    "LOST_PEER_MARKS",
+    "NodeFault",
+    "NodeFaults",
     "REWARD_ACTIONS",
     "Recovery",
     "RewardFault",
@@ -30,6 +36,7 @@ __all__ = [
     "ServerTargets",
     "TrainerRecoveryError",
     "inject_due",
+    "lost_peer",
     "replace_dead",
     "wait_for_dead",
 ]

@@ -113,7 +113,8 @@ class DriverFaults:
     phase begins; one with a delay ``S`` kills it ``S`` seconds into the phase (from a
     timer thread, while the driver waits for the phase's calls), or as the phase ends if it
     ends sooner, before the driver acts on what the phase returned. Either way the driver
-    dies inside the phase, however quickly the workers answer."""
+    dies inside the phase, however quickly the workers answer. Every phase's start is logged
+    at DEBUG, fault or not."""
 
     def __init__(self, faults: tuple[DriverFault, ...]) -> None:
         self.faults = faults
@@ -121,7 +122,10 @@ class DriverFaults:
 
     @contextlib.contextmanager
     def phase(self, step: int, phase: str) -> Iterator[None]:
-        """The ``with`` block is phase ``phase`` of step ``step`` (see the class)."""
+        """The ``with`` block is phase ``phase`` of step ``step`` (see the class). Its start
+        is logged at DEBUG (``step 3: update_actor begins``): a test that acts on the run
+        from outside, losing a node inside a phase, waits for that line."""
+        logger.debug("step %d: %s begins", step, phase)
         due = [
             f for f in self.faults if f.step == step and f.phase == phase and f not in self._fired
         ]

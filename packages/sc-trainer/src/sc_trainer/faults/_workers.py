@@ -4,8 +4,10 @@
 actor:1@step=30``) kills one rank of one role when a step begins
 (``WorkerGroup.kill_worker``), or arms a fault that kills the rank (or makes it raise)
 inside a named method (``actor:1@step=3:update_actor+0.2``, ``WorkerGroup.inject_fault``);
-each fault fires once. Several faults are separated by commas. How the run recovers is the
-trainer's business (``RayPPOTrainer._recover`` and :class:`~sc_trainer.faults.Recovery`).
+each fault fires once. Several faults are separated by commas; a ``driver@...`` part kills
+the driver (``_driver.py``), a ``node@...`` part loses a whole node (``_node.py``). How the
+run recovers is the trainer's business (``RayPPOTrainer._recover`` and
+:class:`~sc_trainer.faults.Recovery`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "inject",
     "inject_due",
     "is_driver_fault",
+    "is_node_fault",
 ]
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,17 @@ def is_driver_fault(text: str) -> bool:
     """Whether one comma-separated part of ``inject_fault`` kills the driver (``driver@...``),
     which ``_driver.py`` parses, rather than a worker."""
     return text.strip().startswith(DRIVER_PREFIX)
+
+
+#: The name of a fault that loses a whole node (``_node.py``): ``node@...``, ``node:1@...``.
+NODE_PREFIX = "node"
+
+
+def is_node_fault(text: str) -> bool:
+    """Whether one comma-separated part of ``inject_fault`` loses a node (``node@...``,
+    ``node:1@...``), which ``_node.py`` parses, rather than a worker."""
+    head = text.strip().split("@", 1)[0]
+    return head == NODE_PREFIX or head.startswith(NODE_PREFIX + ":")
 
 
 _GRAMMAR = "role:rank@step=N[:method[+seconds]][:kill|raise], e.g. 'actor:1@step=30'"
@@ -128,7 +142,11 @@ class FaultSpec:
         parts = [
             part
             for part in text.split(",")
-            if not is_driver_fault(part) and not part.strip().startswith(REWARD_PREFIX)
+            if not (
+                is_driver_fault(part)
+                or is_node_fault(part)
+                or part.strip().startswith(REWARD_PREFIX)
+            )
         ]
         return tuple(cls.parse(part) for part in parts)
 

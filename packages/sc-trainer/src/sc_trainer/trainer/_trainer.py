@@ -11,10 +11,11 @@ is checked by mypy with ``sc_core.mypy_plugin`` (``self.actor_rollout_wg`` is a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,17 @@ from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, Weigh
 
 from .._errors import TrainerRecoveryError, TrainerStateError
 from ..config import TrainerConfig
-from ..faults import DriverFault, DriverFaults, FaultSpec, Recovery, RewardFaults, inject_due
+from ..faults import (
+    ArmedLoss,
+    DriverFault,
+    DriverFaults,
+    FaultSpec,
+    NodeFault,
+    NodeFaults,
+    Recovery,
+    RewardFaults,
+    inject_due,
+)
 from ..rollout import EngineServers, RolloutSource
 from ..runs import Checkpointer, DetachedRun, RunOutput, RunState, latest_checkpoint
 from ..tasks import Task, data_state
@@ -88,6 +99,8 @@ class RayPPOTrainer:
         self._faults: list[FaultSpec] = list(config.faults)  # each injected once
         #: faults that kill this driver (a detached run's re-attach tests)
         self._driver_faults = DriverFaults(DriverFault.parse_all(config.inject_fault))
+        #: faults that lose a whole node of the run (recovery from a lost node)
+        self._node_faults = NodeFaults(config.node_faults)
         #: a detached run's call ids, scopes and run state (None: not detached)
         session = launcher.session
         self.detached = None if session is None else DetachedRun(session)
@@ -132,7 +145,7 @@ class RayPPOTrainer:
             groups.critic,
             background=cfg.background_checkpoints,
             keep=cfg.keep_checkpoints,
-            phase=self._driver_faults.phase,
+            phase=self._phase,
             save_hf=cfg.save_hf,
         )
         self.rollout, self.servers = make_rollout_source(
@@ -191,7 +204,7 @@ class RayPPOTrainer:
     def _train_step(self, step: int) -> dict[str, Any]:
         """One PPO/GRPO step; each line is one stage of the dataflow."""
         m: dict[str, Any] = {"step": step}
-        t = StageTimer(around=lambda stage: self._driver_faults.phase(step, stage))
+        t = StageTimer(around=lambda stage: self._phase(step, stage))
         rollout, _ = self._parts("fit")
         batch, rollout_metrics = rollout.take(step, t)  # prompts + responses ("generate")
         m.update(rollout_metrics)
@@ -242,7 +255,7 @@ class RayPPOTrainer:
     def validate(self) -> float:
         """Mean reward of greedy responses to the held-out prompts."""
         rollout, _ = self._parts("validate")
-        with self._driver_faults.phase(self.global_step, "validate"):
+        with self._phase(self.global_step, "validate"):
             batch = rollout.validation_batch(self.global_step)
             scores = self.task.score_batch(batch).token_scores
             return float(scores.sum(dim=-1).mean().item())
@@ -386,14 +399,39 @@ class RayPPOTrainer:
         self.recovery.count = state.recoveries
 
     # ------------------------------------------------------------ recovery
+    @contextlib.contextmanager
+    def _phase(self, step: int, phase: str) -> Iterator[None]:
+        """Phase ``phase`` of step ``step``: where an injected fault loses a node or kills
+        the driver (each fires once)."""
+        with self._driver_faults.phase(step, phase), self._node_faults.phase(step, phase):
+            yield
+
     def _inject_fault(self, step: int) -> None:
-        """Inject the faults of ``config.inject_fault`` whose step begins (each once)."""
+        """Inject the faults of ``config.inject_fault`` whose step begins (each once); arm
+        the step's node faults (and lose the node of those that name no phase) and its
+        reward faults."""
+        self._node_faults.arm(step, self._arm_node_loss)
         reward_faults = getattr(self.task, "reward_faults", None)
         if isinstance(reward_faults, RewardFaults):
             reward_faults.arm(step)
         if any(f.step == step for f in self._faults):
             servers = None if self.servers is None else self.servers.fleet
             self._faults = inject_due(self._workers("inject_fault"), self._faults, step, servers)
+
+    def _arm_node_loss(self, fault: NodeFault) -> ArmedLoss:
+        """Arm ``fault``: sc-ray's ``NodeLoss`` on the node of its actor rank."""
+        from sc_ray import NodeLoss, NodeLossError, RayWorkerGroup
+
+        group = self._workers("inject_fault").actor_rollout
+        if not isinstance(group, RayWorkerGroup):
+            raise TrainerStateError(
+                f"inject_fault {fault}: losing a node needs the Ray backend's worker groups, "
+                f"not {type(group).__name__}"
+            )
+        try:
+            return NodeLoss.of_rank(group, fault.rank)
+        except NodeLossError as exc:
+            raise TrainerStateError(f"inject_fault {fault}: {exc}") from exc
 
     def _recover(self, step: int, error: BaseException | None) -> dict[str, Any]:
         """Bring the workers back after ``error`` (a death during ``step``, or ``None``: one
@@ -431,6 +469,7 @@ class RayPPOTrainer:
         """Stop the rollout source and every worker (spawned role groups share the workers
         of the groups owned here); ``detach``: a detached run's driver that stops leaves its
         workers to the next driver, only the driver-side threads end."""
+        self._node_faults.close()  # losses armed and never fired
         rollout, self.rollout, self.servers = self.rollout, None, None
         self.checkpointer = None
         groups, self._groups = self._groups, None
