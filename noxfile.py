@@ -141,25 +141,58 @@ def _workspace_deps(dist: str) -> list[str]:
     return [p for p in PACKAGES if p in needed]
 
 
-def _expose_pyenv_pythons() -> None:
-    """Let every supported Python be found through pyenv's shims.
-
-    pyenv's ``python3.12`` shim fails unless 3.12 is a selected version, and uv and nox stop
-    at that failing shim. With no ``PYENV_VERSION`` set, select the workspace's Python first
-    (so ``python`` stays what it was), then the other supported ones that pyenv has.
-    """
+def _pyenv_python(version: str) -> str | None:
+    """The newest pyenv install of ``version`` (``3.12`` -> ``.../3.12.1/bin/python3.12``)."""
     versions = os.path.join(
         os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv")), "versions"
     )
-    if "PYENV_VERSION" in os.environ or not os.path.isdir(versions):
-        return
-    installed = [v for v in SUPPORTED_PYTHONS if glob.glob(f"{v}.*", root_dir=versions)]
-    if WORKSPACE_PYTHON in installed:
-        installed.remove(WORKSPACE_PYTHON)
-        os.environ["PYENV_VERSION"] = ":".join([WORKSPACE_PYTHON, *installed])
+    found = []
+    for folder in glob.glob(os.path.join(versions, f"{version}.*")):
+        patch = os.path.basename(folder)[len(version) + 1 :]
+        executable = os.path.join(folder, "bin", f"python{version}")
+        if patch.isdigit() and os.access(executable, os.X_OK):
+            found.append((int(patch), executable))
+    return max(found)[1] if found else None
+
+
+def _expose_pyenv_pythons() -> None:
+    """Let nox and uv find every supported Python that pyenv has, whatever pyenv selects.
+
+    pyenv's ``python3.12`` shim answers only when 3.12 is a selected version
+    (``PYENV_VERSION``, ``.python-version``), and nox and uv stop at that failing shim, then
+    try to download the interpreter. A folder of links named ``python<version>``, each to the
+    pyenv install itself, goes first on ``PATH``; nothing else (``python``, ``python3``)
+    changes. A supported Python that is not installed is named by :func:`_warn_missing_pythons`.
+    """
+    links = os.path.join(ROOT, ".nox", "pythons")
+    os.makedirs(links, exist_ok=True)
+    for version in SUPPORTED_PYTHONS:
+        executable = _pyenv_python(version)
+        link = os.path.join(links, f"python{version}")
+        if executable is None or os.path.realpath(link) == executable:
+            continue
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(executable, link)
+    os.environ["PATH"] = os.pathsep.join([links, os.environ.get("PATH", "")])
+
+
+def _warn_missing_pythons() -> None:
+    """Name each supported Python found neither on ``PATH`` nor under pyenv, before nox
+    starts: its guard sessions then fail with nox's "interpreter not found" (after uv tried
+    to download it), which does not say how to install it."""
+    for version in SUPPORTED_PYTHONS:
+        if shutil.which(f"python{version}") is None:
+            print(
+                f"noxfile: Python {version} is not installed (not on PATH nor under pyenv); "
+                f"the sessions that run on it fail unless uv can download it. Install it "
+                f"with `pyenv install {version}` or `uv python install {version}`.",
+                file=sys.stderr,
+            )
 
 
 _expose_pyenv_pythons()
+_warn_missing_pythons()
 
 
 def _sync(session: nox.Session, *args: str) -> None:

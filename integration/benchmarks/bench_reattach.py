@@ -43,8 +43,11 @@ def _driver(output: str, options: dict[str, Any], connect: bool) -> int:
     import time
 
     # imported by both kinds of driver before the clock starts, as every other import
-    import ray
     from sc_trainer import RunConfig, TaskConfig, TaskRunner, TrainerConfig
+    from sc_trainer.launch._connect import prepare_ray_environment
+
+    prepare_ray_environment()  # Ray's auth mode, decided before Ray is imported
+    import ray
 
     logging.basicConfig(level=logging.WARNING)
     connect_s = 0.0

@@ -285,8 +285,9 @@ def _check_killed_inside(case: Case, second: dict[str, Any]) -> None:
 # --- bad re-attaches, teardown, abandonment ----------------------------------------------
 
 _LEFT = """
-import json, ray
-ray.init(namespace="sc-probe")
+import json
+from sc_trainer.launch._connect import connect_to_cluster
+ray = connect_to_cluster(None, namespace="sc-probe", log_to_driver=False)  # as a driver would
 ns = "sc-run-" + RUN_ID
 actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
           if a["namespace"] == ns]
@@ -409,7 +410,9 @@ def test_an_abandoned_run_releases_itself(cluster: _Cluster, tmp_path: Path) -> 
     options = {**BASE, "run": {"id": run_id, "abandon_s": 4.0}}
     first = cluster.driver(tmp_path, {**options, "inject_fault": "driver@step=2"})
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    deadline = time.monotonic() + 60
+    # the watchdog acts 4 s after the driver's death; the bound is for the probes, each a
+    # Python process that connects to the cluster (slow on a loaded two-core machine)
+    deadline = time.monotonic() + 150
     while _left(cluster, run_id) != {"actors": [], "placement_groups": []}:
         assert time.monotonic() < deadline, _left(cluster, run_id)
         time.sleep(2)

@@ -21,6 +21,7 @@ from pathlib import Path
 __all__ = [
     "Driver",
     "StandingCluster",
+    "cluster_ports",
     "free_port",
     "run_driver",
     "start_driver",
@@ -32,6 +33,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_WORKER_PORTS = 200
+
+
+def cluster_ports(count: int) -> tuple[list[int], range]:
+    """``count`` distinct free ports and a worker-port range that holds none of them.
+
+    The kernel hands out free ports from the same span as the range, so a port drawn
+    independently lands inside the range now and then, and ``ray start`` refuses it
+    ("used by other components"); each port is drawn again until it lies outside.
+    """
+    low = free_port()
+    while low + _WORKER_PORTS > 65535:
+        low = free_port()
+    workers = range(low, low + _WORKER_PORTS + 1)
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in workers and port not in ports:
+            ports.append(port)
+    return ports, workers
 
 
 def _ancestors() -> set[int]:
@@ -57,18 +80,17 @@ class StandingCluster:
     def __init__(self, temp_dir: Path, num_cpus: int = 8) -> None:
         # Ray's socket paths must stay short (AF_UNIX): a short folder beside the temp dir
         self.temp_dir = temp_dir
-        self.port = free_port()
+        (self.port, *components), workers = cluster_ports(7)
         self.address = f"127.0.0.1:{self.port}"
-        ports = {
-            "--port": self.port,
-            "--node-manager-port": free_port(),
-            "--object-manager-port": free_port(),
-            "--dashboard-agent-listen-port": free_port(),
-            "--dashboard-agent-grpc-port": free_port(),
-            "--runtime-env-agent-port": free_port(),
-            "--metrics-export-port": free_port(),
-        }
-        low = free_port()
+        flags = (
+            "--node-manager-port",
+            "--object-manager-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        )
+        ports = {"--port": self.port, **dict(zip(flags, components, strict=True))}
         args = [
             _ray_bin(),
             "start",
@@ -77,8 +99,8 @@ class StandingCluster:
             f"--num-cpus={num_cpus}",
             "--include-dashboard=false",
             "--disable-usage-stats",
-            f"--min-worker-port={low}",
-            f"--max-worker-port={low + 200}",
+            f"--min-worker-port={workers.start}",
+            f"--max-worker-port={workers.stop - 1}",
             *(f"{flag}={port}" for flag, port in ports.items()),
         ]
         env = self.env()

@@ -168,10 +168,12 @@ def failure_job(method: str, rank: int, world: int, out: Path) -> None:
     except Exception as exc:
         outcome = (type(exc).__name__, str(exc))
     elapsed = time.monotonic() - start
-    if actor.layout.is_last_stage:
+    if not actor.layout.is_last_stage:
+        (out / "rank0.released").touch()
+    else:
         # the failed stage stays alive (holding whatever it holds) until its peer's call
         # has ended: the peer must not depend on this process exiting
-        done = out / "rank0.pt"
+        done = out / "rank0.released"
         deadline = time.monotonic() + 90
         while not done.exists() and time.monotonic() < deadline:
             time.sleep(0.1)

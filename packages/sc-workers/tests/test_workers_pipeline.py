@@ -134,8 +134,9 @@ def test_a_stage_that_raises_inside_a_schedule_does_not_strand_its_peer(
     # the last stage stayed alive until the first one's call ended: the first one was
     # released by the teardown, not by the failed process exiting
     assert first["elapsed"] < 30, first
+    # the peer's error names the stage that failed
+    assert "aborted because rank 1 failed" in message
     for out in (first, last):
-        # the pipeline is gone on both ranks: the next call says so, and how it went
-        after_kind, after_message = out["after"]
-        assert after_kind == "PipelineStageError"
-        assert "torn down after a stage failed" in after_message
+        # both ranks tore their process groups down; the next call rebuilds them (and the
+        # pipeline engine, with the state it kept) and runs
+        assert out["after"] == ("ok", ""), out["after"]

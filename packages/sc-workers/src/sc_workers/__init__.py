@@ -38,6 +38,7 @@ from ._config import (
 from ._errors import (
     BatchError,
     CheckpointError,
+    CollectiveAbortedError,
     ConfigError,
     DistributedError,
     MissingBatchKeyError,
@@ -73,6 +74,7 @@ __all__ = [
     "BatchError",
     "BatchSizes",
     "CheckpointError",
+    "CollectiveAbortedError",
     "ConfigBase",
     "ConfigError",
     "CriticConfig",

@@ -31,11 +31,17 @@ catch either the sc-workers class or the builtin::
     ├── WeightSyncError (RuntimeError)            a weight sync failed (a rank died, a piece did
     │                                             not fit); names the rank and the version, and
     │                                             the rollout keeps its previous weights
-    ├── PipelineStageError (RuntimeError)         a pipeline stage failed inside a schedule
+    ├── CollectiveAbortedError (RuntimeError)     a worker method whose collectives were
+    │   │                                         aborted: another rank failed in the same
+    │   │                                         call and tore the process groups down, so
+    │   │                                         this rank's collective failed at once;
+    │   │                                         names the failed rank and its error, and
+    │   │                                         the next call rebuilds the groups
+    │   └── PipelineStageError                    a pipeline stage failed inside a schedule
     │                                             (its own error, or a peer stage's: the
     │                                             pipeline group was torn down); names the
-    │                                             rank and its stages; the pipelined engine
-    │                                             needs init_model again
+    │                                             rank and its stages (a peer's: the rank
+    │                                             that failed)
     ├── CheckpointError (RuntimeError)            a checkpoint that is missing or incomplete (a
     │                                             rank's file, a parameter no saved rank holds,
     │                                             saved blocks that leave a gap), of another
@@ -52,6 +58,7 @@ from __future__ import annotations
 __all__ = [
     "BatchError",
     "CheckpointError",
+    "CollectiveAbortedError",
     "ConfigError",
     "DistributedError",
     "MissingBatchKeyError",
@@ -96,11 +103,37 @@ class NotInitializedError(ScWorkersError, RuntimeError):
     """A worker method called before ``init_model`` or outside the worker's role."""
 
 
-class PipelineStageError(ScWorkersError, RuntimeError):
+class CollectiveAbortedError(ScWorkersError, RuntimeError):
+    """A worker method's collectives were aborted because another rank of its group failed.
+
+    The failed rank published its rank and error in the group's store and tore its process
+    groups down, so this rank's collective failed within seconds instead of waiting for
+    ``SC_WORKERS_PG_TIMEOUT_S``; this rank tore its groups down too, and the worker's next
+    call rebuilds them (the model, optimizer and schedule are kept). ``failed_rank`` is the
+    rank that failed (``None`` when no rank said: a rank that died), ``root_error`` its error
+    as ``Type: message``. ``sc_caused_by_peer`` is true: sc-core reports the failed rank's own
+    error when several ranks fail in one call."""
+
+    sc_caused_by_peer: bool = True
+
+    def __init__(
+        self, message: str, *, failed_rank: int | None = None, root_error: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank
+        self.root_error = root_error
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep the fields through pickling (Ray)
+        state = dict(self.__dict__)
+        return (type(self), (str(self),), state)
+
+
+class PipelineStageError(CollectiveAbortedError):
     """A pipeline stage failed inside a schedule; the pipeline group was torn down.
 
     ``sc_caused_by_peer`` is true on the stages that failed because a peer stage did (sc-core
-    then reports the peer's own error when several ranks fail in one call)."""
+    then reports the peer's own error when several ranks fail in one call); there
+    ``failed_rank`` names the stage that failed, when it said."""
 
     sc_caused_by_peer: bool = False
 

@@ -328,7 +328,8 @@ class TrainerFields:
             "to watch the run recover in place, e.g. actor:1@step=30; with METHOD, kill it S "
             "seconds into that method from step N on (or make the method raise, which ends the "
             "run); server:I@step=N kills engine server I (--rollout builtin or vllm), which the "
-            "router restarts; several faults are separated by commas",
+            "router restarts; reward:P@step=N[:raise|hang] makes the reward call of row P of step "
+            "N's batch fail (a dataset run); several faults are separated by commas",
             default_text="no fault",
         ),
     )

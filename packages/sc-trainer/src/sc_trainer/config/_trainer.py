@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from .._errors import TrainerConfigError
-from ..faults import FaultSpec
+from ..faults import FaultSpec, RewardFault
 from ._fields import (
     ALGORITHMS,
     BACKENDS,
@@ -257,6 +257,19 @@ class TrainerConfig(TrainerFields):
                     f"{owner}.inject_fault={self.inject_fault!r}: rank {fault.rank} is outside "
                     f"the {self.workers_per_role} workers of a role"
                 )
+        for reward_fault in self.reward_faults:
+            if not self.data.given:
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: a reward fault needs a run "
+                    "that scores with a reward function (data.train_files); the built-in "
+                    "tasks score in code"
+                )
+            if reward_fault.position >= self.rows_per_step:
+                raise TrainerConfigError(
+                    f"{owner}.inject_fault={self.inject_fault!r}: position "
+                    f"{reward_fault.position} is outside a step's {self.rows_per_step} rows "
+                    "(prompts_per_step x responses_per_prompt)"
+                )
         if self.workers_per_role % self.nnodes:
             raise TrainerConfigError(
                 f"{owner}: workers_per_role ({self.workers_per_role}) must split evenly over "
@@ -393,6 +406,11 @@ class TrainerConfig(TrainerFields):
         if self.inject_fault is None:
             return ()
         return FaultSpec.parse_all(self.inject_fault)
+
+    @property
+    def reward_faults(self) -> tuple[RewardFault, ...]:
+        """The reward faults of :attr:`inject_fault` (``reward:P@step=N[:raise|hang]``)."""
+        return RewardFault.parse_all(self.inject_fault)
 
     @property
     def rows_per_step(self) -> int:

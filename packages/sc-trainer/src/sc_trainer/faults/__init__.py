@@ -3,7 +3,8 @@
 :class:`Recovery` brings a run back in place after a worker's death (new processes, or a
 standby's, and the newest checkpoint restored); :class:`FaultSpec` (``--inject-fault
 actor:1@step=30``) kills or breaks a worker rank on purpose, :class:`DriverFault`
-(``driver@step=3:update_actor+0.2``) kills a detached run's driver. What survives the driver
+(``driver@step=3:update_actor+0.2``) kills a detached run's driver, :class:`RewardFault`
+(``reward:3@step=2:hang``) makes one call of the reward function fail. What survives the driver
 itself is in :mod:`sc_trainer.runs`.
 """
 
@@ -12,6 +13,7 @@ from sc_dispatch import _public
 from .._errors import TrainerRecoveryError
 from ._driver import DRIVER_PHASES, DriverFault, DriverFaults
 from ._recovery import Recovery, replace_dead, wait_for_dead
+from ._reward import REWARD_ACTIONS, RewardFault, RewardFaults
 from ._workers import FAULT_ROLES, FaultSpec, FaultTargets, ServerTargets, inject_due
 
 __all__ = [
@@ -21,7 +23,10 @@ __all__ = [
     "FAULT_ROLES",
     "FaultSpec",
     "FaultTargets",
+    "REWARD_ACTIONS",
     "Recovery",
+    "RewardFault",
+    "RewardFaults",
     "ServerTargets",
     "TrainerRecoveryError",
     "inject_due",

@@ -42,6 +42,8 @@ _SPEC = re.compile(
 )
 #: The prefix of a fault that kills the driver itself (``_driver.py``).
 DRIVER_PREFIX = "driver@"
+#: The prefix of a fault in the reward function (``_reward.py``).
+REWARD_PREFIX = "reward:"
 
 
 def is_driver_fault(text: str) -> bool:
@@ -119,10 +121,15 @@ class FaultSpec:
 
     @classmethod
     def parse_all(cls, text: str) -> tuple[FaultSpec, ...]:
-        """Several faults, separated by commas."""
+        """Several faults, separated by commas (the driver's and the reward's left out: see
+        :class:`~sc_trainer.faults.DriverFault` and :class:`~sc_trainer.faults.RewardFault`)."""
         if not isinstance(text, str) or not text.strip():
             raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {text!r}")
-        parts = [part for part in text.split(",") if not is_driver_fault(part)]
+        parts = [
+            part
+            for part in text.split(",")
+            if not is_driver_fault(part) and not part.strip().startswith(REWARD_PREFIX)
+        ]
         return tuple(cls.parse(part) for part in parts)
 
     def __str__(self) -> str:

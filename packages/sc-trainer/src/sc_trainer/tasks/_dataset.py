@@ -24,6 +24,7 @@ from .._errors import TaskError
 from .._scores import BatchScores
 from ..config import TrainerConfig
 from ..data import DatasetPrompts, PromptDataset
+from ..faults import RewardFaults
 from ..rewards import RewardInput, RewardScorer, resolve_reward_function
 
 __all__ = ["DatasetTask", "data_state"]
@@ -62,8 +63,11 @@ class DatasetTask:
         )
         reward = config.reward
         label = f"{reward.path}:{reward.name}" if reward.path is not None else reward.name
+        #: The run's injected reward faults (``inject_fault``), armed by the trainer.
+        self.reward_faults = RewardFaults(config.reward_faults, reward.timeout_s)
+        fn = resolve_reward_function(reward.path, reward.name)
         self.scorer = RewardScorer(
-            resolve_reward_function(reward.path, reward.name),
+            self.reward_faults.wrap(fn) if config.reward_faults else fn,
             timeout_s=reward.timeout_s,
             max_workers=reward.max_workers,
             on_error=reward.on_error,
@@ -102,7 +106,7 @@ class DatasetTask:
                     row=int(columns["row_index"][row]),
                 )
             )
-        outcome = self.scorer.score(inputs)
+        outcome = self.scorer.score(self.reward_faults.apply(inputs))
         scores = torch.zeros(responses.shape, dtype=torch.float32)
         lengths = mask.long().sum(dim=1)
         for row, score in enumerate(outcome.scores):

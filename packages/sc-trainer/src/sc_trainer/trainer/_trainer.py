@@ -25,7 +25,7 @@ from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, Weigh
 
 from .._errors import TrainerRecoveryError, TrainerStateError
 from ..config import TrainerConfig
-from ..faults import DriverFault, DriverFaults, FaultSpec, Recovery, inject_due
+from ..faults import DriverFault, DriverFaults, FaultSpec, Recovery, RewardFaults, inject_due
 from ..rollout import EngineServers, RolloutSource
 from ..runs import Checkpointer, DetachedRun, RunOutput, RunState, latest_checkpoint
 from ..tasks import Task, data_state
@@ -388,6 +388,9 @@ class RayPPOTrainer:
     # ------------------------------------------------------------ recovery
     def _inject_fault(self, step: int) -> None:
         """Inject the faults of ``config.inject_fault`` whose step begins (each once)."""
+        reward_faults = getattr(self.task, "reward_faults", None)
+        if isinstance(reward_faults, RewardFaults):
+            reward_faults.arm(step)
         if any(f.step == step for f in self._faults):
             servers = None if self.servers is None else self.servers.fleet
             self._faults = inject_due(self._workers("inject_fault"), self._faults, step, servers)

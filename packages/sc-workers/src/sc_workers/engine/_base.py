@@ -68,6 +68,9 @@ class Engine(ABC):
         self.sequence_parallel: SequenceParallel | None = None
         self._params_on_device = True
         self._optim_on_device = True
+        #: the parameters as sharded at build time, by name: what the module holds between
+        #: calls (during a forward or backward FSDP registers unsharded ones in their place)
+        self._sharded_params: dict[str, nn.Parameter] = {}
 
     # ----------------------------------------------------------------- layout
     def get_data_parallel_rank(self) -> int:
@@ -138,6 +141,7 @@ class Engine(ABC):
         self.device_mesh = mesh
         module = self._create_module().to(self.device)
         self._module = self._parallelize(module, mesh)
+        self._sharded_params = dict(self._module.named_parameters())
         if self.optim_config is not None:
             self.optimizer, self.lr_scheduler = make_optimizer(
                 self._module.parameters(), self.optim_config
@@ -324,6 +328,17 @@ class Engine(ABC):
         update changes them.
         """
         return local_state_dict(self.module, self.optimizer, self.lr_scheduler, copy)
+
+    def kept_state(self) -> dict[str, Any]:
+        """This rank's shards of the model, optimizer and schedule, as :meth:`local_state_dict`
+        returns them, on the CPU, taken without any collective from the parameters as they were
+        sharded at build time: what a worker keeps when a failed call tore the process groups
+        down (a forward or backward that failed half way may have left unsharded parameters
+        in the module), to load into the engine it rebuilds on new groups. Gradients are
+        dropped; an update that failed before its optimizer step changed nothing."""
+        return local_state_dict(
+            self.module, self.optimizer, self.lr_scheduler, copy=False, params=self._sharded_params
+        )
 
     def load_local_state_dict(self, state: dict[str, Any], source: str) -> None:
         """Restore what :meth:`local_state_dict` returned; names and shapes must match."""

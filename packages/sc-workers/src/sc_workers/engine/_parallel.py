@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from .._errors import ConfigError, DistributedError
 from .._settings import DEVICE, PG_TIMEOUT
+from ._groups import groups
 
 __all__ = ["ParallelLayout", "init_distributed", "resolve_device"]
 
@@ -139,7 +140,9 @@ def init_distributed(
     ``master_port`` (default: MASTER_ADDR / MASTER_PORT from ``env``). ``env`` is the
     worker's environment (``os.environ`` when omitted); collectives time out after
     ``SC_WORKERS_PG_TIMEOUT_S`` seconds from it (default 600). An existing group is reused
-    when it has the same world size and rank.
+    when it has the same world size and rank. The rendezvous store (rank 0 hosts it) is kept
+    by :mod:`._groups`: after a rank failed and the groups were torn down, joining again at
+    the same address forms the group's next generation on it.
     """
     if dist.is_initialized():
         have_world, have_rank = dist.get_world_size(), dist.get_rank()
@@ -165,13 +168,7 @@ def init_distributed(
             f"rank {rank} of world size {world_size}: no rendezvous address (MASTER_ADDR "
             f"{addr!r}, MASTER_PORT {port!r}); a multi-rank process group needs both"
         )
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{addr}:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-    )
+    groups().join(world_size, rank, backend, str(addr), str(port), timeout)
     logger.info(
         "rank %d of %d joined a %s process group at %s:%s", rank, world_size, backend, addr, port
     )

@@ -55,6 +55,7 @@ from ..models import (
 )
 from ..models._stage import graft
 from ._fsdp import shard_module
+from ._groups import FailureRecord, groups
 from ._megatron import MegatronEngine
 from ._modules import block_modules, param_dtype_for
 from ._parallel import ParallelLayout
@@ -217,7 +218,8 @@ class PipelineEngine(MegatronEngine):
         if group is None:
             raise PipelineStageError(
                 f"rank {self.layout.rank}: this pipeline was torn down after a stage failed "
-                f"({self._failure}); re-form the group and call init_model again"
+                f"({self._failure}); a worker rebuilds its engines at its next call (an engine "
+                "used directly must be built again)"
             )
         return group
 
@@ -244,6 +246,8 @@ class PipelineEngine(MegatronEngine):
         of = self.num_stages
         where = f"rank {self.layout.rank} (pipeline stage{plural} {stages} of {of})"
         self._failure = f"{where}: {what}: {cause}"
+        if not peer:  # before the group closes: the peers read who failed once theirs fail
+            groups().publish(FailureRecord(self.layout.rank, f"{where}: {what}", cause))
         self._release_pipeline_group()
         logger.error("%s; the pipeline group is torn down", self._failure)
         error = PipelineStageError(

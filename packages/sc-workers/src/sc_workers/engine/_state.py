@@ -3,6 +3,7 @@ plain CPU tensors, with where each shard sits in the full tensor, and the way ba
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,10 +42,16 @@ def local_tensor(t: Tensor) -> Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def optimizer_param_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+def optimizer_param_names(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: Mapping[str, Tensor] | None = None,
+) -> list[str]:
     """The names of ``optimizer``'s parameters in its order (the order that keys its
-    state_dict): what lets a checkpoint's optimizer state load into another layout."""
-    names = {id(p): name for name, p in module.named_parameters()}
+    state_dict): what lets a checkpoint's optimizer state load into another layout.
+    ``params``: the module's parameters by name (default: ``module.named_parameters()``)."""
+    named = module.named_parameters() if params is None else params.items()
+    names = {id(p): name for name, p in named}
     ordered: list[str] = []
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -63,14 +70,16 @@ def local_state_dict(
     optimizer: torch.optim.Optimizer | None,
     scheduler: LambdaLR | None,
     copy: bool = True,
+    params: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Any]:
     """See :meth:`sc_workers.Engine.local_state_dict`; ``optim_param_names`` names the
-    optimizer's parameters in the order that keys ``optim["state"]``."""
+    optimizer's parameters in the order that keys ``optim["state"]``. ``params``: the
+    parameters by name (default: ``module.named_parameters()``)."""
 
     def cpu(t: Tensor) -> Tensor:
         return t.to("cpu", copy=copy)
 
-    params = dict(module.named_parameters())
+    params = dict(module.named_parameters()) if params is None else dict(params)
     model = {name: cpu(local_tensor(p.detach())) for name, p in params.items()}
     chunks = {name: chunk_of(p) for name, p in params.items()}
     state: dict[str, Any] = {"model": model, "model_chunks": chunks}
@@ -83,7 +92,7 @@ def local_state_dict(
             for idx, entry in optim["state"].items()
         }
         state["optim"] = optim
-        state["optim_param_names"] = optimizer_param_names(module, optimizer)
+        state["optim_param_names"] = optimizer_param_names(module, optimizer, params)
         state["lr_scheduler"] = scheduler.state_dict()
     return state
 

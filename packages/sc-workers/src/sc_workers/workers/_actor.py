@@ -13,7 +13,8 @@ from sc_protocol import DataProto
 from .._config import ActorRolloutRefConfig, BatchSizes
 from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, PipelineEngine, make_engine
-from ._common import WorkerBase
+from ._collective import collective, collective_setup
+from ._common import KeptState, WorkerBase
 from ._generation import generate_batch, meta_float, sampling_params
 from ._ppo import compute_log_prob, gather_tensors, update_policy
 from ._ppo_pipeline import pipelined_log_prob, pipelined_update_policy
@@ -93,11 +94,17 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective_setup
     def init_model(self) -> None:
         """Join the process group and build the engines the role needs (idempotent)."""
         if self.actor_engine is not None or self.ref_engine is not None:
             return
         self._init_distributed()
+        self._build_engines()
+        seed = self.config.rollout.seed * 1_000_003 + self.layout.dp_rank
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def _build_engines(self, kept: KeptState | None = None) -> None:
         cfg = self.config
         if self._is_actor or self._is_rollout:
             optim = cfg.actor.optim if self._is_actor else None
@@ -111,6 +118,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
                 megatron=cfg.actor.megatron,
             )
             engine.build()
+            self._restore_engine(engine, "actor_engine", kept)
             if cfg.actor.fsdp_config.param_offload:
                 engine.offload_params()
             if cfg.actor.fsdp_config.optimizer_offload:
@@ -126,11 +134,10 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
                 megatron=cfg.ref.megatron,
             )
             ref.build()
+            self._restore_engine(ref, "ref_engine", kept)
             if cfg.ref.fsdp_config.param_offload:
                 ref.offload_params()
             self.ref_engine = ref
-        seed = cfg.rollout.seed * 1_000_003 + self.layout.dp_rank
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def _sync_engine(self, method: str) -> Engine:
         return self._actor(method)
@@ -144,6 +151,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
 
     # ---------------------------------------------------------------- rollout
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
+    @collective
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample responses for left-padded prompts (``input_ids``, ``attention_mask``,
         ``position_ids``).
@@ -166,6 +174,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
 
     # ---------------------------------------------------------------- log-prob
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    @collective
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` ``[batch, response_length]`` under the actor.
 
@@ -187,6 +196,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
+    @collective
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` ``[batch, response_length]`` under the frozen reference model."""
         where = self._where("compute_ref_log_prob")
@@ -229,6 +239,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    @collective
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update on this batch; returns ``meta_info["metrics"]`` (dp-reduced floats).
 
@@ -270,6 +281,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
 
     # -------------------------------------------------------------- checkpoint
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective
     def save_checkpoint(
         self,
         local_path: str,
@@ -289,6 +301,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, extra, background)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective
     def export_hf_model(self, local_path: str) -> None:
         """Write the actor's current weights as a Hugging Face directory at ``local_path``.
 
@@ -300,6 +313,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         self._export_hf(engine, local_path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective
     def load_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
     ) -> None:

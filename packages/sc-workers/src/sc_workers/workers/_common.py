@@ -1,12 +1,13 @@
-"""What the actor and critic workers share: set-up, data access, checkpoint bookkeeping."""
+"""What the actor and critic workers share: set-up, data access, checkpoint bookkeeping, and
+what their collective methods do when one rank fails (see :mod:`._collective`)."""
 
 from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from sc_core import Worker, worker_environ
@@ -14,11 +15,22 @@ from sc_dispatch import Dispatch, register
 from sc_protocol import DataProto
 
 from .._config import ParallelSizes
-from .._errors import CheckpointError, ConfigError, DistributedError
+from .._errors import (
+    CheckpointError,
+    CollectiveAbortedError,
+    ConfigError,
+    DistributedError,
+    NotInitializedError,
+    PipelineStageError,
+)
+from .._settings import PG_TIMEOUT
 from ..engine import Engine, ParallelLayout, init_distributed, resolve_device
+from ..engine._groups import RECORD_WAIT_S, FailureRecord, groups
 from ..models import save_hf_model
 from ._checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from ._checkpoint_background import BackgroundSave
+from ._collective import add_note, detach_traceback, error_summary, is_peer_failure
+from ._rng import capture_rng, restore_rng
 from ._sync import WeightSyncEndpoint
 
 __all__ = ["ENGINE_ATTRS", "WorkerBase"]
@@ -27,6 +39,11 @@ __all__ = ["ENGINE_ATTRS", "WorkerBase"]
 ENGINE_ATTRS = ("actor_engine", "ref_engine", "critic_engine", "rollout_engine")
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+#: an engine's state kept through a teardown, by the attribute that holds the engine
+KeptState = Mapping[str, dict[str, Any]]
 
 
 class WorkerBase(Worker):
@@ -43,6 +60,174 @@ class WorkerBase(Worker):
         self._saved_checkpoints: list[str] = []
         self._pending_save: BackgroundSave | None = None
         self._update_steps = 0
+        #: the engines' states kept when a failure tore the process groups down, until the
+        #: next call rebuilds the engines from them; what could not be kept, and why
+        self._kept_engines: dict[str, dict[str, Any]] | None = None
+        self._lost_engines: dict[str, str] = {}
+
+    # --------------------------------------------------- failures and rebuilds
+    def _build_engines(self, kept: KeptState | None = None) -> None:
+        """Build the worker's engines (on the current process group), loading ``kept`` (the
+        states :meth:`release_groups` kept) into them when given. Subclasses implement it;
+        ``init_model`` calls it without ``kept``."""
+        raise NotImplementedError(f"{type(self).__name__} builds no engines")
+
+    def release_groups(self) -> None:
+        """Keep each engine's state (no collective) and drop the engines: the process groups
+        are about to be torn down, and every reference to them must go (see
+        :mod:`sc_workers.engine._groups`). A worker whose kept state is not yet restored (a
+        rebuild that failed) keeps that one."""
+        if self._kept_engines is None:
+            kept: dict[str, dict[str, Any]] = {}
+            for name in ENGINE_ATTRS:
+                engine = self.__dict__.get(name)
+                if not isinstance(engine, Engine) or not engine.built:
+                    continue
+                try:
+                    kept[name] = engine.kept_state()
+                except Exception as exc:
+                    logger.exception("rank %d: could not keep the state of %s", self.rank, name)
+                    self._lost_engines[name] = error_summary(exc)
+            self._kept_engines = kept or None
+        for name in ENGINE_ATTRS:
+            if name in self.__dict__:
+                setattr(self, name, None)
+        if isinstance(self, WeightSyncEndpoint):  # staged into the dropped engine's tensors
+            self._sync_drop_staged()
+
+    def _collective_call(self, method: str, run: Callable[[], R], tear_down: bool) -> R:
+        """Run ``run()`` (the body of a ``@collective`` method; ``tear_down``: whether an
+        error tears the process groups down); see :mod:`._collective`."""
+        if self.world_size == 1:
+            return run()
+        pg = groups()
+        call = pg.next_call()
+        where = self._where(method)
+        peer: FailureRecord | None = None
+        own = False
+        seen = detail = ""
+        try:
+            self._catch_up(where, call)
+            return run()
+        except Exception as exc:
+            error = exc
+            if tear_down and pg.active and not isinstance(exc, NotInitializedError):
+                summary = error_summary(exc)
+                published = pg.failure()  # a peer failed first (this rank's error may be a timeout)
+                if published is not None and published.rank != self.rank:
+                    peer = published
+                elif is_peer_failure(exc):
+                    peer = pg.failure(RECORD_WAIT_S)
+                    if peer is None:  # no rank said why: one died, or its network broke
+                        lost = FailureRecord(
+                            None, where, f"rank {self.rank} lost a peer: {summary}"
+                        )
+                        peer = pg.publish(lost) or lost
+                else:
+                    own = True
+                    pg.publish(FailureRecord(self.rank, where, summary))
+                seen = summary
+                detail = detach_traceback(exc)  # its frames hold the engines, and they the groups
+        if not (own or peer is not None):
+            raise error
+        pg.tear_down(call)
+        if peer is None:
+            add_note(
+                error,
+                f"rank {self.rank} failed in {where}; it published its error and tore its "
+                "process groups down, so that its peers' collectives fail at once; the next "
+                f"call rebuilds them. The error as it was raised:\n{detail}",
+            )
+            raise error
+        cls = (
+            PipelineStageError if isinstance(error, PipelineStageError) else CollectiveAbortedError
+        )
+        aborted = cls(
+            f"{where}: aborted because {peer.describe()}. The failed rank tore its process "
+            "groups down so that no rank waits for SC_WORKERS_PG_TIMEOUT_S; this rank's "
+            f"collective failed ({seen}), and it tore its groups down too. The next call "
+            "rebuilds them, with the model, optimizer and schedule this rank holds.",
+            failed_rank=peer.rank,
+            root_error=peer.error,
+        )
+        aborted.sc_caused_by_peer = True
+        raise aborted from None
+
+    def _catch_up(self, where: str, call: int) -> None:
+        """Before call number ``call``: tear the groups down if a peer published a failure
+        of them (this rank finished its call before the peer failed); after a teardown,
+        join the next generation once every rank acknowledged it, and rebuild this worker's
+        engines from the state they kept."""
+        pg = groups()
+        if pg.active:
+            record = pg.failure()
+            if record is not None:
+                logger.warning(
+                    "rank %d: %s; tearing the process groups down before %s",
+                    self.rank,
+                    record.describe(),
+                    where,
+                )
+                pg.tear_down(call - 1)
+        if pg.torn_down:
+            self._rejoin(where, call)
+        if self._kept_engines is not None or self._lost_engines:
+            self._restore_engines(where)
+
+    def _rejoin(self, where: str, call: int) -> None:
+        """Join the process groups' next generation, once every rank tore the old one down;
+        abort call ``call`` if a rank ran it on the old groups (a non-blocking call that was
+        already running there)."""
+        pg = groups()
+        record = pg.failure()
+        cause = record.describe() if record is not None else "a rank failed"
+        timeout = PG_TIMEOUT.get(worker_environ())
+        acks = pg.acknowledged_calls(timeout)
+        missing = [r for r in range(self.world_size) if r not in acks]
+        if missing:
+            raise CollectiveAbortedError(
+                f"{where}: the process groups were torn down after {cause}, and ranks "
+                f"{missing} did not tear theirs down within {timeout:g} s "
+                "(SC_WORKERS_PG_TIMEOUT_S); a rank that died must be replaced "
+                "(WorkerGroup.replace_ranks) before the groups can be rebuilt",
+                failed_rank=None if record is None else record.rank,
+                root_error="" if record is None else record.error,
+            )
+        last = max(acks.values())
+        if call <= last:
+            late = min(r for r, n in acks.items() if n == last)
+            raise CollectiveAbortedError(
+                f"{where}: aborted: rank {late} had started this call on the process groups "
+                f"that were torn down after {cause}; the next call rebuilds them",
+                failed_rank=None if record is None else record.rank,
+                root_error="" if record is None else record.error,
+            )
+        self._init_distributed()
+
+    def _restore_engines(self, where: str) -> None:
+        """Rebuild the engines on the new process groups from the state they kept."""
+        kept, lost = self._kept_engines, self._lost_engines
+        if lost:
+            self._kept_engines, self._lost_engines = None, {}
+            raise NotInitializedError(
+                f"{where}: the state of {sorted(lost)} could not be kept when the process "
+                f"groups were torn down ({'; '.join(lost.values())}); call init_model again "
+                "and load a checkpoint"
+            )
+        rng = capture_rng(self.device)
+        self._build_engines(kept)
+        restore_rng(rng, self.device)
+        self._kept_engines = None
+        logger.warning(
+            "rank %d: rebuilt %s on the new process groups, with the state they kept",
+            self.rank,
+            sorted(kept or {}),
+        )
+
+    def _restore_engine(self, engine: Engine, name: str, kept: KeptState | None) -> None:
+        """Load the state kept for the engine of attribute ``name`` into ``engine``."""
+        if kept is not None and name in kept:
+            engine.load_local_state_dict(kept[name], "the state kept through a teardown")
 
     def _run_update(
         self,
@@ -82,8 +267,10 @@ class WorkerBase(Worker):
         for name in ENGINE_ATTRS:
             if name in self.__dict__:
                 setattr(self, name, None)
+        self._kept_engines, self._lost_engines = None, {}
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        groups().forget()
         logger.info("rank %d: left the process group; ranks %s were replaced", self.rank, replaced)
 
     def _where(self, method: str) -> str:
@@ -99,6 +286,8 @@ class WorkerBase(Worker):
             )
         addr, port = self.get_master_addr_port()
         init_distributed(self.world_size, self.rank, self.device, addr, port, worker_environ())
+        if self.world_size > 1:
+            groups().add_holder(self)
 
     def _save(
         self,

@@ -11,7 +11,8 @@ from sc_protocol import DataProto
 from .._config import CriticConfig
 from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, PipelineEngine, make_engine
-from ._common import WorkerBase
+from ._collective import collective, collective_setup
+from ._common import KeptState, WorkerBase
 from ._ppo import compute_values, gather_tensors, update_critic
 from ._ppo_pipeline import pipelined_update_critic, pipelined_values
 
@@ -53,11 +54,15 @@ class CriticWorker(WorkerBase):
         return self.critic_engine
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective_setup
     def init_model(self) -> None:
         """Join the process group and build the value model with its optimizer (idempotent)."""
         if self.critic_engine is not None:
             return
         self._init_distributed()
+        self._build_engines()
+
+    def _build_engines(self, kept: KeptState | None = None) -> None:
         cfg = self.config
         engine = make_engine(
             cfg.strategy,
@@ -70,6 +75,7 @@ class CriticWorker(WorkerBase):
             megatron=cfg.megatron,
         )
         engine.build()
+        self._restore_engine(engine, "critic_engine", kept)
         if cfg.fsdp_config.param_offload:
             engine.offload_params()
         if cfg.fsdp_config.optimizer_offload:
@@ -77,6 +83,7 @@ class CriticWorker(WorkerBase):
         self.critic_engine = engine
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
+    @collective
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` ``[batch, response_length]``, zero outside the response mask."""
         where = self._where("compute_values")
@@ -93,6 +100,7 @@ class CriticWorker(WorkerBase):
         return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
+    @collective
     def update_critic(self, data: DataProto) -> DataProto:
         """One clipped value-loss update; returns ``meta_info["metrics"]``.
 
@@ -118,6 +126,7 @@ class CriticWorker(WorkerBase):
         return self._run_update(engine, "critic", cfg.data_loader_seed, step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective
     def save_checkpoint(
         self,
         local_path: str,
@@ -135,6 +144,7 @@ class CriticWorker(WorkerBase):
         self._save(engine, local_path, hdfs_path, global_step, max_ckpt_to_keep, {}, background)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective
     def export_hf_model(self, local_path: str) -> None:
         """Write the critic as a Hugging Face directory at ``local_path``.
 
@@ -145,6 +155,7 @@ class CriticWorker(WorkerBase):
         self._export_hf(self._engine("export_hf_model"), local_path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective
     def load_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
     ) -> None:

@@ -13,7 +13,8 @@ from sc_protocol import DataProto
 from .._config import ActorRolloutRefConfig, ParallelSizes
 from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, ReplicatedTPEngine
-from ._common import WorkerBase
+from ._collective import collective, collective_setup
+from ._common import KeptState, WorkerBase
 from ._generation import generate_batch, sampling_params
 from ._sync import WeightSyncEndpoint
 
@@ -58,18 +59,23 @@ class RolloutWorker(WeightSyncEndpoint, WorkerBase):
         self._generator: torch.Generator | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @collective_setup
     def init_model(self) -> None:
         """Join the process group and build the model (tensor parallel, no optimizer)."""
         if self.rollout_engine is not None:
             return
         self._init_distributed()
+        self._build_engines()
+        seed = self.config.rollout.seed * 1_000_003 + self.layout.dp_rank
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def _build_engines(self, kept: KeptState | None = None) -> None:
         cfg = self.config
         engine = ReplicatedTPEngine(cfg.model, cfg.actor.fsdp_config, self.layout, self.device)
         engine.build()
+        self._restore_engine(engine, "rollout_engine", kept)
         engine.eval_mode()
         self.rollout_engine = engine
-        seed = cfg.rollout.seed * 1_000_003 + self.layout.dp_rank
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def _sync_engine(self, method: str) -> Engine:
         if self.rollout_engine is None:
@@ -77,6 +83,7 @@ class RolloutWorker(WeightSyncEndpoint, WorkerBase):
         return self.rollout_engine
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
+    @collective
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """As ``ActorRolloutRefWorker.generate_sequences``, tagged with the weight version."""
         where = self._where("generate_sequences")

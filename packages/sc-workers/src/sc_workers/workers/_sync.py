@@ -101,6 +101,12 @@ class WeightSyncEndpoint:
         self._sync_drop_buffers()
         self._sc_sync_channel = open_channel(spec, offset + self.rank)
 
+    def _sync_drop_staged(self) -> None:
+        """Forget a staged version: it was staged into the tensors of an engine that is gone
+        (the process groups were torn down); its commit then fails and the version before
+        it is still served."""
+        self._sc_sync_staged = None
+
     def _sync_drop_buffers(self) -> None:
         """Forget the delta baselines and the buffers kept for the next sync."""
         self._sc_sync_baselines = None
