@@ -15,8 +15,13 @@ run id, which re-attaches to the live workers and finishes the run. In every cas
   workers had run that phase's call for the first driver in the step (the kill came after
   the call was sent; ``DriverFaults`` makes it come before the phase ends).
 
-The default integration session runs two cases (inside an update, inside the weight sync
-of a separate rollout); the ``faults`` session runs them all.
+A driver killed while it hands a call out (``driver@step=N:PHASE+torn``: the call reached
+rank 0, which runs it inside a collective, and never rank 1) leaves a torn call: the second
+driver finds it in the journals and its replay completes it, without taking the busy rank
+as lost, replacing a process or restoring a checkpoint.
+
+The default integration session runs three cases (inside an update, inside the weight sync
+of a separate rollout, a torn update); the ``faults`` session runs them all.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +176,78 @@ def test_a_killed_driver_is_replaced_by_one_that_reattaches(
     assert drivers[1]["workers"] == drivers[0]["workers"], "a worker process was restarted"
     history = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in history] == list(range(STEPS + 1))
+
+
+#: Drivers killed while they hand a call out (``+torn``): the call reached rank 0, which runs
+#: it (inside a collective, waiting for rank 1), and never rank 1. The first runs in the
+#: default integration session.
+TORN_CASES = [
+    Case("driver@step=3:update_actor+torn"),  # the actor's update: FSDP's collectives
+    Case("driver@step=2:generate+torn"),  # a generation, colocated
+    Case("driver@step=2:update_critic+torn", "critic-pool"),  # the critic on its own processes
+]
+#: the bound on each driver of a torn case (seconds): a driver that hangs (the busy rank
+#: never answers, the torn call never completes) fails the case here, not at pytest's
+#: timeout; each took 21 to 45 s on the project's loaded 2-core machine
+TORN_DRIVER_BOUND_S = 240.0
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=() if i == 0 else pytest.mark.fault_matrix)
+        for i, c in enumerate(TORN_CASES)
+    ],
+    ids=str,
+)
+def test_a_call_torn_by_a_killed_driver_is_completed_by_the_next_driver(
+    case: Case, cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
+) -> None:
+    """The first driver dies while it hands a call to a group out: rank 0 runs it, rank 1
+    never got it. The second driver asks the journals before anything else, finds the torn
+    call, and its replay completes it (rank 1 runs it, rank 0 answers from its journal):
+    no rank is taken as lost (the busy rank answers on its control lane), no process is
+    replaced, no checkpoint restored, every step recorded once, and the final weights are
+    those of the run never interrupted, bit for bit."""
+    from sc_trainer.runs import read_metrics
+
+    expected = final_weights(clean[case.layout])
+    options = {**BASE, **LAYOUTS[case.layout], "run": {"id": cluster.run_id()}}
+    first = cluster.driver(
+        tmp_path, {**options, "inject_fault": case.fault}, timeout=TORN_DRIVER_BOUND_S
+    )
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr[-3000:])
+    assert "injected torn dispatch" in first.stderr, first.stderr[-3000:]
+    started = time.monotonic()
+    second = cluster.driver(tmp_path, options, timeout=TORN_DRIVER_BOUND_S)
+    second_s = time.monotonic() - started
+    assert second.returncode == 0, second.stderr[-3000:]
+    result = json.loads(second.stdout.strip().splitlines()[-1])
+    got = final_weights(Path(result["checkpoint"]))
+    assert got.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(got[key], tensor), (case, key)
+    drivers = _drivers(tmp_path)
+    assert [d["epoch"] for d in drivers] == [1, 2]
+    assert drivers[1]["workers"] == drivers[0]["workers"], "a worker process was replaced"
+    (fault,) = DriverFault.parse_all(case.fault)
+    assert drivers[1]["took_over"]["step"] == fault.step
+    torn = drivers[1]["torn_calls"]
+    assert torn, (case, drivers[1])
+    for call in torn:
+        assert PHASE_METHODS[fault.phase] in call["method"], (case, call)
+        assert call["missing"] == [1], (case, call)
+        assert list(call["held"]) == ["0"], (case, call)
+    assert "taken as dead" not in second.stderr
+    history = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in history] == list(range(STEPS + 1))
+    assert not any("recovery/count" in r for r in history), "a checkpoint was restored"
+    # before: 30 s waiting for the busy rank's fingerprint, then a recovery
+    assert result["startup_seconds"] < 20, result
+    print(  # noqa: T201 - the measurement the guide quotes (pytest -s shows it)
+        f"{case}: second driver {second_s:.1f} s in all, at its first step "
+        f"{result['startup_seconds']:.2f} s after it started"
+    )
 
 
 #: the worker method each phase a fault names calls (by a part of its name)
@@ -327,7 +405,6 @@ def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
 
 
 def test_an_abandoned_run_releases_itself(cluster: _Cluster, tmp_path: Path) -> None:
-    import time
 
     run_id = cluster.run_id()
     options = {**BASE, "run": {"id": run_id, "abandon_s": 4.0}}

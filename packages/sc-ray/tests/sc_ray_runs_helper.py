@@ -3,15 +3,20 @@
 The standing cluster's workers import this module (it is on their ``PYTHONPATH``); each
 driver runs ``python -m sc_ray_runs_helper ADDRESS RUN_ID MODE LR ABANDON_S``, prints one
 JSON line (what it built, or the error it got), then answers commands read from stdin
-(``bump``, ``pids``, ``release``) until it is killed.
+(``bump``, ``pids``, ``release``) until it is killed; ``torn FOLDER`` runs ``bump`` with a
+call id (scope 1), then kills itself (SIGKILL) while it hands ``meet(FOLDER)`` out, once rank
+0 runs it and before rank 1 gets it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sc_core import Worker
@@ -40,6 +45,19 @@ class Tiny(Worker):
         self.calls += 1
         return self.calls
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def meet(self, folder: str) -> list[int]:
+        """A collective: this rank arrives (a file in ``folder``) and waits until every rank
+        has; the ranks that arrived, by the time all did."""
+        self.calls += 1
+        Path(folder, f"rank{self.rank}").touch()
+        arrived = threading.Event()
+        while not arrived.wait(0.01):  # the others come from other processes: look again
+            ranks = sorted(int(p.name[4:]) for p in Path(folder).glob("rank*"))
+            if len(ranks) == self.world_size:
+                return ranks
+        return []  # pragma: no cover - the loop only ends by returning
+
 
 def _say(value: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(value) + "\n")
@@ -48,6 +66,8 @@ def _say(value: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     import ray  # the driver only: the workers import this module without starting Ray
+    from sc_core import CallIds
+    from sc_core.ext import arm_torn_dispatch
     from sc_ray import RayClassWithInitArgs, RayRun, run_namespace
 
     # this file runs as __main__: use the module's own classes, which the workers import
@@ -86,6 +106,13 @@ def main(argv: list[str]) -> int:
         elif command == "release":
             run.release()
             _say({"released": True})
+        elif command.startswith("torn "):
+            ids = CallIds(epoch=run.epoch)
+            ids.begin(1)
+            group.use_call_ids(ids)
+            group.bump()
+            arm_torn_dispatch(lambda: os.kill(os.getpid(), signal.SIGKILL))
+            group.meet(command.split(" ", 1)[1])
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import pytest
 import ray
-from sc_core import WorkerDiedError
+from sc_core import CallIds, WorkerDiedError
 from sc_ray import (
     RayClassWithInitArgs,
     RayRun,
@@ -341,6 +341,52 @@ def test_a_worker_dead_while_no_driver_was_attached(cluster: str) -> None:
         assert group.dead_ranks == []
     finally:
         run.release()
+        rapi.shutdown()
+
+
+def test_a_call_torn_by_a_killed_driver_is_completed_by_the_next_driver(
+    cluster: str, tmp_path: Path
+) -> None:
+    """The first driver is killed while it hands ``meet`` (a collective) out: rank 0 runs
+    it and waits for rank 1, which never got it. The next driver re-attaches at once (the
+    busy rank answers its fingerprint on the control lane: not taken as lost), finds the
+    torn call in the journals, gets the step's earlier call answered while rank 0 is busy,
+    and completes ``meet`` by calling it again: same processes, each method run once."""
+    run_id = "torn"
+    driver = start_driver(cluster, run_id, "create")
+    assert driver.first.get("error") is None, driver.first
+    pids = driver.first["pids"]
+    folder = tmp_path / "meet"
+    folder.mkdir()
+    assert driver.process.stdin is not None
+    driver.process.stdin.write(f"torn {folder}\n")
+    driver.process.stdin.flush()
+    assert driver.process.wait(timeout=60) == -signal.SIGKILL
+    assert [p.name for p in folder.iterdir()] == ["rank0"]  # rank 0 waits for rank 1
+    connect(cluster, run_namespace(run_id))
+    started = time.monotonic()
+    run = attach_when_free(run_id)
+    try:
+        group = run.worker_group("g", run.resource_pool("pool", [2]), cia())
+        assert group.dead_ranks == []  # the busy rank answered
+        ids = CallIds(epoch=run.epoch)
+        ids.begin(1)
+        group.use_call_ids(ids)
+        (torn,) = group.adopt_journals([1])
+        attached_s = time.monotonic() - started
+        assert (torn.method, torn.key, dict(torn.held), torn.missing) == (
+            "meet",
+            "meet#0",
+            {0: "running"},
+            (1,),
+        )
+        assert attached_s < 15, attached_s  # not the 30 s a lost rank costs
+        assert group.bump() == [1, 1]  # answered from the journals; rank 0 is still busy
+        assert group.meet(str(folder)) == [[0, 1], [0, 1]]
+        assert group.pid() == pids  # no process replaced
+        assert group.bump() == [3, 3]  # bump and meet ran once each on each rank
+    finally:
+        run.teardown()
         rapi.shutdown()
 
 

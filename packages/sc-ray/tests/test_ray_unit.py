@@ -134,3 +134,31 @@ def test_class_with_init_args_unwraps_and_validates() -> None:
     with pytest.raises(RayResourcePoolError, match="bad entry"):
         cls.set_additional_resource({"a": True})
     assert "Worker" in repr(cls)
+
+
+def test_a_detached_groups_control_calls_go_to_the_control_concurrency_group() -> None:
+    """sc-core's control lane (its queries, calls answered from the journal) runs in the
+    actors' ``sc_control`` concurrency group, which only a detached group's actors have;
+    every other call, and every call of a group without the lane, in the default group."""
+    from sc_core.backend import JOURNAL_LANE_KWARG
+    from sc_ray._actor_class import CONTROL_GROUP
+    from sc_ray._ray_backend import RayBackend
+
+    def backend(control_lane: bool) -> RayBackend:
+        return RayBackend(
+            "g",
+            [],
+            frozenset(),
+            release_attached_pgs=False,
+            probe_timeout=1.0,
+            control_lane=control_lane,
+        )
+
+    lane = backend(True)._lane
+    assert CONTROL_GROUP == "sc_control"
+    assert lane("_sc_journal_calls", (None,), {}) == CONTROL_GROUP
+    assert lane("actor__sc_last_calls", (), {}) == CONTROL_GROUP  # a colocated role's
+    assert lane("update_actor", (), {JOURNAL_LANE_KWARG: True}) == CONTROL_GROUP
+    assert lane("update_actor", (), {}) is None
+    assert lane("update_actor", (), {JOURNAL_LANE_KWARG: False}) is None
+    assert backend(False)._lane("_sc_journal_calls", (None,), {}) is None

@@ -1,4 +1,5 @@
-"""Injected driver faults (``driver@step=N[:PHASE[+S]]``): parsing, and where the kill lands.
+"""Injected driver faults (``driver@step=N[:PHASE[+S|+torn]]``): parsing, and where the kill
+lands.
 
 A fault kills the process it runs in with SIGKILL, so each kill runs in a child process that
 prints a line as it passes each point; what it printed says where it died.
@@ -26,6 +27,9 @@ def test_parse() -> None:
     assert (fault.step, fault.phase, fault.delay_s) == (2, "update_actor", 0.25)
     assert str(fault) == "driver@step=2:update_actor+0.25"
     assert str(DriverFault(4)) == "driver@step=4:start"
+    (torn,) = DriverFault.parse_all("driver@step=3:update_actor+torn")
+    assert (torn.step, torn.phase, torn.delay_s, torn.torn) == (3, "update_actor", 0.0, True)
+    assert str(torn) == "driver@step=3:update_actor+torn"
     assert "start" in DRIVER_PHASES
     assert "sync_weights" in DRIVER_PHASES
 
@@ -37,6 +41,8 @@ def test_parse() -> None:
         ("driver@step=0", "step must be >= 1"),
         ("driver@step=2:lunch", "phase must be one of"),
         ("driver@step=2:update_actor-1", "must look like"),
+        ("driver@step=2:update_actor+tron", "must look like"),
+        ("driver@step=2:start+torn", "a torn dispatch"),
     ],
 )
 def test_bad_faults_are_config_errors(text: str, message: str) -> None:
@@ -91,5 +97,14 @@ def test_a_delayed_fault_kills_inside_a_long_phase() -> None:
 def test_a_delayed_fault_kills_as_a_short_phase_ends() -> None:
     # the phase ends long before the delay: the kill comes as it ends, never after it
     code, printed = _child("driver@step=2:update_actor+30", 0.0)
+    assert code == -signal.SIGKILL
+    assert printed == ["before", "started", "inside", "phase", "done"]
+
+
+def test_a_torn_fault_whose_phase_hands_nothing_out_kills_as_the_phase_ends() -> None:
+    # no call of the phase goes to several ranks (here: none at all): not torn, killed at
+    # the end of the phase all the same (a torn call is tested on workers in sc-core and in
+    # the re-attach matrix)
+    code, printed = _child("driver@step=2:update_actor+torn", 0.0)
     assert code == -signal.SIGKILL
     assert printed == ["before", "started", "inside", "phase", "done"]

@@ -7,10 +7,20 @@ their journals by, so the tests read them back through ``call_ids.next``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sc_core import (
+    ClassWithInitArgs,
+    InjectedFaultError,
+    LocalWorkerGroup,
+    ResourcePool,
+    Worker,
+)
+from sc_core.ext import arm_torn_dispatch
+from sc_dispatch import Dispatch, register
 from sc_trainer.rollout import RolloutSnapshot
 from sc_trainer.runs import DRIVERS_LOG, RunSession, RunState, RunStateNotFoundError
 
@@ -106,3 +116,52 @@ def test_read_state(tmp_path: Path) -> None:
     state = _state(step=2, scope=3)
     session.write(state)
     assert session.read_state() == state
+
+
+class _Counting(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran = 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update(self, x: int) -> tuple[int, int]:
+        self.ran += 1
+        return x, self.ran
+
+
+def test_a_reattached_driver_asks_the_journals_first_and_records_torn_calls(
+    tmp_path: Path,
+) -> None:
+    """The first driver hands ``update`` to rank 0 only (a torn dispatch); the next asks the
+    journals of the step it replays, records the torn call, and its replay completes it:
+    rank 1 runs it, rank 0 answers from its journal."""
+    with LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(_Counting)) as group:
+        first = RunSession(_Run(epoch=1), tmp_path)
+        first.use_on([group])
+        scope = first.begin_step()
+        first.write(_state(step=1, scope=scope))
+        arm_torn_dispatch(lambda: None)
+        with pytest.raises(InjectedFaultError, match="torn dispatch"):
+            group.update(3)
+        second = RunSession(_Run(epoch=2, attached=True), tmp_path)
+        second.use_on([group])
+        state = second.read_state()
+        assert state is not None
+        (torn,) = second.adopt_journals([group], state)
+        assert (torn.method, dict(torn.held), torn.missing) == ("update", {0: "ok"}, (1,))
+        second.record_driver([group], state)
+        record = json.loads((tmp_path / DRIVERS_LOG).read_text().splitlines()[-1])
+        assert record["torn_calls"] == [
+            {
+                "group": group.name_prefix,
+                "scope": scope,
+                "key": "update#0",
+                "method": "update",
+                "held": {"0": "ok"},
+                "missing": [1],
+            }
+        ]
+        second.replay_from(state)
+        assert second.begin_step() == scope
+        assert group.update(3) == [(3, 1), (3, 1)]  # once on each rank
+        assert second.adopt_journals([group], None) == []  # scope 0: nothing held

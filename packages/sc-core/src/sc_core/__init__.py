@@ -26,7 +26,7 @@ import logging
 
 from sc_dispatch import _public
 
-from ._call_ids import CallId, CallIds, CallRecord
+from ._call_ids import CallId, CallIds, CallRecord, JournaledCall
 from ._call_path import CallStream
 from ._colocate import create_colocated_worker_cls
 from ._context import worker_environ
@@ -58,6 +58,7 @@ from ._fused import create_colocated_worker_cls_fused, create_colocated_worker_r
 from ._future import LazyFuture
 from ._local import LocalWorkerGroup
 from ._pool_manager import ResourcePoolManager
+from ._replay import TornCall
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._settings import SETTINGS, TRACE_FILE
 from ._spans import CallSpan, SpanRecorder, driver_span
@@ -79,6 +80,7 @@ __all__ = [
     "InjectedFaultError",
     "InvalidCallOptionsError",
     "InvalidConfigError",
+    "JournaledCall",
     "LazyFuture",
     "LocalWorkerGroup",
     "MeshRegistrationError",
@@ -92,6 +94,7 @@ __all__ = [
     "ScCoreError",
     "SpanRecorder",
     "StaleDriverError",
+    "TornCall",
     "UnknownMeshError",
     "UnknownMethodError",
     "UnknownRoleError",

@@ -12,11 +12,25 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from ._errors import ConfigTypeError, InvalidConfigError
 
-__all__ = ["CallId", "CallIds", "CallRecord", "check_count"]
+__all__ = [
+    "CALL_STATES",
+    "CallId",
+    "CallIds",
+    "CallRecord",
+    "CallState",
+    "JournaledCall",
+    "check_count",
+]
+
+#: Where a call stands in a worker's journal: started and not finished, returned, raised.
+CallState = Literal["running", "ok", "error"]
+#: Every :data:`CallState`.
+CALL_STATES: tuple[CallState, ...] = ("running", "ok", "error")
 
 
 def check_count(where: str, name: str, value: object) -> int:
@@ -47,12 +61,17 @@ class CallId:
     (``"update_actor#0"``). A worker keys what it ran by ``(scope, key)``: the same call
     replayed by a newer driver has the same scope and key. ``keep_from``: the oldest scope
     whose outcomes the driver may still replay (the worker drops older ones); ``None``: the
-    worker keeps the newest scope it saw and the one before."""
+    worker keeps the newest scope it saw and the one before. ``ranks``: the ranks the call
+    is sent to, set by the call path as it starts the call (:meth:`sent_to`), so that a
+    journal knows which ranks a call should reach (a rank that has it, beside one that
+    never got it, is a torn call: :meth:`WorkerGroup.adopt_journals
+    <sc_core.WorkerGroup.adopt_journals>`)."""
 
     epoch: int
     scope: int
     key: str
     keep_from: int | None = None
+    ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_count("CallId", "epoch", self.epoch)
@@ -60,10 +79,22 @@ class CallId:
         _check_name("CallId", "key", self.key)
         if self.keep_from is not None:
             check_count("CallId", "keep_from", self.keep_from)
+        if self.ranks is not None:
+            if not isinstance(self.ranks, tuple):
+                raise ConfigTypeError(
+                    f"CallId: ranks must be a tuple of ints >= 0 or None, got "
+                    f"{type(self.ranks).__qualname__} {self.ranks!r}"
+                )
+            for rank in self.ranks:
+                check_count("CallId", "ranks[...]", rank)
 
     def unit(self, index: int) -> CallId:
         """The id of unit ``index`` of this call (a free unit of a load-balanced call)."""
         return CallId(self.epoch, self.scope, f"{self.key}/u{index}", self.keep_from)
+
+    def sent_to(self, ranks: tuple[int, ...]) -> CallId:
+        """This id, saying that the call is sent to ``ranks``."""
+        return replace(self, ranks=tuple(ranks))
 
 
 @dataclass(frozen=True)
@@ -76,6 +107,28 @@ class CallRecord:
     scope: int
     key: str
     ok: bool
+
+
+@dataclass(frozen=True)
+class JournaledCall:
+    """One call in a worker's journal (:meth:`WorkerGroup.journaled_calls
+    <sc_core.WorkerGroup.journaled_calls>`): its id's parts as the worker first received it
+    (``epoch`` the driver that sent it first), ``method`` the name the worker runs,
+    ``state`` whether it is still ``"running"`` (started, not finished) or returned
+    (``"ok"``) or raised (``"error"``), and ``ranks`` the ranks its driver sent it to
+    (``None``: not said)."""
+
+    epoch: int
+    scope: int
+    key: str
+    method: str
+    state: CallState
+    ranks: tuple[int, ...] | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the call finished (returned or raised)."""
+        return self.state != "running"
 
 
 class CallIds:

@@ -14,7 +14,9 @@ so callers may catch either::
     ├── WorkerDiedError (RuntimeError)         a worker process is gone: names the ranks and
     │                                          the method that found out
     ├── InjectedFaultError (RuntimeError)      raised in a worker by a fault armed with
-    │                                          ``WorkerGroup.inject_fault(action="raise")``
+    │                                          ``WorkerGroup.inject_fault(action="raise")``,
+    │                                          or by a call torn on purpose (``sc_core.ext.
+    │                                          arm_torn_dispatch``)
     ├── StaleDriverError (RuntimeError)        raised in a worker for a call whose id is of
     │                                          an older driver epoch than one it has seen (a
     │                                          newer driver re-attached): names the method,
@@ -121,7 +123,9 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 class InjectedFaultError(ScCoreError, RuntimeError):
     """What a worker method raises when a fault armed with ``WorkerGroup.inject_fault(...,
-    action="raise")`` fires; the driver receives it inside a :class:`WorkerError`."""
+    action="raise")`` fires; the driver receives it inside a :class:`WorkerError`. Also
+    what a call raises on the driver after a torn dispatch injected with
+    ``sc_core.ext.arm_torn_dispatch`` (whose ``then`` returned)."""
 
 
 class StaleDriverError(ScCoreError, RuntimeError):

@@ -14,7 +14,18 @@ out of the keyword arguments and, per worker instance (``worker.__dict__["_sc_jo
   ``Exception``, such as ``KeyboardInterrupt``, is not stored: the call may run again);
 * keeps the outcomes of the newest scope seen and the one before (:data:`KEEP_SCOPES`), or,
   when the call says so (``CallId.keep_from``), of every scope from that one on;
-* remembers, per method, the last call it completed (:class:`~sc_core.CallRecord`).
+* remembers, per method, the last call it completed (:class:`~sc_core.CallRecord`);
+* reports every call it holds, running or finished, by id (:class:`~sc_core.JournaledCall`,
+  :func:`journaled_calls`), and lets a caller wait until a call has reached it
+  (:func:`await_journaled`).
+
+A call that also carries :data:`JOURNAL_LANE_KWARG` (a re-attached driver sends it to a rank
+whose journal holds the call: :meth:`WorkerGroup.adopt_journals
+<sc_core.WorkerGroup.adopt_journals>`) is answered from the journal only: the stored
+outcome, or that of the running original once it finishes; it never runs the method. A
+backend runs such a call beside the rank's running call (on Ray, in the actor's control
+concurrency group), so that a rank busy in a call whose peers never got it (a *torn* call)
+still answers the calls it finished, and joins the running one instead of running it twice.
 
 A call without an id runs as it is, at the cost of one dictionary lookup.
 """
@@ -29,16 +40,20 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from ._call_ids import CallId, CallRecord
-from ._errors import ConfigTypeError, StaleDriverError
+from ._call_ids import CallId, CallRecord, CallState, JournaledCall
+from ._errors import ConfigTypeError, StaleDriverError, WorkerGroupError
 
 __all__ = [
     "CALL_ID_KWARG",
     "JOURNAL_ATTR",
+    "JOURNAL_LANE_KWARG",
     "KEEP_SCOPES",
     "Journal",
+    "await_journaled",
     "journal_of",
+    "journaled_calls",
     "last_calls",
+    "method_label",
     "run_journaled",
     "run_journaled_async",
 ]
@@ -49,6 +64,8 @@ T = TypeVar("T")
 
 #: The keyword under which a call's id reaches a worker (taken out before the method runs).
 CALL_ID_KWARG = "_sc_call_id"
+#: The keyword that tells a worker to answer a call from its journal only (never run it).
+JOURNAL_LANE_KWARG = "_sc_from_journal"
 #: The attribute of a worker instance that holds its journal.
 JOURNAL_ATTR = "_sc_journal"
 #: How many scopes (steps) of outcomes a worker keeps: the newest seen and the one before.
@@ -59,8 +76,12 @@ _ASYNC_POLL_S = 0.02
 
 @dataclass(eq=False)
 class _Entry:
-    """One call in the journal: running until ``done`` (or ``abandoned``)."""
+    """One call in the journal: running until ``done`` (or ``abandoned``); ``epoch``,
+    ``method`` and ``ranks`` as the call first came."""
 
+    epoch: int = 0
+    method: str = ""
+    ranks: tuple[int, ...] | None = None
     done: bool = False
     abandoned: bool = False
     ok: bool = False
@@ -86,9 +107,13 @@ class Journal:
         self._entries: dict[tuple[int, str], _Entry] = {}
         self._last: dict[str, CallRecord] = {}
 
-    def claim(self, worker: object, method: str, call_id: CallId) -> tuple[_Entry, bool]:
+    def claim(
+        self, worker: object, method: str, call_id: CallId, may_own: bool = True
+    ) -> tuple[_Entry, bool]:
         """The entry of ``call_id`` and whether the caller owns it (runs the method), after
-        fencing and dropping old scopes."""
+        fencing and dropping old scopes. ``may_own=False`` (a call answered from the
+        journal only): a :class:`~sc_core.WorkerGroupError` when the journal does not hold
+        the call."""
         with self._cond:
             if call_id.epoch < self.newest_epoch:
                 raise StaleDriverError(
@@ -112,7 +137,15 @@ class Journal:
             entry = self._entries.get(key)
             if entry is not None:
                 return entry, False
-            entry = self._entries[key] = _Entry()
+            if not may_own:
+                raise WorkerGroupError(
+                    f"{type(worker).__qualname__}.{method} ({_rank_text(worker)}): call "
+                    f"{call_id.key!r} of step {call_id.scope} was sent to be answered from "
+                    "this worker's journal, which does not hold it (it was never received, "
+                    "was interrupted, or is older than the steps kept)"
+                )
+            entry = self._entries[key] = _Entry(call_id.epoch, method, call_id.ranks)
+            self._cond.notify_all()  # a caller may wait for the call to arrive
             return entry, True
 
     def finish(
@@ -153,6 +186,33 @@ class Journal:
         with self._cond:
             return dict(self._last)
 
+    def calls(self, scopes: frozenset[int] | None = None) -> list[JournaledCall]:
+        """Every call held, running or finished, of ``scopes`` (``None``: of every scope
+        kept), by scope and key."""
+        with self._cond:
+            held = [
+                (scope, key, entry)
+                for (scope, key), entry in self._entries.items()
+                if scopes is None or scope in scopes
+            ]
+            return [
+                JournaledCall(entry.epoch, scope, key, entry.method, _state(entry), entry.ranks)
+                for scope, key, entry in sorted(held, key=lambda item: (item[0], item[1]))
+            ]
+
+    def await_call(self, scope: int, key: str, timeout: float | None) -> CallState | None:
+        """Block until the call ``(scope, key)`` has reached this worker (running or
+        finished), at most ``timeout`` seconds; its state, or ``None`` if it did not."""
+        with self._cond:
+            found = self._cond.wait_for(lambda: (scope, key) in self._entries, timeout)
+            return _state(self._entries[(scope, key)]) if found else None
+
+
+def _state(entry: _Entry) -> CallState:
+    if not entry.done:
+        return "running"
+    return "ok" if entry.ok else "error"
+
 
 _create_lock = threading.Lock()
 
@@ -178,11 +238,28 @@ def last_calls(worker: object) -> dict[str, CallRecord]:
     return journal.last_calls() if isinstance(journal, Journal) else {}
 
 
+def journaled_calls(worker: object, scopes: frozenset[int] | None = None) -> list[JournaledCall]:
+    """Every call with an id ``worker`` holds, running or finished, of ``scopes``
+    (``None``: every scope it keeps)."""
+    journal = getattr(worker, "__dict__", {}).get(JOURNAL_ATTR)
+    return journal.calls(scopes) if isinstance(journal, Journal) else []
+
+
+def await_journaled(
+    worker: object, scope: int, key: str, timeout: float | None
+) -> CallState | None:
+    """Wait until the call ``(scope, key)`` has reached ``worker`` (it runs, or ran), at most
+    ``timeout`` seconds; its state, or ``None`` if it did not arrive."""
+    return journal_of(worker).await_call(scope, key, timeout)
+
+
 #: A fused worker's entry point: the method it runs is named by its first argument.
 _FUSED_ENTRY = "_fuw_execute"
 
 
-def _method_label(method_name: str, args: tuple[Any, ...]) -> str:
+def method_label(method_name: str, args: tuple[Any, ...]) -> str:
+    """The method a call runs: ``method_name``, or for a fused worker's ``_fuw_execute``
+    the method its first argument names."""
     if method_name == _FUSED_ENTRY and args and isinstance(args[0], str):
         return args[0]
     return method_name
@@ -190,18 +267,26 @@ def _method_label(method_name: str, args: tuple[Any, ...]) -> str:
 
 def _split(
     worker: object, method_name: str, kwargs: dict[str, Any]
-) -> tuple[CallId | None, dict[str, Any]]:
-    if CALL_ID_KWARG not in kwargs:
-        return None, kwargs
+) -> tuple[CallId | None, bool, dict[str, Any]]:
+    """The call id, whether the call is answered from the journal only, and the method's
+    own keyword arguments."""
+    if CALL_ID_KWARG not in kwargs and JOURNAL_LANE_KWARG not in kwargs:
+        return None, False, kwargs
     rest = dict(kwargs)
-    call_id = rest.pop(CALL_ID_KWARG)
+    call_id = rest.pop(CALL_ID_KWARG, None)
+    from_journal = rest.pop(JOURNAL_LANE_KWARG, False)
+    where = f"{type(worker).__qualname__}.{method_name} ({_rank_text(worker)})"
     if not isinstance(call_id, CallId):
         raise ConfigTypeError(
-            f"{type(worker).__qualname__}.{method_name} ({_rank_text(worker)}): keyword "
-            f"{CALL_ID_KWARG!r} is reserved for a sc_core.CallId, got "
+            f"{where}: keyword {CALL_ID_KWARG!r} is reserved for a sc_core.CallId, got "
             f"{type(call_id).__qualname__} {call_id!r}"
         )
-    return call_id, rest
+    if not isinstance(from_journal, bool):
+        raise ConfigTypeError(
+            f"{where}: keyword {JOURNAL_LANE_KWARG!r} is reserved for a bool, got "
+            f"{type(from_journal).__qualname__} {from_journal!r}"
+        )
+    return call_id, from_journal, rest
 
 
 def _outcome(entry: _Entry) -> Any:
@@ -218,15 +303,18 @@ def run_journaled(
     args: tuple[Any, ...] = (),
 ) -> T:
     """``run(kwargs)`` exactly once per call id (see the module docstring), ``kwargs``
-    without the id (``kwargs`` itself is not changed). ``args`` (the positional arguments)
-    only name the method a fused worker's ``_fuw_execute`` runs, in records and errors."""
-    call_id, rest = _split(worker, method_name, kwargs)
+    without the id (``kwargs`` itself is not changed); a call sent to be answered from the
+    journal (:data:`JOURNAL_LANE_KWARG`) never runs: the stored outcome, that of the running
+    original, or a :class:`~sc_core.WorkerGroupError` when the journal does not hold it.
+    ``args`` (the positional arguments) only name the method a fused worker's
+    ``_fuw_execute`` runs, in records and errors."""
+    call_id, from_journal, rest = _split(worker, method_name, kwargs)
     if call_id is None:
         return run(rest)
-    method_name = _method_label(method_name, args)
+    method_name = method_label(method_name, args)
     journal = journal_of(worker)
     while True:
-        entry, owner = journal.claim(worker, method_name, call_id)
+        entry, owner = journal.claim(worker, method_name, call_id, may_own=not from_journal)
         if owner:
             break
         journal.wait(entry)
@@ -254,13 +342,13 @@ async def run_journaled_async(
 ) -> T:
     """:func:`run_journaled` for an async actor: ``await run(kwargs)`` exactly once per call
     id; a duplicate of a running call polls (``asyncio.sleep``) without blocking the loop."""
-    call_id, rest = _split(worker, method_name, kwargs)
+    call_id, from_journal, rest = _split(worker, method_name, kwargs)
     if call_id is None:
         return await run(rest)
-    method_name = _method_label(method_name, args)
+    method_name = method_label(method_name, args)
     journal = journal_of(worker)
     while True:
-        entry, owner = journal.claim(worker, method_name, call_id)
+        entry, owner = journal.claim(worker, method_name, call_id, may_own=not from_journal)
         if owner:
             break
         delay = 0.001

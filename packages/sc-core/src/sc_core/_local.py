@@ -6,7 +6,9 @@ written). Each rank has a daemon thread that builds its worker and runs its call
 with an asyncio event loop of its own for ``async def`` methods. By default the ranks take
 turns: a call runs on rank 0, then rank 1, ... and one call finishes before the next starts,
 so output and breakpoints come one rank at a time. The driver waits for the rank threads
-within each call's deadline.
+within each call's deadline. A rank's control lane (``_lanes.py``: the framework's queries,
+calls answered from the journal) runs on a second thread of the rank, made on first use,
+beside whatever the rank runs and outside the turns.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import functools
 import inspect
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -39,6 +42,7 @@ from ._faults import take_fault
 from ._fused import check_fused_worker_used
 from ._future import LazyFuture
 from ._journal import run_journaled
+from ._lanes import on_control_lane
 from ._local_runner import LocalHandle, Outcome, RankRunner, Turns, worker_traceback
 from ._resource import ClassWithInitArgs, ResourcePool
 from ._settings import LOCAL_INLINE, RENDEZVOUS
@@ -68,6 +72,9 @@ class LocalBackend:
         self.runners: list[RankRunner] = [
             RankRunner(f"sc-local-{name_prefix}-rank{rank}", inline) for rank in range(len(envs))
         ]
+        #: each rank's control lane (a thread of its own, made on first use)
+        self.control_runners: dict[int, RankRunner] = {}
+        self._control_lock = threading.Lock()
         #: Builds one rank's worker (set by the group; :meth:`replace` needs it).
         self.factory: Callable[[], Any] | None = None
         self._generation = 0
@@ -89,6 +96,15 @@ class LocalBackend:
             return Outcome(value=value, start=start, end=time.time())
         except BaseException as exc:
             return Outcome(error=exc, traceback=worker_traceback(exc), start=start, end=time.time())
+
+    def _control_runner(self, rank: int) -> RankRunner:
+        """Rank ``rank``'s control lane: a thread beside the rank's own, made on first use."""
+        with self._control_lock:
+            runner = self.control_runners.get(rank)
+            if runner is None:
+                name = f"sc-local-{self.name_prefix}-rank{rank}-control-g{self._generation}"
+                runner = self.control_runners[rank] = RankRunner(name, self._inline)
+            return runner
 
     def construct(self, rank: int, factory: Callable[[], Any]) -> Outcome:
         """Build rank ``rank``'s worker with ``factory`` on its thread; the outcome."""
@@ -114,7 +130,8 @@ class LocalBackend:
             fut.set_result(Outcome(died=True))
             return LocalHandle(rank, method_name, fut)
         worker = self.workers[rank]
-        runner = runners[rank]
+        control = on_control_lane(method_name, args, kwargs)
+        runner = self._control_runner(rank) if control else runners[rank]
 
         def call(kw: dict[str, Any]) -> Any:
             value = getattr(worker, method_name)(*args, **kw)
@@ -123,6 +140,10 @@ class LocalBackend:
         def run() -> Any:
             # a call with an id runs once per id (_journal.py); the method's own outcome only
             return run_journaled(worker, method_name, kwargs, call, args)
+
+        if control:  # beside the rank's running call, outside the turns, no fault fired
+            on_lane = functools.partial(self._run_as, self._envs[rank], runner, run)
+            return LocalHandle(rank, method_name, runner.submit(on_lane))
 
         # bound now: a group closed while this call waits for its turn clears self.runners
         in_rank = functools.partial(self._run_as, self._envs[rank], runners[rank])
@@ -281,10 +302,14 @@ class LocalBackend:
             self._envs[rank], self.runners[rank], self.workers[rank] = env, runner, worker
             self.killed.discard(rank)
             old.close()
+            with self._control_lock:
+                control = self.control_runners.pop(rank, None)
+            if control is not None:
+                control.close()
         return ReplacedWorkers({r: w for r, (w, _, _) in built.items()}, addr, port)
 
     def close(self) -> None:
-        _close_runners(self.runners)
+        _close_runners(self.runners, self.control_runners)
 
 
 class LocalWorkerGroup(WorkerGroup[W]):
@@ -359,7 +384,9 @@ class LocalWorkerGroup(WorkerGroup[W]):
         backend = self._local = LocalBackend(
             self.name_prefix, envs, concurrent=concurrent, inline=inline
         )
-        self._finalizer = weakref.finalize(self, _close_runners, backend.runners)
+        self._finalizer = weakref.finalize(
+            self, _close_runners, backend.runners, backend.control_runners
+        )
         # Not ``cls_with_init()``: a backend's subclass (sc-ray's) may create an actor there.
         factory = functools.partial(self._worker_cls, *cia.args, **cia.kwargs)
         backend.factory = factory
@@ -398,7 +425,8 @@ class LocalWorkerGroup(WorkerGroup[W]):
         self._local.killed.add(self._checked_rank("kill_worker", rank))
 
 
-def _close_runners(runners: list[RankRunner]) -> None:
-    for runner in runners:
+def _close_runners(runners: list[RankRunner], control: dict[int, RankRunner]) -> None:
+    for runner in [*runners, *control.values()]:
         runner.close()
     runners.clear()
+    control.clear()

@@ -99,6 +99,8 @@ def replace_ranks(
     for rank, handle in result.workers.items():
         runtime.workers[rank] = handle
     runtime.liveness.revive(chosen)
+    if runtime.journals is not None:  # a new worker's journal holds nothing
+        runtime.journals.drop_ranks(chosen)
     runtime.master_addr, runtime.master_port = result.master_addr, result.master_port
     for view in list(runtime.views):
         view._mesh_cache.clear()

@@ -2,8 +2,9 @@
 modules may use of a group.
 
 :class:`GroupRuntime` is the one owner of a set of workers' state: the backend that runs
-them, their handles and names, the rendezvous address, which ranks are dead or busy, and the
-lifecycle (closed or not, the resource pool share, every view over the workers). A group
+them, their handles and names, the rendezvous address, which ranks are dead or busy, what
+their journals held when a re-attached driver asked them, and the lifecycle (closed or
+not, the resource pool share, every view over the workers). A group
 and its views (``spawn``, ``spawn_fused``, ``fuse``) hold the same runtime; each has its own
 :class:`~sc_core._methods.MethodTable` of bound names.
 
@@ -24,6 +25,7 @@ from ._call_ids import CallIds
 from ._liveness import Liveness
 from ._meshes import MeshCache
 from ._methods import MethodTable
+from ._replay import JournalView
 from ._resource import ResourcePool
 
 __all__ = ["GroupLike", "GroupRuntime", "Shared"]
@@ -47,6 +49,9 @@ class GroupRuntime:
         self.pool: ResourcePool | None = None
         #: Every group over these workers (the group and its views), held weakly.
         self.views: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: What the workers' journals held when a re-attached driver asked them
+        #: (``WorkerGroup.adopt_journals``); ``None``: never asked.
+        self.journals: JournalView | None = None
 
     @property
     def world_size(self) -> int:

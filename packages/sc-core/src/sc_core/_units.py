@@ -26,12 +26,14 @@ from ._call import Call
 from ._call_ids import CallIds
 from ._errors import (
     CallTimeoutError,
+    InjectedFaultError,
     UnsupportedCallError,
     WorkerDiedError,
     WorkerError,
     WorkerGroupError,
 )
-from ._journal import CALL_ID_KWARG
+from ._journal import CALL_ID_KWARG, JOURNAL_LANE_KWARG
+from ._replay import TornDispatch, await_call, take_torn_dispatch
 from ._runtime import GroupRuntime
 from ._slots import SlotSpeeds
 
@@ -87,12 +89,30 @@ def start(
 ) -> CallHandle:
     """Start ``method_name`` on the call's ranks (dead ranks refused first, unless
     ``check_alive`` is false: verl's ``execute_*_async`` start regardless). A call with an
-    id passes it to every rank under :data:`~sc_core._journal.CALL_ID_KWARG`."""
+    id passes it to every rank under :data:`~sc_core._journal.CALL_ID_KWARG`, saying which
+    ranks it goes to (:meth:`CallId.sent_to <sc_core.CallId.sent_to>`); a rank whose journal
+    held the call when a re-attached driver asked (``_replay.py``) gets it to be answered
+    from the journal (:data:`~sc_core._journal.JOURNAL_LANE_KWARG`: the backend's control
+    lane, beside the rank's running call)."""
+    runtime = site._sc_runtime
     if check_alive:
-        site._sc_runtime.liveness.check_alive(call)
+        runtime.liveness.check_alive(call)
     call_id = call.call_id
     if call_id is not None:
-        rank_args = [(args, {**kwargs, CALL_ID_KWARG: call_id}) for args, kwargs in rank_args]
+        sent = call_id.sent_to(call.ranks)
+        view = runtime.journals
+        rank_args = [
+            (
+                args,
+                {**kwargs, CALL_ID_KWARG: sent, JOURNAL_LANE_KWARG: True}
+                if view is not None and view.holds(rank, call_id)
+                else {**kwargs, CALL_ID_KWARG: sent},
+            )
+            for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True)
+        ]
+        torn = take_torn_dispatch(call, method_name, rank_args)
+        if torn is not None:
+            _tear(site, call, method_name, rank_args, backend, torn)
     handle = backend.start(call, method_name, rank_args)
     if len(handle.rank_handles) != len(call.ranks):
         raise WorkerGroupError(
@@ -100,6 +120,44 @@ def start(
             f"{len(handle.rank_handles)} rank calls for ranks {list(call.ranks)}"
         )
     return handle
+
+
+def _tear(
+    site: CallSite,
+    call: Call,
+    method_name: str,
+    rank_args: list[RankArgs],
+    backend: Backend,
+    torn: TornDispatch,
+) -> None:
+    """An injected torn dispatch (``_replay.arm_torn_dispatch``): the call starts on its
+    first ``torn.reach`` ranks only; once they have it, ``torn.then()`` (a test kills the
+    driver there); then the call raises :class:`~sc_core.InjectedFaultError`."""
+    call_id = call.call_id
+    if call_id is None:  # take_torn_dispatch tears calls with an id only
+        return
+    reached = call.ranks[: torn.reach]
+    handle = backend.start(call.part(reached), method_name, rank_args[: torn.reach])
+    states = await_call(site.name_prefix, backend, reached, call_id, torn.timeout_s)
+    logger.warning(
+        "worker group %s: injected torn dispatch: %s (call %r of step %d) sent to ranks %s "
+        "of %s (%s there), never to the others",
+        site.name_prefix,
+        method_name,
+        call_id.key,
+        call_id.scope,
+        list(reached),
+        list(call.ranks),
+        ", ".join(str(s) for s in states),
+    )
+    torn.then()
+    exc = InjectedFaultError(
+        f"{type(site).__name__} {site.name_prefix!r}.{method_name}: injected torn dispatch: "
+        f"call {call_id.key!r} of step {call_id.scope} was sent to ranks {list(reached)} of "
+        f"{list(call.ranks)} only"
+    )
+    give_up(site, handle, backend, exc)
+    raise exc
 
 
 def wait(site: CallSite, handle: CallHandle, backend: Backend) -> list[Any]:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from sc_dispatch import Dispatch, Execute, register
 from sc_dispatch._setting import SettingValueError
 
-from ._call_ids import CallRecord
+from ._call_ids import CallRecord, CallState, JournaledCall
 from ._context import (
     MASTER_KEYS,
     Rendezvous,
@@ -31,7 +31,7 @@ from ._errors import (
     WorkerEnvironmentError,
 )
 from ._faults import ArmedFault
-from ._journal import last_calls
+from ._journal import await_journaled, journaled_calls, last_calls
 from ._settings import RENDEZVOUS_TIMEOUT
 
 __all__ = [
@@ -329,6 +329,18 @@ class Worker(WorkerHelper):
         """Per method, the last call with an id this worker completed
         (``WorkerGroup.last_calls`` asks every rank)."""
         return last_calls(self)
+
+    def _sc_journal_calls(self, scopes: frozenset[int] | None = None) -> list[JournaledCall]:
+        """Every call with an id this worker holds, running or finished, of ``scopes``
+        (``WorkerGroup.journaled_calls`` and ``adopt_journals`` ask every rank, on the
+        control lane)."""
+        return journaled_calls(self, scopes)
+
+    def _sc_await_call(self, scope: int, key: str, timeout: float | None) -> CallState | None:
+        """Wait until the call ``(scope, key)`` has reached this worker, at most ``timeout``
+        seconds; its state, or ``None`` (an injected torn dispatch waits so, on the control
+        lane)."""
+        return await_journaled(self, scope, key, timeout)
 
     # --- identity --------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from ._backend import Backend
 from ._binding import MethodProxy, bind_worker_methods
 from ._busy import AbandonedCall
 from ._call import check_timeout
-from ._call_ids import CallIds, CallRecord
+from ._call_ids import CallIds, CallRecord, JournaledCall
 from ._call_path import call_raw
 from ._errors import (
     BackendNotImplementedError,
@@ -38,8 +38,10 @@ from ._errors import (
     WorkerGroupError,
 )
 from ._faults import FaultAction
+from ._lanes import JOURNAL_CALLS_METHOD, LAST_CALLS_METHOD
 from ._meshes import MeshCache
 from ._methods import MethodTable
+from ._replay import TornCall, adopt_journals, check_scopes
 from ._resource import ResourcePool
 from ._runtime import GroupRuntime, Shared
 from ._settings import ABORT_ON_WORKER_DEATH, CALL_TIMEOUT, WORKER_START_TIMEOUT
@@ -52,9 +54,6 @@ logger = logging.getLogger("sc_core.worker_group")
 Q = ParamSpec("Q")
 C = TypeVar("C")
 WG = TypeVar("WG", bound="WorkerGroup")
-
-#: The worker method that answers :meth:`WorkerGroup.last_calls`.
-LAST_CALLS_METHOD = "_sc_last_calls"
 
 if TYPE_CHECKING:
     # The worker class of a group, for the type checker only (``sc_core.mypy_plugin`` types
@@ -371,18 +370,63 @@ class WorkerGroup(Generic[W]):
         """The allocator of this group's call ids (:meth:`use_call_ids`), or ``None``."""
         return self._sc_call_ids
 
-    def last_calls(self) -> list[dict[str, CallRecord]]:
-        """Per rank, the last call with an id that the worker completed, per method (the
-        name the worker runs: ``role_method`` on a colocated class). A worker class that is
-        not an sc :class:`~sc_core.Worker` answers an empty dict."""
+    def _sc_journal_group(self) -> WorkerGroup[Any] | None:
+        """The group whose workers keep this group's journals (a fused role's are the fused
+        worker's), or ``None`` when its worker class is not an sc :class:`~sc_core.Worker`
+        (which answers no journal queries)."""
         group: WorkerGroup[Any] = self
         while group._fused_role is not None and group._spawned_from is not None:
             group = group._spawned_from  # a fused role's journal is the fused worker's
         cls = _colocate.unwrap_worker_cls(group._user_defined_cls)
-        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        return group if isinstance(cls, type) and issubclass(cls, Worker) else None
+
+    def last_calls(self) -> list[dict[str, CallRecord]]:
+        """Per rank, the last call with an id that the worker completed, per method (the
+        name the worker runs: ``role_method`` on a colocated class). A worker class that is
+        not an sc :class:`~sc_core.Worker` answers an empty dict. Asked on the control lane
+        (a rank busy in a call answers at once)."""
+        group = self._sc_journal_group()
+        if group is None:
             return [{} for _ in range(self.world_size)]
         records: list[dict[str, CallRecord]] = group.execute_all_sync(LAST_CALLS_METHOD)
         return records
+
+    def journaled_calls(self, scopes: Iterable[int] | None = None) -> list[list[JournaledCall]]:
+        """Per rank, every call with an id its journal holds, of the call scopes ``scopes``
+        (``None``: every scope it keeps), by scope and key: the calls still running
+        (started, not finished) as well as those that returned or raised
+        (:class:`~sc_core.JournaledCall`). A worker class that is not an sc
+        :class:`~sc_core.Worker` answers an empty list. Asked on the control lane (a rank
+        busy in a call answers at once); a dead rank is a
+        :class:`~sc_core.WorkerDiedError`."""
+        wanted = check_scopes(f"{type(self).__name__}.journaled_calls", scopes)
+        group = self._sc_journal_group()
+        if group is None:
+            return [[] for _ in range(self.world_size)]
+        calls: list[list[JournaledCall]] = group.execute_all_sync(JOURNAL_CALLS_METHOD, wanted)
+        return calls
+
+    def adopt_journals(self, scopes: Iterable[int]) -> list[TornCall]:
+        """A re-attached driver's first question, before it replays: every live rank's
+        journal of the call scopes ``scopes`` (the steps it replays). Returns the *torn*
+        calls (:class:`~sc_core.TornCall`): calls that some ranks hold, running or
+        finished, and other live ranks they were sent to never received (a driver killed
+        while it handed the call out), each logged.
+
+        The group (and every view over its workers) keeps what each rank held: from now
+        on, a call with an id that a rank's journal held goes to that rank on the backend's
+        control lane, answered from the journal (or from the running original, once it
+        ends) beside whatever the rank runs; the other ranks run it. So the replay completes
+        a torn call by calling it as it did before, with the same id and the arguments it
+        recomputes: the ranks that never got it run it, the ranks that have it never run it
+        twice, and the calls before it in the step are answered while a rank is still busy
+        in it. A worker class that is not an sc :class:`~sc_core.Worker` holds nothing
+        (``[]``). Asked on the control lane; a typed error for a bad ``scopes``."""
+        group = self._sc_journal_group()
+        if group is None:
+            check_scopes(f"{type(self).__name__}.adopt_journals", scopes)
+            return []
+        return adopt_journals(group, scopes)
 
     def _sc_method_target(self, name: str) -> str | None:
         """The worker method that the method bound as ``name`` runs (``None``: none bound)."""

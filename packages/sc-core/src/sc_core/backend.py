@@ -30,6 +30,13 @@ collects; it holds a :class:`Backend` that runs the workers and hands it each ca
   (:func:`run_journaled_async` in an async actor), which takes the id out and runs the
   method once per id, answering replays from the worker's journal (the outcomes of the
   last :data:`KEEP_SCOPES` steps).
+* The control lane: a backend runs a rank's call for which :func:`on_control_lane` is true
+  beside the rank's running call when it can (the in-process backend on a second thread
+  per rank, sc-ray in a concurrency group of a detached run's actors): the framework's
+  queries (:data:`CONTROL_METHODS`) and a call a re-attached driver sends to be answered
+  from the journal only (:data:`JOURNAL_LANE_KWARG`), so that a rank busy in a torn call
+  answers them at once. A backend without one runs them in order: correct, but slower to
+  answer.
 """
 
 from sc_dispatch import _public
@@ -55,7 +62,14 @@ from ._errors import (
     reported_rank,
 )
 from ._faults import ArmedFault, take_fault
-from ._journal import CALL_ID_KWARG, KEEP_SCOPES, run_journaled, run_journaled_async
+from ._journal import (
+    CALL_ID_KWARG,
+    JOURNAL_LANE_KWARG,
+    KEEP_SCOPES,
+    run_journaled,
+    run_journaled_async,
+)
+from ._lanes import CONTROL_METHODS, on_control_lane
 from ._local import LocalBackend, LocalHandle
 from ._units import StreamingBackend
 
@@ -66,10 +80,12 @@ __all__ = [
     "BackendNotImplementedError",
     "CALL_ID_KWARG",
     "CAUSED_BY_PEER_ATTR",
+    "CONTROL_METHODS",
     "Call",
     "CallHandle",
     "CallOptions",
     "InProcessRendezvous",
+    "JOURNAL_LANE_KWARG",
     "KEEP_SCOPES",
     "LocalBackend",
     "LocalHandle",
@@ -83,6 +99,7 @@ __all__ = [
     "WorkerContext",
     "caused_by_peer",
     "current_worker_context",
+    "on_control_lane",
     "register_class_unwrapper",
     "rendezvous_from_env",
     "reported_rank",

@@ -20,7 +20,15 @@
 * ``_sc_fingerprint()``, the worker's code and configuration as recorded when its
   constructor ran (``_fingerprint.py``), which a driver re-attaching to a run compares.
 
-Every entry point first fires a fault armed for its method by ``WorkerGroup.inject_fault``.
+Every entry point first fires a fault armed for its method by ``WorkerGroup.inject_fault``
+(a call answered from the journal fires none: it does not start the method).
+
+The actors of a detached group (a run's workers) have a Ray concurrency group of their own,
+:data:`CONTROL_GROUP`, beside the default one: sc-core's control lane (``sc_core.backend.
+on_control_lane``: the framework's queries, the fingerprint, calls answered from the
+journal) runs there, so that a rank busy in a call (a torn call, whose peers never got it)
+still answers a re-attaching driver at once. Their methods then run on a thread of the
+default group (one, in order, as before), not on the process's main thread.
 
 Entry points are ``async`` only if the class already has ``async`` methods (Ray then runs
 the actor as an async actor anyway).
@@ -35,7 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from sc_core import WorkerError
-from sc_core.backend import run_journaled, run_journaled_async, take_fault
+from sc_core.backend import JOURNAL_LANE_KWARG, run_journaled, run_journaled_async, take_fault
 from sc_dispatch.ext import get_register_attrs
 
 from ._fingerprint import Fingerprint, fingerprint
@@ -44,6 +52,8 @@ from ._wire import ensure_tensordict_wire, is_tensordict
 
 __all__ = [
     "CALL_METHOD",
+    "CONTROL_GROUP",
+    "CONTROL_THREADS",
     "ENV_KWARG",
     "FINGERPRINT_METHOD",
     "META_METHOD",
@@ -54,6 +64,11 @@ __all__ = [
     "twin_names",
 ]
 
+#: The Ray concurrency group of a detached actor's control lane (see the module docstring).
+CONTROL_GROUP = "sc_control"
+#: Its threads: queries answer at once; a call answered from the journal may wait there for
+#: the running original.
+CONTROL_THREADS = 8
 CALL_METHOD = "_sc_call"
 META_METHOD = "_sc_call_with_meta"
 ENV_KWARG = "_sc_env"
@@ -80,9 +95,14 @@ def _worker_error(instance: Any, name: str, exc: Exception) -> WorkerError:
     return WorkerError.from_exception(name, rank, exc, remote_traceback=text)
 
 
-def _fire_armed_fault(instance: Any, method: str, args: tuple[Any, ...]) -> None:
+def _fire_armed_fault(
+    instance: Any, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> None:
     """Fire the fault ``WorkerGroup.inject_fault`` armed for ``method``, if any: exit this
-    process (now or on a timer) or raise ``InjectedFaultError``."""
+    process (now or on a timer) or raise ``InjectedFaultError``. A call answered from the
+    journal (``JOURNAL_LANE_KWARG``) does not start the method: it fires none."""
+    if kwargs.get(JOURNAL_LANE_KWARG) is True:
+        return
     fault = take_fault(instance, method, args)
     if fault is not None:
         rank = instance.__dict__.get("_rank")
@@ -103,7 +123,7 @@ def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
                 return (await out) if inspect.isawaitable(out) else out
 
             try:
-                _fire_armed_fault(self, method, args)  # before the journal: no method outcome
+                _fire_armed_fault(self, method, args, kwargs)  # before the journal: no outcome
                 out = await run_journaled_async(self, method, kwargs, call, args)
             except Exception as exc:
                 raise _worker_error(self, method, exc) from exc
@@ -120,7 +140,7 @@ def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
             return getattr(self, method)(*args, **kw)
 
         try:
-            _fire_armed_fault(self, method, args)  # before the journal: no method outcome
+            _fire_armed_fault(self, method, args, kwargs)  # before the journal: no outcome
             out = run_journaled(self, method, kwargs, call, args)
         except Exception as exc:
             raise _worker_error(self, method, exc) from exc

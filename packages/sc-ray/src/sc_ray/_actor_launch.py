@@ -14,7 +14,7 @@ from typing import Any
 from sc_core import InvalidConfigError
 
 from . import _ray_api as rapi
-from ._actor_class import STANDBY_KWARG
+from ._actor_class import CONTROL_GROUP, CONTROL_THREADS, STANDBY_KWARG
 from ._class_with_init import RayClassWithInitArgs, merge_options
 from ._errors import RayResourcePoolError, WorkerEnvError
 from ._resource_pool import BundleSlot, RayResourcePool
@@ -149,7 +149,8 @@ class LaunchSpec:
 
 
 def _prepare(spec: LaunchSpec) -> Any:
-    """The remote class, with the options checked (once per launch)."""
+    """The remote class, with the options checked (once per launch); a detached group's
+    actors get the control lane's concurrency group (``_actor_class.CONTROL_GROUP``)."""
     cia = spec.cia
     decorated = rapi.remote_class_options(cia.cls)
     if decorated:
@@ -162,7 +163,8 @@ def _prepare(spec: LaunchSpec) -> Any:
             f"RayWorkerGroup: the runtime_env of {cia.worker_cls.__name__} sets {clash}, which "
             f"the worker group sets for each worker ({', '.join(RESERVED_ENV_VARS)})"
         )
-    return rapi.remote_class(spec.actor_cls)
+    groups = {CONTROL_GROUP: CONTROL_THREADS} if spec.detached else None
+    return rapi.remote_class(spec.actor_cls, groups)
 
 
 def rank_env(

@@ -25,12 +25,13 @@ from sc_core.backend import (
     RankArgs,
     ReplacedWorkers,
     caused_by_peer,
+    on_control_lane,
     reported_rank,
 )
 from sc_dispatch.ext import is_future
 
 from . import _ray_api as rapi
-from ._actor_class import CALL_METHOD, META_METHOD, TAKE_OVER_METHOD, TWIN_PREFIX
+from ._actor_class import CALL_METHOD, CONTROL_GROUP, META_METHOD, TAKE_OVER_METHOD, TWIN_PREFIX
 from ._actor_launch import LaunchSpec, rank_env, relaunch_actors, rendezvous_address
 from ._futures import Deadline, RayFuture, await_with_deadline
 from ._nbytes import INLINE_LIMIT, estimate_nbytes, is_bulk
@@ -84,9 +85,13 @@ class RayBackend:
         probe_timeout: float,
         launch: LaunchSpec | None = None,
         names: list[str] | None = None,
+        control_lane: bool = False,
     ) -> None:
         self.name_prefix = name_prefix
         self.workers = workers
+        #: whether the actors have the control lane's concurrency group (a detached group's
+        #: do: ``_actor_class.CONTROL_GROUP``), where sc-core's control calls then run
+        self.control_lane = control_lane
         #: How the actors were created (``None`` for a group attached to detached actors),
         #: and their names (the group's own list), for :meth:`replace`.
         self._launch = launch
@@ -159,6 +164,13 @@ class RayBackend:
             for args, kwargs in rank_args
         ]
 
+    def _lane(self, method_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """The concurrency group one rank's call runs in: the control lane's for what
+        sc-core puts there (``sc_core.backend.on_control_lane``), when the actors have it."""
+        if self.control_lane and on_control_lane(method_name, args, kwargs):
+            return CONTROL_GROUP
+        return None
+
     def start(self, call: Call, method_name: str, rank_args: Sequence[RankArgs]) -> CallHandle:
         rank_args = self._put_shared(rank_args, call)
         workers = self.workers
@@ -166,8 +178,9 @@ class RayBackend:
             values: list[Any] = []
             metas: list[Any] = []
             for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True):
+                lane = self._lane(method_name, args, kwargs)
                 meta, value = rapi.call_actor_multi(
-                    workers[rank], META_METHOD, (method_name, *args), kwargs, 2
+                    workers[rank], META_METHOD, (method_name, *args), kwargs, 2, lane
                 )
                 metas.append(meta)
                 values.append(value)
@@ -175,12 +188,20 @@ class RayBackend:
         if method_name in self._twins:
             twin = f"{TWIN_PREFIX}{method_name}"
             refs = [
-                rapi.call_actor(workers[rank], twin, args, kwargs)
+                rapi.call_actor(
+                    workers[rank], twin, args, kwargs, self._lane(method_name, args, kwargs)
+                )
                 for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True)
             ]
         else:
             refs = [
-                rapi.call_actor(workers[rank], CALL_METHOD, (method_name, *args), kwargs)
+                rapi.call_actor(
+                    workers[rank],
+                    CALL_METHOD,
+                    (method_name, *args),
+                    kwargs,
+                    self._lane(method_name, args, kwargs),
+                )
                 for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True)
             ]
         return CallHandle(call, refs)

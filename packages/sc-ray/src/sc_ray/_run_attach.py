@@ -1,6 +1,8 @@
 """A driver re-attaching to a run's worker group (``_run.py``): the recorded actors found by
 name, dead ones marked dead, and the live ones' code and configuration checked against what
-this driver would create (``_fingerprint.py``)."""
+this driver would create (``_fingerprint.py``). The fingerprint is asked on the actors'
+control lane (``_actor_class.CONTROL_GROUP``): a rank busy in a call, even one whose peers
+never got it (a torn call), answers at once and is not taken as lost."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 from typing import Any
 
 from . import _ray_api as rapi
-from ._actor_class import FINGERPRINT_METHOD
+from ._actor_class import CONTROL_GROUP, FINGERPRINT_METHOD
 from ._class_with_init import RayClassWithInitArgs
 from ._errors import RunMismatchError
 from ._fingerprint import Fingerprint, fingerprint, fingerprint_differences
@@ -83,8 +85,8 @@ def reattach_group(
     names: list[str] = list(recorded["workers"])
     workers = [_live_actor(n) for n in names]
     expected = expected_fingerprint(cia)
-    refs = {
-        rank: rapi.call_actor(w, FINGERPRINT_METHOD, (), {})
+    refs = {  # on the control lane: a rank busy in a (torn) call answers at once
+        rank: rapi.call_actor(w, FINGERPRINT_METHOD, (), {}, CONTROL_GROUP)
         for rank, w in enumerate(workers)
         if w is not None
     }

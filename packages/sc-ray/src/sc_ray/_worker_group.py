@@ -60,7 +60,10 @@ class RayWorkerGroup(WorkerGroup[W]):
 
     ``bin_pack=True`` packs each node's bundles strictly (``STRICT_PACK``), else ``PACK``.
     ``detached=True`` creates named actors that outlive this driver
-    (:meth:`from_detached` attaches to them). ``start_timeout`` (default
+    (:meth:`from_detached` attaches to them); they have a control lane (a Ray concurrency
+    group of their own) where the framework's queries and the calls answered from their
+    journals run beside their running call, and their methods run on a thread of the
+    default group, not the main thread. ``start_timeout`` (default
     ``SC_RAY_WORKER_START_TIMEOUT_S`` or 300 s) bounds the wait for the constructors. Use the group
     as a context manager, or call :meth:`close` (verl's :meth:`shutdown`), to kill the actors;
     the pool's placement groups are released with the last group that uses the pool.
@@ -168,6 +171,7 @@ class RayWorkerGroup(WorkerGroup[W]):
             probe_timeout=self._start_timeout,
             launch=self._launch,
             names=self._worker_names,
+            control_lane=self._detached,
         )
         self._ray = backend
         backend.standby = self._standby

@@ -22,10 +22,13 @@ from ._base import (
 # --- actors ------------------------------------------------------------------------------
 
 
-def remote_class(cls: object) -> RemoteClass:
-    """``ray.remote(cls)`` (a class already wrapped is returned as it is)."""
+def remote_class(cls: object, concurrency_groups: Mapping[str, int] | None = None) -> RemoteClass:
+    """``ray.remote(cls)``, with ``concurrency_groups`` (name: threads) when given (a class
+    already wrapped is returned as it is)."""
     if isinstance(cls, ray.actor.ActorClass):
         return cast("RemoteClass", cls)
+    if concurrency_groups:
+        return cast("RemoteClass", ray.remote(concurrency_groups=dict(concurrency_groups))(cls))
     return cast("RemoteClass", ray.remote(cls))
 
 
@@ -41,10 +44,18 @@ def create_actor(
 
 
 def call_actor(
-    actor: ActorHandle, method: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+    actor: ActorHandle,
+    method: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    concurrency_group: str | None = None,
 ) -> ObjectRef:
-    """``actor.<method>.remote(*args, **kwargs)``."""
-    return cast("ObjectRef", getattr(actor, method).remote(*args, **dict(kwargs)))
+    """``actor.<method>.remote(*args, **kwargs)``, in the actor's concurrency group
+    ``concurrency_group`` when given."""
+    bound = getattr(actor, method)
+    if concurrency_group is not None:
+        bound = bound.options(concurrency_group=concurrency_group)
+    return cast("ObjectRef", bound.remote(*args, **dict(kwargs)))
 
 
 def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
@@ -198,9 +209,14 @@ def call_actor_multi(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     num_returns: int,
+    concurrency_group: str | None = None,
 ) -> list[ObjectRef]:
-    """``actor.<method>.options(num_returns=n).remote(...)``: one reference per return."""
-    refs = getattr(actor, method).options(num_returns=num_returns).remote(*args, **dict(kwargs))
+    """``actor.<method>.options(num_returns=n).remote(...)``: one reference per return (in
+    the actor's concurrency group ``concurrency_group`` when given)."""
+    options: dict[str, Any] = {"num_returns": num_returns}
+    if concurrency_group is not None:
+        options["concurrency_group"] = concurrency_group
+    refs = getattr(actor, method).options(**options).remote(*args, **dict(kwargs))
     if num_returns == 1:
         return [cast("ObjectRef", refs)]
     return [cast("ObjectRef", r) for r in refs]

@@ -1,4 +1,4 @@
-"""Killing the driver on purpose, to test re-attach: ``driver@step=N[:PHASE[+S]]``.
+"""Killing the driver on purpose, to test re-attach: ``driver@step=N[:PHASE[+S|+torn]]``.
 
 A detached run (``TrainerConfig.run``) outlives its driver; to test that, the driver kills
 itself with SIGKILL (no clean-up, no ``finally``: what an OOM kill or a lost node does) at
@@ -13,6 +13,11 @@ a chosen step and phase:
 * ``driver@step=3:sync_weights``: between the actor's update and the weight sync;
   ``sync_weights+0.05`` inside the sync;
 * ``driver@step=2:save_checkpoint+0.05``: while the workers write a checkpoint.
+* ``driver@step=3:update_actor+torn``: while the driver hands the phase's first call to a
+  group (one that goes to more than one rank) out: rank 0 has it and runs it (a collective,
+  which waits for its peers), the other ranks never get it: a *torn* call
+  (``sc_core.ext.arm_torn_dispatch``). A phase whose calls all go to one rank ends with
+  the kill, as a delay does.
 
 The phases are the step's stages (the names of the trainer's ``StageTimer``), ``start``,
 ``validate`` and ``save_checkpoint``. Each fault fires once; the new driver is started
@@ -29,6 +34,8 @@ import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from sc_core.ext import arm_torn_dispatch, disarm_torn_dispatch
 
 from .._errors import TrainerConfigError
 from ._workers import is_driver_fault
@@ -55,18 +62,25 @@ DRIVER_PHASES = (
 )
 
 _SPEC = re.compile(
-    r"^driver@step=(?P<step>\d+)(?::(?P<phase>[a-z_]+)(?:\+(?P<delay>\d+(?:\.\d*)?|\.\d+))?)?$"
+    r"^driver@step=(?P<step>\d+)"
+    r"(?::(?P<phase>[a-z_]+)(?:\+(?:(?P<delay>\d+(?:\.\d*)?|\.\d+)|(?P<torn>torn)))?)?$"
 )
-_GRAMMAR = "driver@step=N[:PHASE[+seconds]], e.g. 'driver@step=3:update_actor+0.2'"
+_GRAMMAR = (
+    "driver@step=N[:PHASE[+seconds|+torn]], e.g. 'driver@step=3:update_actor+0.2' or "
+    "'driver@step=3:update_actor+torn'"
+)
 
 
 @dataclass(frozen=True)
 class DriverFault:
-    """Kill the driver (SIGKILL) ``delay_s`` seconds into ``phase`` of step ``step``."""
+    """Kill the driver (SIGKILL) ``delay_s`` seconds into ``phase`` of step ``step``; with
+    ``torn``, while it hands the phase's first call out, once rank 0 runs it and before the
+    other ranks get it."""
 
     step: int
     phase: str = "start"
     delay_s: float = 0.0
+    torn: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1:
@@ -78,6 +92,11 @@ class DriverFault:
         if not self.delay_s >= 0:
             raise TrainerConfigError(
                 f"inject_fault: driver delay must be >= 0 s, got {self.delay_s!r}"
+            )
+        if self.torn and (self.delay_s or self.phase == "start"):
+            raise TrainerConfigError(
+                f"inject_fault: a torn dispatch ({self}) kills the driver inside a phase's "
+                "call: give a phase other than 'start', and no delay"
             )
 
     @classmethod
@@ -93,13 +112,18 @@ class DriverFault:
             if match is None:
                 raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {part!r}")
             faults.append(
-                cls(int(match["step"]), match["phase"] or "start", float(match["delay"] or 0.0))
+                cls(
+                    int(match["step"]),
+                    match["phase"] or "start",
+                    float(match["delay"] or 0.0),
+                    torn=match["torn"] is not None,
+                )
             )
         return tuple(faults)
 
     def __str__(self) -> str:
-        delay = f"+{self.delay_s:g}" if self.delay_s else ""
-        return f"driver@step={self.step}:{self.phase}{delay}"
+        how = "+torn" if self.torn else f"+{self.delay_s:g}" if self.delay_s else ""
+        return f"driver@step={self.step}:{self.phase}{how}"
 
 
 def _kill_self() -> None:
@@ -112,7 +136,9 @@ class DriverFaults:
     :meth:`phase` wraps a phase of a step: a fault without a delay kills the driver as the
     phase begins; one with a delay ``S`` kills it ``S`` seconds into the phase (from a
     timer thread, while the driver waits for the phase's calls), or as the phase ends if it
-    ends sooner, before the driver acts on what the phase returned. Either way the driver
+    ends sooner, before the driver acts on what the phase returned; a torn one kills it
+    while it hands the phase's first call to several ranks out, once rank 0 runs it (or as
+    the phase ends, if no call of the phase went to several ranks). Either way the driver
     dies inside the phase, however quickly the workers answer. Every phase's start is logged
     at DEBUG, fault or not."""
 
@@ -132,6 +158,9 @@ class DriverFaults:
         for fault in due:
             self._fired.add(fault)
             _announce(fault)
+            if fault.torn:  # the phase's first call to several ranks reaches rank 0 only
+                arm_torn_dispatch(_kill_self, reach=1)
+                continue
             if fault.delay_s == 0:
                 _kill_self()
             timer = threading.Timer(fault.delay_s, _kill_self)
@@ -141,6 +170,8 @@ class DriverFaults:
             yield
         finally:
             if due:  # the phase ended before the timer: it dies now, still inside it
+                if any(f.torn for f in due) and disarm_torn_dispatch():
+                    logger.warning("no call of the phase went to several ranks: not torn")
                 _kill_self()
 
     def at(self, step: int, phase: str) -> None:
@@ -151,6 +182,7 @@ class DriverFaults:
 
 
 def _announce(fault: DriverFault) -> None:
-    logger.warning("injected fault %s: killing the driver (pid %d)", fault, os.getpid())
+    how = " while it hands a call out" if fault.torn else ""
+    logger.warning("injected fault %s: killing the driver (pid %d)%s", fault, os.getpid(), how)
     for handler in logging.getLogger().handlers:
         handler.flush()

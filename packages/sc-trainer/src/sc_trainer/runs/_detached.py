@@ -53,12 +53,16 @@ class DetachedRun:
         self, groups: Sequence[WorkerGroup[Any]], owned: Sequence[WorkerGroup[Any]]
     ) -> RunState | None:
         """Every call of ``groups`` carries this run's call ids; a re-attached driver reads
-        where its predecessor was (:attr:`replay`); this driver is recorded with the pids of
-        ``owned``'s workers and where each group stands. Returns :attr:`replay`."""
+        where its predecessor was (:attr:`replay`) and, before any other call, asks the
+        journals of ``owned``'s workers for the calls of the step it replays
+        (:meth:`RunSession.adopt_journals`: a torn call is completed by the replay, no rank
+        is taken as lost); this driver is recorded with the pids of ``owned``'s workers,
+        where each group stands and the torn calls found. Returns :attr:`replay`."""
         session = self.session
         session.use_on(groups)
         if session.attached:
             self.replay = session.read_state()
+            session.adopt_journals(owned, self.replay)
         session.record_driver(owned, self.replay)
         return self.replay
 

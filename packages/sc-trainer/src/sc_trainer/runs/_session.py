@@ -4,7 +4,11 @@
 group, one call scope per step begun (and one per prefetched generation), and the run state
 written atomically as each step begins (``_state.py``). A re-attached driver replays the
 interrupted step under the same scopes: every call the workers already ran is answered from
-their journals. The launcher that makes a session is
+their journals. Before anything else it asks every group's journals of those scopes
+(:meth:`RunSession.adopt_journals`, sc-core's ``WorkerGroup.adopt_journals``): a call the
+previous driver handed to some ranks of a group only (a *torn* call) is completed by the
+replay, which calls it again with the same id: the ranks that have it answer from their
+journals, the others run it. The launcher that makes a session is
 :class:`~sc_trainer.launch.DetachedRayLauncher`.
 """
 
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sc_core import CallIds, WorkerDiedError, WorkerGroup
+from sc_core import CallIds, TornCall, WorkerDiedError, WorkerGroup
 
 from ._state import RUN_STATE, RunState, read_run_state, write_run_state
 
@@ -44,6 +48,8 @@ class RunSession:
         self._replay: int | None = None
         #: the call scope of each prefetched generation, by the step it generates for
         self.launched: dict[int, int] = {}
+        #: the torn calls a re-attached driver found in the journals (:meth:`adopt_journals`)
+        self.torn_calls: list[TornCall] = []
 
     def read_state(self) -> RunState | None:
         """The state the previous driver wrote (a re-attached driver reads it once), or
@@ -53,6 +59,39 @@ class RunSession:
         if not (self.folder / RUN_STATE).exists() and (self.folder / DRIVERS_LOG).exists():
             return None
         return read_run_state(self.folder, self.run_id)
+
+    def adopt_journals(
+        self, groups: Sequence[WorkerGroup[Any]], state: RunState | None
+    ) -> list[TornCall]:
+        """A re-attached driver's first question to the workers: every live rank's journal
+        of the scopes it replays (``state``'s step and the generation it launched; scope 0,
+        the workers' set-up, when the previous driver died before its first step). Returns
+        the torn calls (some ranks have them, other ranks they were sent to never got
+        them), which the replay completes: every later call of those scopes goes to a rank
+        that has it on its control lane (answered from its journal, or from the running
+        original), to the others on their main lane (see sc-core's ``adopt_journals``)."""
+        if state is None:
+            scopes = {0}
+        else:
+            scopes = {state.scope}
+            if state.launched_scope is not None:
+                scopes.add(state.launched_scope)
+        torn: list[TornCall] = []
+        for group in groups:
+            try:
+                torn.extend(group.adopt_journals(sorted(scopes)))
+            except WorkerDiedError:  # lost meanwhile: recovered next, not completed
+                continue
+        self.torn_calls = torn
+        if torn:
+            logger.warning(
+                "run %s: %d torn call(s) in the replayed step; the replay completes them "
+                "(no rank is replaced): %s",
+                self.run_id,
+                len(torn),
+                "; ".join(str(c) for c in torn),
+            )
+        return torn
 
     def replay_from(self, state: RunState) -> None:
         """Take over ``state``'s step: its scope is the next one :meth:`begin_step` uses,
@@ -112,8 +151,9 @@ class RunSession:
         """Append this driver to ``run_drivers.jsonl``: its epoch, pid, whether it
         re-attached, the step and scope it takes over (``state``), and for every worker of
         ``groups`` its pid (a re-attach keeps them) and, per method, the last call it
-        completed, ``[epoch, scope, key, ok]``: where each group stands. The record is
-        logged too."""
+        completed, ``[epoch, scope, key, ok]``: where each group stands; and the torn calls
+        :meth:`adopt_journals` found (group, scope, key, method, the state on each rank that
+        has it, the ranks that never got it). The record is logged too."""
         workers: dict[str, list[int] | None] = {}
         last: dict[str, list[dict[str, list[Any]]] | None] = {}
         for group in groups:
@@ -133,6 +173,17 @@ class RunSession:
             "took_over": None if state is None else {"step": state.step, "scope": state.scope},
             "workers": workers,
             "last_calls": last,
+            "torn_calls": [
+                {
+                    "group": c.group,
+                    "scope": c.scope,
+                    "key": c.key,
+                    "method": c.method,
+                    "held": {str(r): state for r, state in sorted(c.held.items())},
+                    "missing": list(c.missing),
+                }
+                for c in self.torn_calls
+            ],
         }
         with (self.folder / DRIVERS_LOG).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
