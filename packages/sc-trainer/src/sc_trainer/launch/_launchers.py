@@ -37,7 +37,7 @@ from .._settings import WORKER_LOGS
 from ..config import TrainerConfig
 from ..runs import RunSession
 from ..trainer import Launcher
-from ._connect import connect_to_cluster
+from ._connect import connect_to_cluster, prepare_ray_auth
 
 __all__ = [
     "DetachedRayLauncher",
@@ -178,8 +178,10 @@ class DetachedRayLauncher:
     It connects in the run's namespace and creates the run (sc-ray's ``RayRun.create``), or
     re-attaches to it when it exists (``RayRun.attach``: the lease, the epoch, the checks).
     The pools and worker groups are the run's: detached, named from the run id, and on
-    re-attach rebuilt over the live actors without starting or re-initialising any of them.
-    ``session`` (:class:`RunSession`) is set while :meth:`running`."""
+    re-attach rebuilt over the live actors without starting or re-initialising any of them;
+    with ``standby`` (``TrainerConfig.standby``) each group's spares are the run's too, and
+    a driver that re-attaches adopts the live ones. ``session`` (:class:`RunSession`) is set
+    while :meth:`running`."""
 
     name = "ray"
 
@@ -191,6 +193,8 @@ class DetachedRayLauncher:
         self.abandon_s = config.run.abandon_s
         self.attach_only = config.run.attach
         self.use_gpu = config.device == "cuda"
+        #: spare actors per worker group (sc_ray's standby), adopted on re-attach
+        self.standby = config.standby
         self.folder = Path(config.output_dir)
         self.session: RunSession | None = None
 
@@ -199,6 +203,7 @@ class DetachedRayLauncher:
         """Connect to the cluster in the run's namespace, create or re-attach to the run;
         on leaving, tear the run down if the body finished, else leave it for a new driver
         (its workers keep running; the lease is given up at once)."""
+        prepare_ray_auth()  # before sc_ray imports Ray (Ray reads RAY_AUTH_MODE then)
         from sc_ray import RayRun, UnknownRunError, run_namespace
 
         ray = connect_to_cluster(
@@ -268,7 +273,7 @@ class DetachedRayLauncher:
         self, pool: ResourcePool, cls: ClassWithInitArgs[W], name: str = "workers"
     ) -> WorkerGroup[W]:
         group: WorkerGroup[W] = self._run().worker_group(
-            name, pool, cls, worker_env=dict(WORKER_ENV)
+            name, pool, cls, worker_env=dict(WORKER_ENV), standby=self.standby
         )
         return group
 
@@ -296,6 +301,7 @@ def make_launcher(config: TrainerConfig) -> Launcher:
 def teardown_detached_run(run_id: str, address: str | None) -> Any:
     """Release every actor and placement group of run ``run_id`` (``sc-demo --teardown``);
     sc-ray's ``RunInfo`` of what was released."""
+    prepare_ray_auth()  # before sc_ray imports Ray (Ray reads RAY_AUTH_MODE then)
     from sc_ray import run_namespace, teardown_run
 
     ray = connect_to_cluster(address, namespace=run_namespace(run_id), log_to_driver=False)
