@@ -65,6 +65,35 @@ def test_a_driver_with_the_token_connects(token_cluster: tuple[StandingCluster, 
     assert "cpus 2.0" in done.stdout
 
 
+def test_the_guides_commands_find_the_token_themselves(
+    token_cluster: tuple[StandingCluster, Path],
+) -> None:
+    """``sc-demo --teardown`` and ``--run-id`` import sc-ray, which imports Ray: the mode is
+    decided before that import, not only in connect_to_cluster."""
+    cluster, home = token_cluster
+    env = dict(cluster.env(), HOME=str(home))
+    env.pop("RAY_AUTH_MODE", None)
+    cli = [sys.executable, "-m", "sc_trainer.cli", "--no-progress", "--address", cluster.address]
+    down = subprocess.run(
+        [*cli, "--teardown", "no-such-run"], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert down.returncode == 1
+    assert "cannot connect" not in down.stderr
+    expected = "teardown_run('no-such-run'): the cluster holds no actor"
+    assert expected in down.stderr, down.stderr[-2000:]
+    attach = subprocess.run(
+        [*cli, "--run-id", "no-such-run", "--attach", "--steps", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert attach.returncode != 0
+    assert "cannot connect" not in attach.stderr
+    expected = "RayRun.attach('no-such-run'): no run 'no-such-run'"
+    assert expected in attach.stderr, attach.stderr[-2000:]
+
+
 def test_a_driver_without_the_token_fails_saying_what_to_set(
     token_cluster: tuple[StandingCluster, Path], tmp_path: Path
 ) -> None:

@@ -192,6 +192,8 @@ def wandb_records(path: Path) -> Iterator[bytes]:
     LevelDB's log format, blocks of 32 KiB holding chunks (checksum, length, type: full,
     first, middle, last) of protobuf ``Record`` messages."""
     data = path.read_bytes()
+    if len(data) < 7:  # the service has not written the header yet
+        return
     assert data[:4] == b":W&B"
     block, pos, pending = 32 * 1024, 7, b""
     while pos + 7 <= len(data):
@@ -200,6 +202,8 @@ def wandb_records(path: Path) -> Iterator[bytes]:
         if left < 7 or (kind == 0 and length == 0):  # the zero padding of a block
             pos += left
             continue
+        if pos + 7 + length > len(data):  # a chunk the service is still writing
+            return
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # full, or last
@@ -213,11 +217,7 @@ def finished_wandb_run(run_file: Path, record_type: type[Any]) -> list[Any]:
     (or when the process exits)."""
     deadline = time.monotonic() + 60
     while True:
-        records = []
-        for raw in wandb_records(run_file):
-            rec = record_type()
-            rec.ParseFromString(raw)
-            records.append(rec)
+        records = [record_type.FromString(raw) for raw in wandb_records(run_file)]
         if any(r.WhichOneof("record_type") == "exit" for r in records):
             return records
         assert time.monotonic() < deadline, f"{run_file} has no exit record after 60 s"

@@ -22,7 +22,12 @@ from typing import Any
 
 from .._errors import ClusterConnectError
 
-__all__ = ["auth_token_source", "connect_to_cluster", "prepare_ray_auth"]
+__all__ = [
+    "auth_token_source",
+    "connect_to_cluster",
+    "prepare_ray_auth",
+    "prepare_ray_environment",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +62,15 @@ def prepare_ray_auth() -> str:
     return "disabled"
 
 
+def prepare_ray_environment() -> str:
+    """What a driver sets before it first imports Ray (or anything that imports it, such as
+    sc-ray): ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`` (the workers run in the driver's
+    environment as it is, not one ``uv run`` rebuilds) and ``RAY_AUTH_MODE``
+    (:func:`prepare_ray_auth`, whose mode it returns). Call it before ``import sc_ray``."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    return prepare_ray_auth()
+
+
 def _reachable(address: str, timeout_s: float = 5.0) -> bool:
     """Whether something listens at ``host:port``."""
     host, _, port = address.rpartition(":")
@@ -73,8 +87,7 @@ def connect_to_cluster(address: str | None, *, namespace: str, log_to_driver: bo
     """``ray.init`` on the standing cluster at ``address`` (``None``: ``RAY_ADDRESS`` or a
     cluster started on this machine) in ``namespace``; returns the ``ray`` module.
     :class:`ClusterConnectError` names the address and what to set when it cannot connect."""
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    mode = prepare_ray_auth()
+    mode = prepare_ray_environment()
     import ray
 
     target = address or os.environ.get("RAY_ADDRESS") or "auto"

@@ -37,7 +37,7 @@ from .._settings import WORKER_LOGS
 from ..config import TrainerConfig
 from ..runs import RunSession
 from ..trainer import Launcher
-from ._connect import connect_to_cluster, prepare_ray_auth
+from ._connect import connect_to_cluster, prepare_ray_environment
 
 __all__ = [
     "DetachedRayLauncher",
@@ -203,7 +203,7 @@ class DetachedRayLauncher:
         """Connect to the cluster in the run's namespace, create or re-attach to the run;
         on leaving, tear the run down if the body finished, else leave it for a new driver
         (its workers keep running; the lease is given up at once)."""
-        prepare_ray_auth()  # before sc_ray imports Ray (Ray reads RAY_AUTH_MODE then)
+        prepare_ray_environment()  # before sc-ray imports Ray
         from sc_ray import RayRun, UnknownRunError, run_namespace
 
         ray = connect_to_cluster(
@@ -301,7 +301,7 @@ def make_launcher(config: TrainerConfig) -> Launcher:
 def teardown_detached_run(run_id: str, address: str | None) -> Any:
     """Release every actor and placement group of run ``run_id`` (``sc-demo --teardown``);
     sc-ray's ``RunInfo`` of what was released."""
-    prepare_ray_auth()  # before sc_ray imports Ray (Ray reads RAY_AUTH_MODE then)
+    prepare_ray_environment()  # before sc-ray imports Ray
     from sc_ray import run_namespace, teardown_run
 
     ray = connect_to_cluster(address, namespace=run_namespace(run_id), log_to_driver=False)
