@@ -470,8 +470,10 @@ def gpu(session: nox.Session) -> None:
 def faults(session: nox.Session) -> None:
     """The whole fault-injection matrix (not run by default): recovery in place, about 20
     short trainings on Ray, each with a rank killed; recovery with engine servers (a dead
-    worker, a dead server, both, under partial rollout); and re-attach, ten detached runs
-    whose driver is killed and replaced (see docs/guides/fault-tolerance.md)."""
+    worker, a dead server, both, under partial rollout); and re-attach, thirteen detached
+    runs whose driver is killed and replaced (three on engine servers), a server lost and a
+    standby kept across drivers, the teardown of servers and spares (see
+    docs/guides/fault-tolerance.md)."""
     _sync(session, "--package", "sc-integration", "--group", "test")
     session.run(
         "pytest",
