@@ -504,10 +504,11 @@ def gpu(session: nox.Session) -> None:
 def faults(session: nox.Session) -> None:
     """The whole fault-injection matrix (not run by default): recovery in place, about 20
     short trainings on Ray, each with a rank killed; recovery with engine servers (a dead
-    worker, a dead server, both, under partial rollout); re-attach, thirteen detached runs
-    whose driver is killed and replaced, three of them while it hands a call out; and a whole
-    node lost from a two-node cluster, with and without room left for its ranks (see
-    docs/guides/fault-tolerance.md)."""
+    worker, a dead server, both, under partial rollout); re-attach, sixteen detached runs
+    whose driver is killed and replaced (three while it hands a call out, three on engine
+    servers), a server lost and a standby kept across drivers, the teardown of servers and
+    spares; and a whole node lost from a two-node cluster, with and without room left for
+    its ranks (see docs/guides/fault-tolerance.md)."""
     _sync(session, "--package", "sc-integration", "--group", "test")
     session.run(
         "pytest",

@@ -20,8 +20,19 @@ rank 0, which runs it inside a collective, and never rank 1) leaves a torn call:
 driver finds it in the journals and its replay completes it, without taking the busy rank
 as lost, replacing a process or restoring a checkpoint.
 
-The default integration session runs three cases (inside an update, inside the weight sync
-of a separate rollout, a torn update); the ``faults`` session runs them all.
+With engine servers (``rollout_engine="builtin"``, two servers behind a router) the same
+holds, and the second driver adopts the first one's server processes: the same pids, none
+restarted. A server process lost while no driver is attached is started again by its
+actor and re-synced; a run with a hot standby keeps its spares across drivers (the same
+actors and processes), and one takes over a rank killed after the re-attach. A teardown
+releases the server actors, their pool and the spares with the rest, and the server
+processes end.
+
+The default integration session runs three cases (inside an update, inside the push to
+engine servers, a torn update); the ``faults`` session runs them all. No case hangs: every driver process is bounded (``DRIVER_TIMEOUT_S``,
+600 s: on a loaded two-core machine most of a driver's time is the start of its worker and
+server processes) and so is every test (``pytest.mark.timeout``, 1800 s: a clean run and two
+drivers).
 """
 
 from __future__ import annotations
@@ -42,7 +53,10 @@ import torch
 from sc_trainer.faults import DriverFault
 from sc_trainer.testing import final_weights
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(1800)]
+
+#: how long one driver process may run (seconds): a run that hangs fails here
+DRIVER_TIMEOUT_S = 600.0
 
 HERE = Path(__file__).resolve().parent
 STEPS = 4
@@ -62,11 +76,15 @@ class Case:
         return f"{self.layout}-{self.fault.removeprefix('driver@')}"
 
 
+#: engine servers: GRPO (no critic), the built-in engine on two servers behind a router
+SERVERS: dict[str, Any] = {"rollout_engine": "builtin", "rollout_servers": 2, "algorithm": "grpo"}
+
 LAYOUTS: dict[str, dict[str, Any]] = {
     "colocated": {},
     "separate": {"placement": "separate"},
     "async": {"placement": "separate", "async_staleness": 1},
     "critic-pool": {"colocate": False},
+    "servers": SERVERS,
 }
 
 CASES = [
@@ -80,9 +98,13 @@ CASES = [
     Case("driver@step=3:update_actor+0.05", "async"),  # async, staleness 1: inside an update
     Case("driver@step=3:generate+0.02", "async"),  # async: taking the prefetched batch
     Case("driver@step=2:update_critic+0.05", "critic-pool"),  # a critic on its own processes
+    Case("driver@step=3:generate+0.05", "servers"),  # requests in flight on the servers
+    Case("driver@step=2:sync_weights+0.02", "servers"),  # inside the push to the servers
+    Case("driver@step=2:validate+0.02", "servers"),  # after the push: the servers are ahead
 ]
-#: the cases the default integration session runs (inside an update; inside a weight sync)
-DEFAULT = {2, 6}
+#: the cases the default integration session runs (inside an update; inside the push to
+#: engine servers, a weight sync across processes); the rest run in the faults session
+DEFAULT = {2, 11}
 
 
 class _Cluster:
@@ -96,7 +118,9 @@ class _Cluster:
         self.counter += 1
         return f"t{os.getpid()}-{self.counter}"
 
-    def driver(self, output: Path, options: dict[str, Any], timeout: float = 300) -> Any:
+    def driver(
+        self, output: Path, options: dict[str, Any], timeout: float = DRIVER_TIMEOUT_S
+    ) -> Any:
         """Run one driver process to its end: (returncode, stdout, stderr)."""
         args = [sys.executable, str(HERE / "_integration_driver.py"), str(output)]
         return subprocess.run(
@@ -125,7 +149,6 @@ def cluster() -> Iterator[_Cluster]:
 def clean(cluster: _Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The final checkpoint of each layout's run never interrupted (detached too), made on
     first use."""
-    done: dict[str, Path] = {}
 
     class Lazy(dict[str, Path]):
         def __missing__(self, layout: str) -> Path:
@@ -133,8 +156,8 @@ def clean(cluster: _Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             options = {**BASE, **LAYOUTS[layout], "run": {"id": cluster.run_id()}}
             proc = cluster.driver(out, options)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            done[layout] = Path(json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"])
-            return done[layout]
+            self[layout] = Path(json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"])
+            return self[layout]
 
     return Lazy()
 
@@ -176,6 +199,19 @@ def test_a_killed_driver_is_replaced_by_one_that_reattaches(
     assert drivers[1]["workers"] == drivers[0]["workers"], "a worker process was restarted"
     history = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in history] == list(range(STEPS + 1))
+    if case.layout == "servers":
+        _check_servers_adopted(drivers)
+
+
+def _check_servers_adopted(drivers: list[dict[str, Any]]) -> None:
+    """The second driver adopted every server of the first, and no server process was
+    restarted."""
+    servers = drivers[0]["servers"]
+    assert sorted(servers) == ["builtin-0", "builtin-1"], servers
+    assert all(isinstance(pid, int) for pid in servers.values()), servers
+    assert drivers[0]["adopted_servers"] == []
+    assert drivers[1]["adopted_servers"] == ["builtin-0", "builtin-1"]
+    assert drivers[1]["servers"] == servers, "a server process was restarted"
 
 
 #: Drivers killed while they hand a call out (``+torn``): the call reached rank 0, which runs
@@ -271,7 +307,11 @@ def _check_killed_inside(case: Case, second: dict[str, Any]) -> None:
     assert took_over["step"] == fault.step, (case, took_over)
     if not fault.delay_s or (case.layout == "async" and fault.phase == "generate"):
         return  # killed before the phase's call, or the call ran in the launch's own scope
+    if case.layout == "servers" and fault.phase in ("generate", "validate"):
+        return  # the servers generate: no worker call
     method = PHASE_METHODS[fault.phase]
+    if case.layout == "servers" and fault.phase == "sync_weights":
+        method = "export_hf_model"  # the push to the servers exports the actor's weights
     ran = [
         (group, name, record)
         for group, ranks in second["last_calls"].items()
@@ -319,7 +359,7 @@ def _teardown(cluster: _Cluster, run_id: str) -> subprocess.CompletedProcess[str
         env=cluster.cluster.env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # the CLI's start, the servers' stop (90 s at most), the kills
     )
 
 
@@ -405,7 +445,6 @@ def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
 
 
 def test_an_abandoned_run_releases_itself(cluster: _Cluster, tmp_path: Path) -> None:
-
     run_id = cluster.run_id()
     options = {**BASE, "run": {"id": run_id, "abandon_s": 4.0}}
     first = cluster.driver(tmp_path, {**options, "inject_fault": "driver@step=2"})
@@ -416,3 +455,160 @@ def test_an_abandoned_run_releases_itself(cluster: _Cluster, tmp_path: Path) -> 
     while _left(cluster, run_id) != {"actors": [], "placement_groups": []}:
         assert time.monotonic() < deadline, _left(cluster, run_id)
         time.sleep(2)
+
+
+# --- engine servers and standby spares across drivers ------------------------------------
+
+_GROUPS = """
+import json, os
+from sc_trainer.launch._connect import connect_to_cluster
+ray = connect_to_cluster(None, namespace="sc-run-" + RUN_ID, log_to_driver=False)
+state = ray.get(ray.get_actor("sc-run-registry").state.remote(), timeout=60)
+def pid(name):
+    try:
+        actor = ray.get_actor(name)
+        return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=60)
+    except Exception:
+        return None
+out = {
+    group: {
+        "workers": record["workers"],
+        "spares": record.get("spares", []),
+        "worker_pids": [pid(n) for n in record["workers"]],
+        "spare_pids": [pid(n) for n in record.get("spares", [])],
+    }
+    for group, record in state["groups"].items()
+}
+print(json.dumps(out))
+"""
+
+
+def _groups(cluster: _Cluster, run_id: str) -> dict[str, dict[str, list[Any]]]:
+    """The run's groups as its registry records them, with the pid of every worker and
+    spare actor (asked of each actor), from a process of its own."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _GROUPS.replace("RUN_ID", repr(run_id))],
+        env=cluster.cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out: dict[str, dict[str, list[Any]]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _final(proc: subprocess.CompletedProcess[str]) -> dict[str, torch.Tensor]:
+    return final_weights(Path(json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]))
+
+
+def _same_weights(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == expected.keys()
+    different = [k for k, tensor in expected.items() if not torch.equal(got[k], tensor)]
+    assert not different, different
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` ended (a zombie counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.fault_matrix
+def test_a_server_lost_while_no_driver_is_attached_is_restarted_and_resynced(
+    cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
+) -> None:
+    """The first driver dies as step 3 begins; one server process is killed while no driver
+    is attached. The second driver adopts both server actors: the live server's process is
+    kept, the dead one is started again by its actor and re-synced to the last push, and
+    the run ends bit-identical."""
+    from sc_trainer.runs import read_metrics
+
+    expected = final_weights(clean["servers"])
+    options = {**BASE, **SERVERS, "run": {"id": cluster.run_id()}}
+    first = cluster.driver(tmp_path, {**options, "inject_fault": "driver@step=3"})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    servers = _drivers(tmp_path)[0]["servers"]
+    os.kill(servers["builtin-1"], signal.SIGKILL)
+    second = cluster.driver(tmp_path, options)
+    assert second.returncode == 0, second.stderr[-3000:]
+    _same_weights(_final(second), expected)
+    drivers = _drivers(tmp_path)
+    assert drivers[1]["adopted_servers"] == ["builtin-0", "builtin-1"]
+    assert drivers[1]["servers"]["builtin-0"] == servers["builtin-0"]
+    assert drivers[1]["servers"]["builtin-1"] not in (None, servers["builtin-1"])
+    assert drivers[1]["workers"] == drivers[0]["workers"]
+    history = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in history] == list(range(STEPS + 1))
+
+
+@pytest.mark.fault_matrix
+@pytest.mark.timeout(2700)  # a clean run and three drivers
+def test_a_re_attached_run_keeps_its_standby_spares(
+    cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
+) -> None:
+    """``standby=1``: the first driver dies inside an update; the second adopts the spare
+    (the same actor and process) and, when a worker is killed as step 3 begins, the spare
+    becomes that rank; it dies as step 4 begins, leaving a new spare; the third driver
+    finishes the run, bit-identical to the run never interrupted (a recovery in place
+    replays from the step-2 checkpoint exactly)."""
+    from sc_trainer.runs import read_metrics
+
+    expected = final_weights(clean["colocated"])
+    run_id = cluster.run_id()
+    options = {**BASE, "standby": 1, "run": {"id": run_id}}
+    first = cluster.driver(tmp_path, {**options, "inject_fault": "driver@step=2:update_actor+0.05"})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    (before,) = _groups(cluster, run_id).values()
+    assert len(before["spares"]) == 1, before
+    assert before["spare_pids"][0] is not None, before
+
+    faults = "actor:1@step=3,driver@step=4"
+    second = cluster.driver(tmp_path, {**options, "inject_fault": faults})
+    assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
+    drivers = _drivers(tmp_path)
+    assert [list(d["spares"].values()) for d in drivers] == [[before["spares"]]] * 2
+    (after,) = _groups(cluster, run_id).values()
+    assert after["workers"][0] == before["workers"][0]
+    assert after["worker_pids"][0] == before["worker_pids"][0]
+    assert after["workers"][1] == before["spares"][0], "the spare did not take over rank 1"
+    assert after["worker_pids"][1] == before["spare_pids"][0], "not the adopted process"
+    assert len(after["spares"]) == 1, after
+    assert after["spares"] != before["spares"], "no new spare after the take-over"
+
+    third = cluster.driver(tmp_path, options)
+    assert third.returncode == 0, third.stderr[-3000:]
+    _same_weights(_final(third), expected)
+    assert list(_drivers(tmp_path)[2]["spares"].values()) == [after["spares"]]
+    history = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in history] == list(range(STEPS + 1))
+    assert sum("recovery/count" in r for r in history) == 1
+    assert _left(cluster, run_id) == {"actors": [], "placement_groups": []}
+
+
+@pytest.mark.fault_matrix
+def test_teardown_releases_the_servers_and_the_spares(cluster: _Cluster, tmp_path: Path) -> None:
+    """A run with engine servers and a standby whose driver died: ``--teardown`` stops the
+    server processes and releases the server actors, their pool, the spares, the workers
+    and the registry."""
+    run_id = cluster.run_id()
+    options = {**BASE, **SERVERS, "standby": 1, "run": {"id": run_id}}
+    first = cluster.driver(tmp_path, {**options, "inject_fault": "driver@step=2"})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    left = _left(cluster, run_id)
+    assert {"builtin-0", "builtin-1"} <= set(left["actors"]), left
+    assert any("_standby" in name for name in left["actors"]), left
+    assert f"sc-run-{run_id}:builtin_fleet:0" in left["placement_groups"], left
+    pids = list(_drivers(tmp_path)[0]["servers"].values())
+    assert not any(_gone(pid) for pid in pids)
+    down = _teardown(cluster, run_id)
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert f"run {run_id} torn down" in down.stdout
+    assert _left(cluster, run_id) == {"actors": [], "placement_groups": []}
+    deadline = time.monotonic() + 30
+    while not all(_gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, "a server process outlived the teardown"
+        time.sleep(0.2)  # polled: nothing announces another process's end

@@ -59,6 +59,23 @@ class Tiny(Worker):
         return []  # pragma: no cover - the loop only ends by returning
 
 
+def pid_of(_instance: object) -> int:
+    """The pid of the actor process it runs in (through ``rapi.call_in_actor``)."""
+    return os.getpid()
+
+
+class Owner:
+    """An actor beside a run's groups that owns something to end (a server process, say):
+    its stop method writes ``marker`` (a run records it with ``record_actors``)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def stop(self) -> None:
+        with open(self.marker, "w", encoding="utf-8") as fh:
+            fh.write(str(os.getpid()))
+
+
 def _say(value: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(value) + "\n")
     sys.stdout.flush()

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import pytest
 import ray
-from sc_core import CallIds, WorkerDiedError
+from sc_core import CallIds, InvalidConfigError, WorkerDiedError
 from sc_ray import (
     RayClassWithInitArgs,
     RayRun,
@@ -38,7 +38,7 @@ from sc_ray._fingerprint import config_fingerprint, fingerprint_differences
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helper module, which the cluster's workers import too
-from sc_ray_runs_helper import Optim, Tiny  # noqa: E402
+from sc_ray_runs_helper import Optim, Owner, Tiny, pid_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -460,6 +460,88 @@ def test_teardown_run_without_the_registry(cluster: str) -> None:
     info = teardown_run("orphan")
     assert sorted(info.actors) == sorted(names)
     assert info.placement_groups == ("sc-run-orphan:pool:0",)
+    assert wait_until(lambda: _run_leftovers(namespace) == ([], {}), 30)
+    rapi.shutdown()
+
+
+def _pids(names: list[str]) -> list[int]:
+    """The process ids of the named actors (of this driver's namespace)."""
+    refs = [rapi.call_in_actor(rapi.get_actor(n), pid_of) for n in names]
+    return [int(p) for p in rapi.get(refs, timeout_s=60)]
+
+
+def test_a_re_attached_group_adopts_its_spares(cluster: str) -> None:
+    """A new driver keeps the previous driver's live spares (same actors, same processes):
+    one takes over the next dead rank; a driver that asks for no standby stops them."""
+    namespace = run_namespace("spares")
+    connect(cluster, namespace)
+    run = RayRun.create("spares")
+    try:
+        group = run.worker_group("g", run.resource_pool("pool", [2]), cia(), standby=1)
+        group.wait_for_standby(timeout=60)
+        spares = group.standby_names
+        assert spares == ["g-Tiny_standby1"]
+        spare_pids = _pids(spares)
+        run.release()
+
+        run = RayRun.attach("spares")
+        group = run.worker_group("g", run.resource_pool("pool", [2]), cia(), standby=1)
+        assert group.standby_names == spares  # adopted, not started again
+        assert _pids(spares) == spare_pids
+        group.wait_for_standby(timeout=60)
+        group.kill_worker(1)
+        assert group.replace_ranks() == [1]
+        assert group.worker_names[1] == spares[0]  # the spare became rank 1
+        assert group.pid()[1] == spare_pids[0]
+        assert group.standby_names == ["g-Tiny_standby2"]  # a new one, numbered on
+        run.release()
+
+        run = RayRun.attach("spares")
+        group = run.worker_group("g", run.resource_pool("pool", [2]), cia(), standby=1)
+        assert group.worker_names[1] == spares[0]  # the replacement was recorded
+        assert group.standby_names == ["g-Tiny_standby2"]
+        run.release()
+
+        run = RayRun.attach("spares")  # this driver keeps no spares
+        group = run.worker_group("g", run.resource_pool("pool", [2]), cia())
+        assert group.standby_names == []
+        assert wait_until(lambda: "g-Tiny_standby2" not in rapi.named_actors(namespace), 30)
+    finally:
+        run.teardown()
+        rapi.shutdown()
+
+
+def test_recorded_actors_are_found_again_and_stopped_by_teardown(
+    cluster: str, tmp_path: Path
+) -> None:
+    """Actors beside the groups (an engine-server fleet): recorded with the run, found by a
+    driver that re-attaches, and stopped (their stop method) then killed by a teardown."""
+    namespace = run_namespace("owners")
+    connect(cluster, namespace)
+    run = RayRun.create("owners")
+    markers = [tmp_path / "owner-0", tmp_path / "owner-1"]
+    names = ["fleet-0", "fleet-1"]
+    for name, marker in zip(names, markers, strict=True):
+        options = {"name": name, "lifetime": "detached", "num_cpus": 0}
+        owner = rapi.create_actor(rapi.remote_class(Owner), options, (str(marker),), {})
+        rapi.get([rapi.ready_ref(owner)], timeout_s=60)
+    with pytest.raises(InvalidConfigError, match="record_actors"):
+        run.record_actors("fleet", "fleet-0")
+    assert run.actors("fleet") is None
+    run.record_actors("fleet", names, stop_method="stop", engine="toy")
+    run.release()
+    rapi.shutdown()
+
+    connect(cluster, namespace)
+    run = attach_when_free("owners")
+    assert run.actors("fleet") == {"names": names, "stop_method": "stop", "engine": "toy"}
+    run.release()
+    rapi.shutdown()
+
+    connect(cluster, "an-operator")
+    info = teardown_run("owners")
+    assert set(info.actors) == {*names, "sc-run-registry"}
+    assert all(m.exists() for m in markers), "teardown did not stop the recorded actors"
     assert wait_until(lambda: _run_leftovers(namespace) == ([], {}), 30)
     rapi.shutdown()
 

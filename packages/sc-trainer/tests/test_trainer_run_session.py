@@ -21,8 +21,9 @@ from sc_core import (
 )
 from sc_core.ext import arm_torn_dispatch
 from sc_dispatch import Dispatch, register
-from sc_trainer.rollout import RolloutSnapshot
+from sc_trainer.rollout import RolloutSnapshot, ServersSnapshot
 from sc_trainer.runs import DRIVERS_LOG, RunSession, RunState, RunStateNotFoundError
+from sc_trainer.trainer import TrainerStateError
 
 
 @dataclass
@@ -165,3 +166,36 @@ def test_a_reattached_driver_asks_the_journals_first_and_records_torn_calls(
         assert second.begin_step() == scope
         assert group.update(3) == [(3, 1), (3, 1)]  # once on each rank
         assert second.adopt_journals([group], None) == []  # scope 0: nothing held
+
+
+def test_the_servers_snapshot_survives_the_run_state(tmp_path: Path) -> None:
+    """A run on engine servers writes the fleet's names and the push bookkeeping; JSON's
+    string keys and lists come back as the snapshot's ints and tuples."""
+    servers = ServersSnapshot(
+        names=("builtin-0", "builtin-1"),
+        last_push=5,
+        weights_path=str(tmp_path / "weights" / "v5"),
+        recent_paths=(str(tmp_path / "weights" / "v4"), str(tmp_path / "weights" / "v5")),
+        actor_version_of={5: 3},
+    )
+    state = RunState(
+        run_id="r1", step=4, scope=7, global_step=3, rollout=RolloutSnapshot(servers=servers)
+    )
+    session = RunSession(_Run(), tmp_path)
+    session.write(state)
+    (tmp_path / DRIVERS_LOG).write_text("{}\n")
+    assert RunSession(_Run(attached=True), tmp_path).read_state() == state
+
+
+def test_amend_driver_adds_to_this_drivers_line_only(tmp_path: Path) -> None:
+    session = RunSession(_Run(), tmp_path)
+    with pytest.raises(TrainerStateError, match=r"amend_driver.*record_driver first"):
+        session.amend_driver(servers={"builtin-0": 1})
+    session.record_driver([], None)
+    session.amend_driver(servers={"builtin-0": 11}, adopted_servers=[])
+    (line,) = (tmp_path / DRIVERS_LOG).read_text().splitlines()
+    record = json.loads(line)
+    assert record["servers"] == {"builtin-0": 11}
+    assert record["adopted_servers"] == []
+    assert record["epoch"] == 1
+    assert record["spares"] == {}

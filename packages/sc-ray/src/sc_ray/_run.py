@@ -1,12 +1,13 @@
 """Runs that outlive their driver: :class:`RayRun`.
 
 A run is a registry actor (``_run_registry.py``), pools whose placement groups are detached
-and named after the run, and worker groups whose actors are detached and named in the run's
-Ray namespace (``_run_names.py``). One driver at a time holds the run's lease (fenced by an
-epoch, kept by a heartbeat thread); a new driver :meth:`RayRun.attach` es to the live
-actors once the lease is free, without restarting or re-initialising any worker, after
-checking that its own pools, classes, code and configuration match the run's
-(``_fingerprint.py``).
+and named after the run, worker groups whose actors (and standby spares) are detached and
+named in the run's Ray namespace (``_run_names.py``), and other named actors the caller
+records (:meth:`RayRun.record_actors`: an engine-server fleet). One driver at a time holds
+the run's lease (fenced by an epoch, kept by a heartbeat thread); a new driver
+:meth:`RayRun.attach` es to the live actors once the lease is free, without restarting or
+re-initialising any worker, after checking that its own pools, classes, code and
+configuration match the run's (``_fingerprint.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ._resource_pool import RayResourcePool
 from ._run_attach import qualname, reattach_group
 from ._run_names import NAMESPACE_PREFIX, REGISTRY_NAME, check_run_id, pg_prefix, run_namespace
 from ._run_registry import RunRegistry
-from ._run_teardown import RunInfo, release_run_resources
+from ._run_teardown import RECORD_KINDS, RunInfo, release_run_resources, stop_methods
 from ._worker_group import RayWorkerGroup
 
 __all__ = ["RayRun"]
@@ -96,6 +97,8 @@ class RayRun:
         self._epoch = epoch
         self._attached = attached
         self._state = state
+        for kind in RECORD_KINDS:
+            state.setdefault(kind, {})
         self._heartbeat_s = float(state["heartbeat_s"])
         self._pools: dict[int, str] = {}  # id(pool) -> name
         self._stop = threading.Event()
@@ -280,12 +283,48 @@ class RayRun:
             logger.warning("run %s: releasing the lease failed: %s", self._run_id, exc)
 
     def teardown(self) -> RunInfo:
-        """Kill every actor of the run (workers, spares, replacements, the registry) and
-        remove every placement group of the run."""
+        """Stop the recorded actors that have a stop method (:meth:`record_actors`), kill
+        every actor of the run (workers, spares, replacements, recorded actors, the
+        registry) and remove every placement group of the run."""
         self._done = True
         self._stop_heartbeat()
-        actors, groups = release_run_resources(self._namespace, keep_registry=False)
+        stops = stop_methods(self._state)
+        actors, groups = release_run_resources(self._namespace, keep_registry=False, stops=stops)
         return RunInfo(self._run_id, tuple(actors), tuple(groups))
+
+    # --- other actors -------------------------------------------------------------------
+
+    def actors(self, name: str) -> dict[str, Any] | None:
+        """The record of the run's actor set ``name`` (:meth:`record_actors`), or ``None``
+        when the run has none of that name (a new run, or a driver that died before making
+        them)."""
+        record = self._state["actors"].get(name)
+        return None if record is None else dict(record)
+
+    def record_actors(
+        self,
+        name: str,
+        names: Sequence[str],
+        *,
+        stop_method: str | None = None,
+        **facts: Any,
+    ) -> None:
+        """Record actor set ``name``: actors the caller created beside the run's worker
+        groups (an engine-server fleet), detached and named ``names`` in the run's
+        namespace, so that a driver that re-attaches finds them (:meth:`actors`) and a
+        teardown releases them. ``stop_method``: a method of theirs a teardown calls first
+        (at most ``STOP_TIMEOUT_S`` seconds; to end what they started, such as a server
+        process); ``facts``: what the caller needs to find or check them again (JSON-like
+        values). Recording a name again replaces its record."""
+        self._check_live("record_actors")
+        bad = [n for n in names if not isinstance(n, str) or not n]
+        if isinstance(names, str) or bad:
+            raise InvalidConfigError(
+                f"RayRun({self._run_id!r}).record_actors({name!r}): names must be a sequence "
+                f"of non-empty actor names, got {names!r}"
+            )
+        value = {**facts, "names": list(names), "stop_method": stop_method}
+        self._record("actors", name, value)
 
     # --- pools and groups ---------------------------------------------------------------
 
@@ -363,8 +402,8 @@ class RayRun:
         """The run's worker group ``name`` on ``resource_pool`` (a pool of this run):
         created (detached actors named in the run's namespace) and recorded, or, when the
         run has it already, rebuilt over its live actors (``_run_attach.reattach_group``:
-        dead ranks marked dead, code and configuration checked; the previous driver's
-        spares killed).
+        dead ranks marked dead, code and configuration checked; with ``standby=N`` the
+        previous driver's live spares adopted, and recorded again as they change).
         ``kwargs`` go to :class:`RayWorkerGroup` (not ``name_prefix`` nor ``detached``)."""
         self._check_live("worker_group")
         pool_name = self._pools.get(id(resource_pool))
@@ -416,10 +455,12 @@ class RayRun:
 
 
 def _group_facts(group: RayWorkerGroup[Any], generation: int) -> dict[str, Any]:
+    standby = group._ray.standby
     return {
         "workers": group.worker_names,
         "spares": group.standby_names,
         "master_addr": group.master_address,
         "master_port": group.master_port,
         "generation": generation,
+        **({} if standby is None else standby.facts()),
     }

@@ -1,5 +1,6 @@
 """A run's registry: a tiny detached actor (``sc-run-registry`` in the run's namespace) that
-holds the driver lease and the records of the run's pools and groups.
+holds the driver lease and the records of the run's pools, groups and other actors (an
+engine-server fleet: :meth:`~sc_ray.RayRun.record_actors`).
 
 The lease is fenced by an epoch: :meth:`RunRegistry.take_lease` is a compare-and-set on it,
 and every later write names the epoch it holds, refused (``False``) once another driver
@@ -17,7 +18,7 @@ import time
 from typing import Any
 
 from . import _ray_api as rapi
-from ._run_teardown import release_run_resources
+from ._run_teardown import RECORD_KINDS, release_run_resources, stop_methods
 
 __all__ = ["RunRegistry"]
 
@@ -50,8 +51,7 @@ class RunRegistry:
             "lease_s": float(lease_s),
             "heartbeat_s": float(heartbeat_s),
             "abandon_after_s": float(abandon_after_s),
-            "pools": {},
-            "groups": {},
+            **{kind: {} for kind in RECORD_KINDS},
         }
         self._beat = time.monotonic()
         self._stop = threading.Event()
@@ -106,10 +106,10 @@ class RunRegistry:
     # --- records ------------------------------------------------------------------------
 
     def record(self, epoch: int, kind: str, name: str, value: dict[str, Any]) -> bool:
-        """Record pool or group ``name`` (``kind``: ``"pools"`` or ``"groups"``) for the
-        holder of ``epoch``; ``False`` if it lost the lease."""
+        """Record pool, group or actor set ``name`` (``kind``: ``"pools"``, ``"groups"`` or
+        ``"actors"``) for the holder of ``epoch``; ``False`` if it lost the lease."""
         with self._lock:
-            if self._state["epoch"] != epoch or kind not in ("pools", "groups"):
+            if self._state["epoch"] != epoch or kind not in RECORD_KINDS:
                 return False
             self._state[kind][name] = copy.deepcopy(value)
             self._beat = time.monotonic()
@@ -123,6 +123,7 @@ class RunRegistry:
             with self._lock:
                 age = time.monotonic() - self._beat
                 holder = self._state["holder"]
+                stops = stop_methods(self._state)
             if age < self._abandon_after_s:
                 continue
             logger.warning(
@@ -134,7 +135,7 @@ class RunRegistry:
                 holder,
             )
             try:
-                release_run_resources(self._namespace, keep_registry=True)
+                release_run_resources(self._namespace, keep_registry=True, stops=stops)
             finally:
                 rapi.kill(rapi.current_actor())
             return

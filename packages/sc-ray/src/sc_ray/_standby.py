@@ -16,11 +16,16 @@ finds one too.
 The process that took over runs on the dead rank's node and devices, but without the dead
 actor's Ray resource reservation: that share of the placement group stays reserved and
 unused, and Ray's accounting shows the spare's zero.
+
+A run's group (``_run.py``) records its spares (:meth:`Standby.facts`: their names and nodes,
+how many were started, the ranks' devices); a driver that re-attaches *adopts* the live ones
+(``adopted``) instead of starting new processes, and starts only what is missing.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +33,7 @@ from . import _ray_api as rapi
 from ._actor_launch import LaunchSpec, create_standby
 from ._resource_pool import BundleSlot
 
-__all__ = ["Spare", "Standby"]
+__all__ = ["AdoptedSpare", "Spare", "Standby"]
 
 logger = logging.getLogger("sc_ray.standby")
 
@@ -46,12 +51,37 @@ class Spare:
     ready: rapi.ObjectRef
 
 
-class Standby:
-    """The spares of one group: started up front, taken by node, replaced when taken."""
+@dataclass(frozen=True)
+class AdoptedSpare:
+    """A live spare a previous driver started (a run's re-attach): its actor, its name and
+    the node (the pool's node index) it waits on."""
 
-    def __init__(self, spec: LaunchSpec, count: int, workers: list[rapi.ActorHandle]) -> None:
+    actor: rapi.ActorHandle
+    name: str
+    node_index: int
+
+
+class Standby:
+    """The spares of one group: started up front, taken by node, replaced when taken.
+
+    ``adopted``: live spares of a previous driver of the run (``_run_attach.py``), kept in
+    place of new ones (up to ``count``; the others are killed); ``started``: how many spares
+    the group started before (new names continue from there: a spare that took over a rank
+    keeps its name as the rank's worker); ``devices``: the ranks' recorded devices (else
+    probed from ``workers``)."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        count: int,
+        workers: list[rapi.ActorHandle],
+        *,
+        adopted: Sequence[AdoptedSpare] = (),
+        started: int = 0,
+        devices: Sequence[str | None] | None = None,
+    ) -> None:
         self._spec = spec
-        self._count = 0
+        self._count = started
         slots = spec.pool.bundle_slots()
         #: one slot per node: the first rank's, where that node's spares run
         self._node_slots: dict[int, BundleSlot] = {}
@@ -60,16 +90,46 @@ class Standby:
         self.spares: list[Spare] = []
         #: the CUDA_VISIBLE_DEVICES of every rank (None: not set), for a spare taking over
         self.devices: list[str | None] = [None] * len(slots)
-        if spec.pool.use_gpu:
+        if devices is not None and len(devices) == len(slots):
+            self.devices = list(devices)
+        elif spec.pool.use_gpu:
             for rank, worker in enumerate(workers):
-                self.devices[rank] = rapi.actor_node_and_devices(worker, _PROBE_TIMEOUT_S)[1]
-        nodes = sorted(self._node_slots)
+                try:
+                    self.devices[rank] = rapi.actor_node_and_devices(worker, _PROBE_TIMEOUT_S)[1]
+                except Exception as exc:  # a dead rank (a re-attach): no devices to record
+                    logger.warning("standby: rank %d's devices unknown: %s", rank, exc)
         try:
-            for i in range(count):
-                self._start(self._node_slots[nodes[i % len(nodes)]])
+            for spare in adopted:
+                here = self._node_slots.get(spare.node_index)
+                if len(self.spares) < count and here is not None:
+                    ready = rapi.ready_ref(spare.actor)
+                    self.spares.append(Spare(spare.actor, spare.name, here, ready))
+                else:  # more spares than this driver asks, or a node the pool lost
+                    rapi.kill(spare.actor)
+            if self.spares:
+                logger.info("standby: adopted the spares %s", [s.name for s in self.spares])
+            for _ in range(len(self.spares), count):
+                self._start(self._node_slots[self._emptiest_node()])
         except BaseException:
             self.close()
             raise
+
+    def _emptiest_node(self) -> int:
+        """The node with the fewest spares (the lowest index on a tie)."""
+        load = {node: 0 for node in self._node_slots}
+        for spare in self.spares:
+            load[spare.slot.node_index] = load.get(spare.slot.node_index, 0) + 1
+        return min(sorted(load), key=lambda node: load[node])
+
+    def facts(self) -> dict[str, Any]:
+        """What a run records of its group's standby for a driver that re-attaches: the
+        spares' names, the node each waits on, how many were started, the ranks' devices."""
+        return {
+            "spares": [spare.name for spare in self.spares],
+            "spare_nodes": {spare.name: spare.slot.node_index for spare in self.spares},
+            "standby_started": self._count,
+            "standby_devices": list(self.devices),
+        }
 
     def _start(self, slot: BundleSlot) -> None:
         self._count += 1

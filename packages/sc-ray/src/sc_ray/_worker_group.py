@@ -30,7 +30,7 @@ from ._class_with_init import RayClassWithInitArgs
 from ._errors import DetachedWorkerError
 from ._ray_backend import RayBackend, wait_refs
 from ._resource_pool import RayResourcePool, check_device_name
-from ._standby import Standby
+from ._standby import AdoptedSpare, Standby
 
 __all__ = ["RESERVED_ENV_VARS", "RayWorkerGroup"]
 
@@ -284,12 +284,19 @@ class RayWorkerGroup(WorkerGroup[W]):
         worker_names: Sequence[str],
         master: tuple[str | None, str | None],
         generation: int,
+        *,
+        adopted_spares: Sequence[AdoptedSpare] = (),
+        standby_started: int = 0,
+        standby_devices: Sequence[str | None] | None = None,
         **kwargs: Any,
     ) -> RayWorkerGroup[W]:
         """A group over a run's live actors (``_run.py``): no actor is created or
         re-initialised, the ranks whose actor is ``None`` are marked dead, and
         :meth:`replace_ranks` starts new (detached) actors on ``resource_pool`` as the group
-        that created the run's actors would. ``kwargs`` are the constructor's."""
+        that created the run's actors would. With ``standby=N`` in ``kwargs`` the group
+        keeps the previous driver's live spares (``adopted_spares``; see
+        :class:`~sc_ray._standby.Standby` for ``standby_started`` and ``standby_devices``)
+        and starts only the missing ones. ``kwargs`` are the constructor's."""
         standby = kwargs.pop("standby", 0)
         handles = [
             w if w is not None else rapi.gone_actor(n)
@@ -324,8 +331,18 @@ class RayWorkerGroup(WorkerGroup[W]):
         if dead:
             group._mark_workers_dead(dead, "its actor was dead when the driver re-attached")
         if standby:
-            group._standby = Standby(spec, standby, group._workers)
+            group._standby = Standby(
+                spec,
+                standby,
+                group._workers,
+                adopted=adopted_spares,
+                started=standby_started,
+                devices=standby_devices,
+            )
             group._ray.standby = group._standby
+        else:  # this driver keeps no spares: the previous driver's go
+            for spare in adopted_spares:
+                rapi.kill(spare.actor)
         return group
 
     # --- verl's accessors ----------------------------------------------------------------

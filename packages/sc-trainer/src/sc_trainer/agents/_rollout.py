@@ -223,14 +223,19 @@ class AgentRollout:
         return batch if self.servers is None else self.servers.in_actor_versions(batch)
 
     def snapshot(self) -> RolloutSnapshot:
-        return RolloutSnapshot()
+        """The servers' names and push bookkeeping (a detached run's re-attach)."""
+        servers = None if self.servers is None else self.servers.snapshot()
+        return RolloutSnapshot(servers=servers)
 
     def restore(self, snapshot: RolloutSnapshot) -> None:
-        """Nothing to restore: the servers hold their weight version themselves."""
+        """Continue a detached run's servers where the previous driver left them
+        (:meth:`~sc_trainer.rollout.EngineServers.resume`)."""
+        if self.servers is not None and snapshot.servers is not None:
+            self.servers.resume(snapshot.servers)
 
     def close(self, *, detach: bool = False) -> None:
-        """Cancel every session still running, stop the loops and the servers (a detached
-        run's servers are not re-attached: they stop with this driver too)."""
+        """Cancel every session still running, stop the loops and the servers (``detach``:
+        a detached run's driver that stops leaves the servers to the next driver)."""
         try:
             self.loop.close()
         finally:
@@ -238,4 +243,4 @@ class AgentRollout:
                 self._greedy.close()
             finally:
                 if self.servers is not None:
-                    self.servers.close()
+                    self.servers.close(detach=detach)

@@ -120,7 +120,9 @@ def check_detached(
 ) -> None:
     """What a detached run (``run.id``) needs of the rest of ``TrainerConfig`` (its fields
     given by keyword), and what only a detached run may ask (killing its driver):
-    :class:`TrainerConfigError` otherwise."""
+    :class:`TrainerConfigError` otherwise. Every ``rollout_engine`` and ``standby`` runs
+    detached (kept as parameters for the callers): engine servers (builtin or vllm) are the
+    run's, and so are standby spares; a driver that re-attaches adopts both."""
     owner = "TrainerConfig"
     driver_faults = DriverFault.parse_all(inject_fault)
     if not run.detached:
@@ -133,13 +135,6 @@ def check_detached(
     why = None
     if backend != "ray":
         why = f"backend={backend!r} (a detached run lives on a standing Ray cluster)"
-    elif rollout_engine != "workers":
-        why = (
-            f"rollout_engine={rollout_engine!r} (engine servers are not re-attached "
-            "yet; generate on worker groups)"
-        )
-    elif standby:
-        why = f"standby={standby} (spare processes are not re-attached yet)"
     elif resume_from is not None:
         why = "resume_from (a detached run resumes by re-attaching to its workers)"
     if why is not None:

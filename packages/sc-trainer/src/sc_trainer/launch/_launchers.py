@@ -178,8 +178,10 @@ class DetachedRayLauncher:
     It connects in the run's namespace and creates the run (sc-ray's ``RayRun.create``), or
     re-attaches to it when it exists (``RayRun.attach``: the lease, the epoch, the checks).
     The pools and worker groups are the run's: detached, named from the run id, and on
-    re-attach rebuilt over the live actors without starting or re-initialising any of them.
-    ``session`` (:class:`RunSession`) is set while :meth:`running`."""
+    re-attach rebuilt over the live actors without starting or re-initialising any of them;
+    with ``standby`` (``TrainerConfig.standby``) each group's spares are the run's too, and
+    a driver that re-attaches adopts the live ones. ``session`` (:class:`RunSession`) is set
+    while :meth:`running`."""
 
     name = "ray"
 
@@ -191,6 +193,8 @@ class DetachedRayLauncher:
         self.abandon_s = config.run.abandon_s
         self.attach_only = config.run.attach
         self.use_gpu = config.device == "cuda"
+        #: spare actors per worker group (sc_ray's standby), adopted on re-attach
+        self.standby = config.standby
         self.folder = Path(config.output_dir)
         self.session: RunSession | None = None
 
@@ -269,7 +273,7 @@ class DetachedRayLauncher:
         self, pool: ResourcePool, cls: ClassWithInitArgs[W], name: str = "workers"
     ) -> WorkerGroup[W]:
         group: WorkerGroup[W] = self._run().worker_group(
-            name, pool, cls, worker_env=dict(WORKER_ENV)
+            name, pool, cls, worker_env=dict(WORKER_ENV), standby=self.standby
         )
         return group
 

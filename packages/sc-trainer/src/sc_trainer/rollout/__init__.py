@@ -28,7 +28,7 @@ from ._partial import ON_STALE, OnStale, PartialRollout
 from ._publisher import WEIGHTS_FILE, WeightPublisher
 from ._router import PendingBatch, RouterRollout, RouterSampling
 from ._servers import ServerRollout
-from ._source import PromptSource, RolloutSnapshot, RolloutSource, Stage
+from ._source import PromptSource, RolloutSnapshot, RolloutSource, ServersSnapshot, Stage
 from ._workers import WorkerGroupRollout
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "RouterSampling",
     "ServerEngine",
     "ServerRollout",
+    "ServersSnapshot",
     "Stage",
     "StalenessBoundError",
     "WEIGHTS_FILE",

@@ -12,6 +12,12 @@ The fleet builds a :class:`sc_rollout.Router` over its servers, named ``<prefix>
 the router's restart hook restarts a dead server through its actor, and the router then
 re-syncs it to the current weight version before it takes requests again.
 
+A detached run's fleet (``detached=True``) names its actors ``<prefix>-<i>`` in the run's
+Ray namespace and lets them outlive the driver; a driver that re-attaches builds the fleet
+with ``adopt=True``: it takes over the live actors of those names (a server whose process
+died meanwhile is started again by its actor, and the URL of each is read from its actor),
+creates an actor only for a name that has none, and builds a new router over them.
+
 Multi-node: every node must reach the driver's router, and the weight directory pushed to
 the servers (:class:`~sc_trainer.rollout.WeightPublisher`) must be on storage every node sees.
 """
@@ -55,9 +61,13 @@ class RolloutServerFleet:
     restart (a model server loads its weights first). ``request_timeout_s``,
     ``health_interval_s`` and ``max_attempts`` are the router's.
 
+    ``detached``: the actors are named (:meth:`actor_names`) and outlive this driver (a
+    detached run's); ``adopt``: take over the live actors of those names first (a driver
+    that re-attaches to the run), see the module's documentation.
+
     A server that fails to start is a :class:`RolloutFleetError` naming its index and
-    command line (the servers started are stopped first). :meth:`close` stops everything;
-    ``with`` closes.
+    command line (the servers started are stopped first, unless the fleet is detached:
+    they are the run's). :meth:`close` stops everything; ``with`` closes.
     """
 
     def __init__(
@@ -73,6 +83,8 @@ class RolloutServerFleet:
         request_timeout_s: float | None = None,
         health_interval_s: float | None = None,
         max_attempts: int = 4,
+        detached: bool = False,
+        adopt: bool = False,
     ) -> None:
         if not callable(argv_factory):
             raise RolloutFleetError(
@@ -97,6 +109,10 @@ class RolloutServerFleet:
         self._start_timeout = float(start_timeout_s)
         self._lock = threading.Lock()
         self._closed = False
+        self._detached = bool(detached or adopt)
+        self._adopt = bool(adopt)
+        #: the servers this fleet took over from a previous driver (``adopt``), by name
+        self.adopted: list[str] = []
         self._owned_pool = pool is None
         if pool is None:
             pool = cpu_pool(int(num_servers or 0), f"{name_prefix}_fleet_", num_cpus_per_server)
@@ -121,28 +137,58 @@ class RolloutServerFleet:
             for name, url in urls.items():
                 self._router.add_server(url, name=name)
         except BaseException:
-            self.close()
+            if self._detached:  # the run's servers: a later driver adopts them
+                self._close_router()
+            else:
+                self.close()
             raise
         logger.info("rollout fleet of %d server(s) up: %s", len(urls), urls)
+
+    @staticmethod
+    def actor_names(name_prefix: str, num_servers: int) -> list[str]:
+        """The names of the servers (and of their actors) of a fleet: ``<prefix>-<i>``."""
+        return [f"{name_prefix}-{index}" for index in range(num_servers)]
+
+    def _new_actor(
+        self, index: int, place: BundlePlace, factory: ArgvFactory, env: dict[str, str]
+    ) -> RemoteActor:
+        name = f"{self._prefix}-{index}"
+        args = (index, factory, env, self._start_timeout)
+        return RemoteActor(RolloutServerActor, place, name, args, detached=self._detached)
 
     def _start_all(
         self, factory: ArgvFactory, places: list[BundlePlace], env: dict[str, str]
     ) -> dict[str, str]:
-        """Create every server's actor and start every server, all at once; their URLs."""
-        for index, place in enumerate(places):
-            name = f"{self._prefix}-{index}"
-            self._actors[name] = RemoteActor(
-                RolloutServerActor, place, name, (index, factory, env, self._start_timeout)
-            )
+        """Create every server's actor (or, with ``adopt``, find the live one of its name)
+        and start every server (an adopted one whose process runs answers with its URL), all
+        at once; their URLs. An adopted actor that dies before it answers is replaced by a
+        new one, once."""
+        names = self.actor_names(self._prefix, len(places))
+        for index, (name, place) in enumerate(zip(names, places, strict=True)):
+            found = RemoteActor.find(name) if self._adopt else None
+            if found is not None:
+                self.adopted.append(name)
+            self._actors[name] = found or self._new_actor(index, place, factory, env)
         pending = {name: actor.call_async("start") for name, actor in self._actors.items()}
         urls: dict[str, str] = {}
         failures: list[str] = []
-        for name, ref in pending.items():
+        for index, (name, ref) in enumerate(pending.items()):
+            limit = self._start_timeout + _ACTOR_SLACK_S
             try:
-                url = self._actors[name].wait(ref, "start", self._start_timeout + _ACTOR_SLACK_S)
+                url = self._actors[name].wait(ref, "start", limit)
             except RolloutFleetError as exc:
-                failures.append(str(exc))
-                continue
+                if name not in self.adopted:
+                    failures.append(str(exc))
+                    continue
+                logger.warning("adopted rollout server %s is gone (%s): a new actor", name, exc)
+                self.adopted.remove(name)
+                self._actors[name].kill()
+                self._actors[name] = self._new_actor(index, places[index], factory, env)
+                try:
+                    url = self._actors[name].call("start", timeout_s=limit)
+                except RolloutFleetError as again:
+                    failures.append(str(again))
+                    continue
             urls[name] = _as_url(url, name)
         if failures:
             raise RolloutFleetError(
@@ -201,6 +247,21 @@ class RolloutServerFleet:
         return pid if isinstance(pid, int) else None
 
     # --- shutdown ---------------------------------------------------------------------------
+
+    def _close_router(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._router is not None:
+            self._router.close()
+
+    def detach(self) -> None:
+        """Close the router and leave the servers running (a detached run's driver that
+        stops: the next driver adopts them). Idempotent; :meth:`close` after it does
+        nothing."""
+        self._close_router()
+        logger.info("rollout fleet detached: %d server(s) left running", len(self._actors))
 
     def close(self) -> None:
         """Close the router, stop every server and its actor, and release the pool if the

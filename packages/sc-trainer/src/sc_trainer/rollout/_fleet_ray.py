@@ -84,9 +84,20 @@ class RemoteActor:
 
     ``cls``'s module is shipped to the actor by value (cloudpickle), not imported there by
     name: the actor's process imports only what that module imports (for the server actor,
-    sc-rollout, not the whole of sc_trainer with torch)."""
+    sc-rollout, not the whole of sc_trainer with torch).
 
-    def __init__(self, cls: type, place: BundlePlace, name: str, args: tuple[object, ...]) -> None:
+    ``detached``: the actor is named ``name`` in the driver's Ray namespace and outlives the
+    driver (a detached run's); :meth:`find` gives a later driver the live actor of a name."""
+
+    def __init__(
+        self,
+        cls: type,
+        place: BundlePlace,
+        name: str,
+        args: tuple[object, ...],
+        *,
+        detached: bool = False,
+    ) -> None:
         ray = _ray()
         ray.cloudpickle.register_pickle_by_value(sys.modules[cls.__module__])
         strategies = ray.util.scheduling_strategies
@@ -95,16 +106,35 @@ class RemoteActor:
             placement_group_bundle_index=place.bundle_index,
         )
         self.name = name
-        self._handle: Any = (
-            ray.remote(cls)
-            .options(
-                scheduling_strategy=strategy,
-                max_restarts=0,
-                max_concurrency=1,
-                **dict(place.resources),
+        named: dict[str, object] = {"name": name, "lifetime": "detached"} if detached else {}
+        try:
+            self._handle: Any = (
+                ray.remote(cls)
+                .options(
+                    scheduling_strategy=strategy,
+                    max_restarts=0,
+                    max_concurrency=1,
+                    **named,
+                    **dict(place.resources),
+                )
+                .remote(*args)
             )
-            .remote(*args)
-        )
+        except ValueError as exc:  # Ray's answer when the name is taken
+            raise RolloutFleetError(f"{name}: the actor could not be created: {exc}") from exc
+
+    @classmethod
+    def find(cls, name: str) -> RemoteActor | None:
+        """The live actor named ``name`` in the driver's Ray namespace (a detached run's
+        server actor a previous driver created), or ``None``."""
+        ray = _ray()
+        try:
+            handle = ray.get_actor(name)
+        except ValueError:
+            return None
+        actor = cls.__new__(cls)
+        actor.name = name
+        actor._handle = handle
+        return actor
 
     def call_async(self, method: str, *args: object) -> object:
         """Start ``method(*args)``; :meth:`wait` takes what it returns."""

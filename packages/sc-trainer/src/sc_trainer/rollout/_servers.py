@@ -117,10 +117,15 @@ class ServerRollout:
         return self.servers.in_actor_versions(out)
 
     def snapshot(self) -> RolloutSnapshot:
-        return RolloutSnapshot()
+        """The servers' names and push bookkeeping (a detached run's re-attach)."""
+        return RolloutSnapshot(servers=self.servers.snapshot())
 
     def restore(self, snapshot: RolloutSnapshot) -> None:
-        """Nothing to restore: the servers hold their weight version themselves."""
+        """Continue a detached run's servers where the previous driver left them
+        (:meth:`EngineServers.resume`); the next step's generation, if that driver had
+        started one, is generated again when its step is taken."""
+        if snapshot.servers is not None:
+            self.servers.resume(snapshot.servers)
 
     def drop(self) -> None:
         """Abort the next step's generation, if one is in flight."""
@@ -129,10 +134,11 @@ class ServerRollout:
             prefetch[1].abort()
 
     def close(self, *, detach: bool = False) -> None:
-        """Abort the generation in flight, then stop the router's pool and the servers (a
-        detached run's servers are not re-attached: they stop with this driver too)."""
+        """Abort the generation in flight, then stop the router's pool and the servers
+        (``detach``: a detached run's driver that stops leaves the servers to the next
+        driver, which adopts them)."""
         self.drop()
         try:
             self.rollout.close()
         finally:
-            self.servers.close()
+            self.servers.close(detach=detach)

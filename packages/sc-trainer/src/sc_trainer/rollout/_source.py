@@ -27,13 +27,13 @@ runs its generation under ``stage("generate")`` and its weight transfer under
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from sc_protocol import DataProto
 
-__all__ = ["PromptSource", "RolloutSnapshot", "RolloutSource", "Stage"]
+__all__ = ["PromptSource", "RolloutSnapshot", "RolloutSource", "ServersSnapshot", "Stage"]
 
 #: ``stage(name)``: the context one part of a step runs in (timed, and where an injected
 #: driver fault may fire)
@@ -55,16 +55,61 @@ class PromptSource(Protocol):
 
 
 @dataclass(frozen=True)
+class ServersSnapshot:
+    """What a detached run's engine servers hand to a driver that re-attaches
+    (:meth:`~sc_trainer.rollout.EngineServers.snapshot`): the servers' names (the fleet:
+    named Ray actors of the run), the push bookkeeping (the last push version, the weight
+    folder it loaded, the folders of the newest pushes, kept on disk, and the push versions
+    that hold another actor version than their own number, which the staleness bound and
+    the batches' version columns translate through). The router's session affinity is not
+    kept: a new router starts without it (sessions stick again from their next request;
+    affinity only spares a server's prefix cache, it never changes what is sampled)."""
+
+    names: tuple[str, ...] = ()
+    last_push: int | None = None
+    weights_path: str | None = None
+    recent_paths: tuple[str, ...] = ()
+    actor_version_of: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ServersSnapshot:
+        """The snapshot written as JSON (``dataclasses.asdict``) read back."""
+        last, path = raw.get("last_push"), raw.get("weights_path")
+        return cls(
+            names=tuple(str(n) for n in raw.get("names", ())),
+            last_push=None if last is None else int(last),
+            weights_path=None if path is None else str(path),
+            recent_paths=tuple(str(p) for p in raw.get("recent_paths", ())),
+            actor_version_of={
+                int(k): int(v) for k, v in dict(raw.get("actor_version_of", {})).items()
+            },
+        )
+
+
+@dataclass(frozen=True)
 class RolloutSnapshot:
     """What a source must hand to a driver that re-attaches to a detached run (see
     :class:`~sc_trainer.runs.RunState`): the weight-sync version, and for a source that
     prefetches, the actor version each sync version sent, the sampler's current one, and
-    the step whose generation it launched and has not handed out yet."""
+    the step whose generation it launched and has not handed out yet; for a source on
+    engine servers, theirs (:class:`ServersSnapshot`)."""
 
     weight_sync_version: int | None = None
     actor_version_of: dict[int, int] = field(default_factory=dict)
     rollout_actor_version: int | None = None
     launched_step: int | None = None
+    servers: ServersSnapshot | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RolloutSnapshot:
+        """The snapshot written as JSON (``dataclasses.asdict``) read back."""
+        fields = dict(raw)
+        fields["actor_version_of"] = {
+            int(k): int(v) for k, v in dict(fields.get("actor_version_of", {})).items()
+        }
+        servers = fields.get("servers")
+        fields["servers"] = None if servers is None else ServersSnapshot.from_dict(servers)
+        return cls(**fields)
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ from typing import Any
 
 from sc_core import WorkerGroup
 
-from ..rollout import RolloutSnapshot, RolloutSource
+from ..rollout import EngineServers, RolloutSnapshot, RolloutSource
 from ._checkpointer import Checkpointer
 from ._output import PendingSave, RunOutput, read_metrics
 from ._session import RunSession
@@ -65,6 +65,14 @@ class DetachedRun:
             session.adopt_journals(owned, self.replay)
         session.record_driver(owned, self.replay)
         return self.replay
+
+    def record_servers(self, servers: EngineServers) -> None:
+        """Add this driver's engine servers to its line of ``run_drivers.jsonl``: each
+        server's process id (a re-attach keeps the live ones) and which servers it adopted
+        from the previous driver."""
+        self.session.amend_driver(
+            servers=servers.server_pids(), adopted_servers=list(servers.fleet.adopted)
+        )
 
     def begin_step(
         self,

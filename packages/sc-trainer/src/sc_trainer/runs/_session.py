@@ -24,6 +24,7 @@ from typing import Any
 
 from sc_core import CallIds, TornCall, WorkerDiedError, WorkerGroup
 
+from .._errors import TrainerStateError
 from ._state import RUN_STATE, RunState, read_run_state, write_run_state
 
 __all__ = ["DRIVERS_LOG", "RunSession"]
@@ -151,13 +152,19 @@ class RunSession:
         """Append this driver to ``run_drivers.jsonl``: its epoch, pid, whether it
         re-attached, the step and scope it takes over (``state``), and for every worker of
         ``groups`` its pid (a re-attach keeps them) and, per method, the last call it
-        completed, ``[epoch, scope, key, ok]``: where each group stands; and the torn calls
+        completed, ``[epoch, scope, key, ok]``: where each group stands; the torn calls
         :meth:`adopt_journals` found (group, scope, key, method, the state on each rank that
-        has it, the ranks that never got it). The record is logged too."""
+        has it, the ranks that never got it); the names of each group's standby spares (a
+        re-attach adopts them). The record is logged too; :meth:`amend_driver` adds what the
+        driver learns later (its engine servers)."""
         workers: dict[str, list[int] | None] = {}
         last: dict[str, list[dict[str, list[Any]]] | None] = {}
+        spares: dict[str, list[str]] = {}
         for group in groups:
             name = group.name_prefix
+            standby = getattr(group, "standby_names", None)  # a Ray group's spares
+            if isinstance(standby, list):
+                spares[name] = [str(n) for n in standby]
             try:
                 workers[name] = [int(p) for p in group.execute_all_sync("_get_pid")]
                 last[name] = [
@@ -184,11 +191,29 @@ class RunSession:
                 }
                 for c in self.torn_calls
             ],
+            "spares": spares,
         }
         with (self.folder / DRIVERS_LOG).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
         if self.attached:
             logger.info("run %s: where the groups stand: %s", self.run_id, json.dumps(last))
+
+    def amend_driver(self, **facts: Any) -> None:
+        """Add ``facts`` to this driver's line of ``run_drivers.jsonl`` (the last one, written
+        by :meth:`record_driver`), rewriting the file atomically: what the driver learns
+        after recording itself, such as its engine servers' process ids."""
+        path = self.folder / DRIVERS_LOG
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        last = json.loads(lines[-1]) if lines else {}
+        if last.get("epoch") != self.call_ids.epoch or last.get("driver_pid") != os.getpid():
+            raise TrainerStateError(
+                f"RunSession.amend_driver: the last line of {path} is not this driver's "
+                f"(epoch {self.call_ids.epoch}, pid {os.getpid()}); record_driver first"
+            )
+        lines[-1] = json.dumps({**last, **facts}, sort_keys=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
 
     def use_on(self, groups: Sequence[WorkerGroup[Any]]) -> None:
         """Every call of ``groups`` carries an id from this session."""

@@ -5,7 +5,8 @@ first call, what a new driver needs to take over that step: which step and which
 scope are in flight (the scope numbers the call ids the workers journal, see sc-core's
 ``CallIds``), how far training got (``global_step``; the metrics up to it are in
 ``metrics.jsonl``), the checkpoint the workers may still be writing, the weight-sync
-version, and the rollout source's versions and the generation it launched. It is
+version, and the rollout source's versions and the generation it launched; with engine
+servers, the fleet's names and the push bookkeeping (``ServersSnapshot``). It is
 small: no tensors, no metrics history. A new driver replays the step from its start with
 the same call ids; every call the workers already ran is answered from their journals, so
 nothing runs twice and nothing is lost.
@@ -55,11 +56,8 @@ class RunState:
     @classmethod
     def from_json(cls, text: str) -> RunState:
         raw = json.loads(text)
-        rollout = dict(raw.pop("rollout", {}))
-        rollout["actor_version_of"] = {
-            int(k): int(v) for k, v in rollout.get("actor_version_of", {}).items()
-        }
-        return cls(**raw, rollout=RolloutSnapshot(**rollout))
+        rollout = RolloutSnapshot.from_dict(raw.pop("rollout", {}))
+        return cls(**raw, rollout=rollout)
 
 
 def write_run_state(folder: Path, state: RunState) -> None:

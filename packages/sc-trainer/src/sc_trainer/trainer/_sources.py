@@ -37,13 +37,15 @@ def make_rollout_source(
     it generates on (``None``: it generates on worker groups): engine servers
     (``rollout_engine`` builtin or vllm: agent sessions for an agent task, else the router
     rollout, partial with ``async_staleness``), or worker groups (the actor's, a separate
-    rollout group's, or that group one step ahead with ``async_staleness``)."""
+    rollout group's, or that group one step ahead with ``async_staleness``). In a detached
+    run (``detached``) the servers are the run's: created and recorded, or adopted."""
     if config.rollout_engine != "workers":
         if config.model_path is None:
             raise TrainerConfigError(
                 f"make_rollout_source: rollout_engine={config.rollout_engine!r} serves a "
                 "Hugging Face model; model_path is None (TaskRunner writes a tiny GPT-2)"
             )
+        run = None if detached is None else detached.session.run
         servers = EngineServers(
             config.rollout_engine,
             config.model_path,
@@ -52,11 +54,12 @@ def make_rollout_source(
             groups.actor_rollout,
             seed=config.seed,
             device=config.device,
+            run=run,
         )
         try:
             return _server_source(config, task, servers, worker_config), servers
         except BaseException:
-            servers.close()
+            servers.close(detach=run is not None)  # a detached run's stay for the next driver
             raise
     if isinstance(task, AgentEnvironment):
         raise TrainerConfigError(

@@ -151,6 +151,8 @@ class RayPPOTrainer:
         self.rollout, self.servers = make_rollout_source(
             cfg, self.task, groups, self.output.root, self.actor_rollout_ref_config, self.detached
         )
+        if self.detached is not None and self.servers is not None:
+            self.detached.record_servers(self.servers)
 
     def _workers(self, attribute: str) -> TrainerGroups:
         if self._groups is None:
