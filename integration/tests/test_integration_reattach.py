@@ -29,10 +29,10 @@ releases the server actors, their pool and the spares with the rest, and the ser
 processes end.
 
 The default integration session runs three cases (inside an update, inside the push to
-engine servers, a torn update); the ``faults`` session runs them all. No case hangs: every driver process is bounded (``DRIVER_TIMEOUT_S``,
-600 s: on a loaded two-core machine most of a driver's time is the start of its worker and
-server processes) and so is every test (``pytest.mark.timeout``, 1800 s: a clean run and two
-drivers).
+engine servers, a torn update); the ``faults`` session runs them all. No case hangs: every
+driver process is bounded (``DRIVER_TIMEOUT_S``, 600 s: on a loaded two-core machine most of
+a driver's time is the start of its worker and server processes) and so is every test
+(``pytest.mark.timeout``, 1800 s: a clean run and two drivers).
 """
 
 from __future__ import annotations
