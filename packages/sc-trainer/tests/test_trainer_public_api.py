@@ -66,6 +66,8 @@ def test_the_version_and_the_declared_dependencies() -> None:
 def test_the_settings_are_declared_once_with_their_defaults(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert [s.name for s in sc_trainer.SETTINGS] == ["SC_TRAINER_WORKER_LOGS"]
-    monkeypatch.delenv("SC_TRAINER_WORKER_LOGS", raising=False)
-    assert [s.get() for s in sc_trainer.SETTINGS] == [False]
+    names = ["SC_TRAINER_WORKER_LOGS", "SC_TRAINER_LOST_PEER_GRACE_S"]
+    assert [s.name for s in sc_trainer.SETTINGS] == names
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    assert [s.get() for s in sc_trainer.SETTINGS] == [False, 60.0]

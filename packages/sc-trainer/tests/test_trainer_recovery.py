@@ -109,10 +109,14 @@ def test_fault_spec_and_config_errors(tmp_path: Path) -> None:
         FaultSpec("actor", 0, 2),
         FaultSpec("critic", 1, 3),
     )
+    # the other kinds of fault are parsed by their own classes (DriverFault, NodeFault,
+    # RewardFault): the worker faults of a mixed list are the worker parts alone
+    mixed = "driver@step=2, actor:0@step=3, node@step=2, reward:1@step=2:hang, server:0@step=2"
+    assert FaultSpec.parse_all(mixed) == (FaultSpec("actor", 0, 3), FaultSpec("server", 0, 2))
     for bad in (
         "actor1@step=3",
         "actor:1@step=0",
-        "reward:0@step=2",
+        "judge:0@step=2",  # no such role
         "actor:-1@step=2",
         "actor:1@step=2:raise",  # no method
         "actor:1@step=2:update_actor+0.5:raise",  # a raise has no delay
