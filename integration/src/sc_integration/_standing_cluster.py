@@ -167,8 +167,8 @@ def kill_processes(pids: Iterable[int]) -> None:
                 os.kill(pid, sig)
 
 
-#: the ``ray start`` flags of one node's component ports (a head adds ``--port`` and
-#: ``--ray-client-server-port``)
+#: the ``ray start`` flags of one node's component ports (a head adds ``--port``; no Ray
+#: client server is started: it needs ``ray[client]``, which the workspace does not install)
 NODE_PORT_FLAGS = (
     "--node-manager-port",
     "--object-manager-port",
@@ -227,10 +227,9 @@ class StandingCluster:
 
     def _start(self, num_cpus: int, resources: Mapping[str, float] | None) -> str | None:
         """One ``ray start --head`` on newly drawn ports; what went wrong, or ``None``."""
-        # the GCS, the client server (its own: the default, 10001, is shared by every
-        # cluster of the machine), then the node's components
-        ports, self.worker_ports = cluster_ports(2 + len(NODE_PORT_FLAGS))
-        self.port, client_port, *components = ports
+        # the GCS, then the node's components
+        ports, self.worker_ports = cluster_ports(1 + len(NODE_PORT_FLAGS))
+        self.port, *components = ports
         #: every component port of the head, which a node joining it must not use
         self.ports: tuple[int, ...] = tuple(ports)
         self.address = f"127.0.0.1:{self.port}"
@@ -244,7 +243,6 @@ class StandingCluster:
             "--include-dashboard=false",
             "--disable-usage-stats",
             f"--port={self.port}",
-            f"--ray-client-server-port={client_port}",
             *node_ports(components, self.worker_ports),
         ]
         env = self.env()
@@ -264,7 +262,7 @@ class StandingCluster:
 
     def stop(self) -> None:
         """Kill every process whose command line names this cluster's temp dir or GCS
-        address (any host, this port: a node joined to it, the client server), and the
+        address (any host, this port: a node joined to it), and the
         processes below them (the raylets' workers)."""
         kill_processes(processes_where([str(self.temp_dir), self.address], gcs_port=self.port))
 
