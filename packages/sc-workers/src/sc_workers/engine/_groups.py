@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import json
 import logging
 import weakref
@@ -42,7 +43,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
+from torch.distributed.tensor import DTensor
 
 __all__ = [
     "FailureRecord",
@@ -268,16 +272,12 @@ class ProcessGroups:
 
 
 def _process_groups() -> Iterator[dist.ProcessGroup]:
-    from torch.distributed.distributed_c10d import _world
-
-    yield from list(_world.pg_map)
+    yield from list(distributed_c10d._world.pg_map)
 
 
 def _clear_caches(module: str, *names: str) -> None:
     """Clear the caches ``names`` (dotted paths: a function with ``cache_clear``, or a
     function that clears a cache) of ``module``, skipping what this torch does not have."""
-    import importlib
-
     try:
         owner: Any = importlib.import_module(module)
     except ImportError:  # pragma: no cover - another torch layout
@@ -295,9 +295,6 @@ def _clear_dtensor_caches() -> None:
     """Drop DTensor's caches of sharding and redistribution decisions (in Python, and the
     dispatcher's native one): their keys or values hold device meshes, and a mesh holds its
     process groups."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
     native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if callable(native):
         native()

@@ -23,14 +23,12 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from ._common import WorkerBase
-
 __all__ = [
+    "CollectiveWorker",
     "add_note",
     "collective",
     "collective_setup",
@@ -41,7 +39,16 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
-W = TypeVar("W", bound="WorkerBase")
+T = TypeVar("T")
+
+
+class CollectiveWorker(Protocol):
+    """What :func:`collective` needs of a worker (``WorkerBase`` has it)."""
+
+    def _collective_call(self, method: str, run: Callable[[], T], tear_down: bool) -> T: ...
+
+
+W = TypeVar("W", bound=CollectiveWorker)
 
 #: what a collective raises when its peer's connections closed or broke (gloo, nccl)
 _PEER_MARKERS = (
