@@ -33,6 +33,7 @@ start-up) and the check of the two nodes' ports; the ``faults`` session runs the
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -196,8 +197,14 @@ def test_a_lost_node_is_recovered_on_the_surviving_node_bit_identical(
     recovery = recoveries[0]
     assert recovery["recovery/failed_step"] in (KILL_STEP, KILL_STEP + 1), recovery
     assert recovery["recovery/from_step"] == 2, recovery
+    # the driver learns of the loss one of two ways, whichever comes first: its call to the
+    # lost rank finds the actor unreachable, or the survivor's collective loses its peer (and
+    # the recovery waits for the cluster to report the death)
     text = log.read_text()
-    assert "a collective lost its connection to a peer" in text
+    assert (
+        "a collective lost its connection to a peer" in text
+        or re.search(r"worker rank \d+ died", text) is not None
+    ), _tail(log)
 
     got = final_weights(Path(_summary(log)["checkpoint"]))
     assert got.keys() == expected.keys()

@@ -104,8 +104,10 @@ class ClusterNode:
         return processes_where([str(self.temp_dir)])
 
     def raylet_pid(self) -> int | None:
-        """The pid of the node's raylet (``None`` once it is gone)."""
+        """The pid of the node's raylet (``None`` once it is gone: a zombie counts as gone)."""
         for pid in self.processes():
+            if not _alive(pid):
+                continue
             try:
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
@@ -121,6 +123,11 @@ class ClusterNode:
         kill_processes(pids)
         self.killed_at = time.monotonic()
         self.killed |= pids
+        # SIGKILL is delivered at once, but a process is gone only once the kernel has torn
+        # it down (a loaded machine takes a moment): wait for that, bounded
+        deadline = time.monotonic() + 10.0
+        while not self.is_gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
         return pids
 
     def stop(self) -> None:
