@@ -24,7 +24,6 @@ from sc_trainer.launch._connect import auth_token_source
 
 from ._standing_cluster import (
     NODE_PORT_FLAGS,
-    START_TRIES,
     StandingCluster,
     _ray_bin,
     cluster_ports,
@@ -32,6 +31,7 @@ from ._standing_cluster import (
     node_ports,
     processes_where,
     run_ray_start,
+    start_with_retries,
 )
 
 __all__ = ["ClusterNode"]
@@ -64,15 +64,9 @@ class ClusterNode:
         #: when :meth:`kill` killed the node (``time.monotonic()``), and the pids it killed
         self.killed_at: float | None = None
         self.killed: set[int] = set()
-        for attempt in range(1, START_TRIES + 1):
-            failure = self._start(num_cpus, resources)
-            if failure is None:
-                return
-            self.stop()
-            if attempt == START_TRIES:
-                raise RuntimeError(
-                    f"ray start --address failed {START_TRIES} times; the last: {failure}"
-                )
+        start_with_retries(
+            lambda: self._start(num_cpus, resources), self.stop, "ray start --address"
+        )
 
     def _start(self, num_cpus: int, resources: Mapping[str, float] | None) -> str | None:
         """One ``ray start --address`` on newly drawn ports; what went wrong, or ``None``."""

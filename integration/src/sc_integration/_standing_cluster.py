@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ __all__ = [
     "run_driver",
     "run_ray_start",
     "start_driver",
+    "start_with_retries",
     "wait_for",
 ]
 
@@ -88,14 +89,11 @@ def cluster_ports(
 
 def _ancestors() -> set[int]:
     """This process and the processes above it (never killed by :meth:`StandingCluster.stop`)."""
-    found, pid = set(), os.getpid()
-    while pid > 1 and pid not in found:
+    found: set[int] = set()
+    pid: int | None = os.getpid()
+    while pid is not None and pid > 1 and pid not in found:
         found.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            break
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        pid = _parent(pid)
     return found
 
 
@@ -195,6 +193,20 @@ def node_ports(ports: Sequence[int], workers: range) -> list[str]:
 START_TRIES = 3
 
 
+def start_with_retries(
+    start: Callable[[], str | None], stop: Callable[[], None], what: str
+) -> None:
+    """Run ``start`` (one ``ray start`` on new ports: what went wrong, or ``None``) up to
+    :data:`START_TRIES` times, ``stop`` after each failure; raise after the last."""
+    for attempt in range(1, START_TRIES + 1):
+        failure = start()
+        if failure is None:
+            return
+        stop()
+        if attempt == START_TRIES:
+            raise RuntimeError(f"{what} failed {START_TRIES} times; the last: {failure}")
+
+
 def run_ray_start(args: list[str], env: Mapping[str, str]) -> str | None:
     """Run one ``ray start``; ``None`` when it started, else what it said."""
     try:
@@ -217,13 +229,7 @@ class StandingCluster:
     ) -> None:
         # Ray's socket paths must stay short (AF_UNIX): a short folder beside the temp dir
         self.temp_dir = temp_dir
-        for attempt in range(1, START_TRIES + 1):
-            failure = self._start(num_cpus, resources)
-            if failure is None:
-                return
-            self.stop()
-            if attempt == START_TRIES:
-                raise RuntimeError(f"ray start failed {START_TRIES} times; the last: {failure}")
+        start_with_retries(lambda: self._start(num_cpus, resources), self.stop, "ray start")
 
     def _start(self, num_cpus: int, resources: Mapping[str, float] | None) -> str | None:
         """One ``ray start --head`` on newly drawn ports; what went wrong, or ``None``."""
