@@ -32,7 +32,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sc_core.ext import arm_torn_dispatch, disarm_torn_dispatch
@@ -40,7 +40,7 @@ from sc_core.ext import arm_torn_dispatch, disarm_torn_dispatch
 from .._errors import TrainerConfigError
 from ._workers import is_driver_fault
 
-__all__ = ["DRIVER_PHASES", "DriverFault", "DriverFaults"]
+__all__ = ["DRIVER_PHASES", "DriverFault", "DriverFaults", "matching_parts"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,23 @@ _GRAMMAR = (
     "driver@step=N[:PHASE[+seconds|+torn]], e.g. 'driver@step=3:update_actor+0.2' or "
     "'driver@step=3:update_actor+torn'"
 )
+
+
+def matching_parts(
+    text: str | None, is_kind: Callable[[str], bool], spec: re.Pattern[str], grammar: str
+) -> list[re.Match[str]]:
+    """The parts of an ``inject_fault`` value (comma-separated) of one kind (``is_kind``),
+    each matched by ``spec``; a part of the kind that ``spec`` refuses is a
+    :class:`TrainerConfigError` naming ``grammar``."""
+    matches = []
+    for part in (text or "").split(","):
+        if not is_kind(part):
+            continue
+        match = spec.match(part.strip())
+        if match is None:
+            raise TrainerConfigError(f"inject_fault must look like {grammar}, got {part!r}")
+        matches.append(match)
+    return matches
 
 
 @dataclass(frozen=True)
@@ -102,15 +119,8 @@ class DriverFault:
     @classmethod
     def parse_all(cls, text: str | None) -> tuple[DriverFault, ...]:
         """The ``driver@...`` parts of an ``inject_fault`` value (comma-separated)."""
-        if text is None:
-            return ()
         faults = []
-        for part in text.split(","):
-            if not is_driver_fault(part):
-                continue
-            match = _SPEC.match(part.strip())
-            if match is None:
-                raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {part!r}")
+        for match in matching_parts(text, is_driver_fault, _SPEC, _GRAMMAR):
             faults.append(
                 cls(
                     int(match["step"]),

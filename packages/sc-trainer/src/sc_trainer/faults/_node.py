@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import TrainerConfigError, TrainerStateError
-from ._driver import DRIVER_PHASES
+from ._driver import DRIVER_PHASES, matching_parts
 from ._workers import NODE_PREFIX, is_node_fault
 
 __all__ = ["ArmedLoss", "NodeFault", "NodeFaults"]
@@ -78,15 +78,8 @@ class NodeFault:
     @classmethod
     def parse_all(cls, text: str | None) -> tuple[NodeFault, ...]:
         """The ``node...@`` parts of an ``inject_fault`` value (comma-separated)."""
-        if text is None:
-            return ()
         faults = []
-        for part in text.split(","):
-            if not is_node_fault(part):
-                continue
-            match = _SPEC.match(part.strip())
-            if match is None:
-                raise TrainerConfigError(f"inject_fault must look like {_GRAMMAR}, got {part!r}")
+        for match in matching_parts(text, is_node_fault, _SPEC, _GRAMMAR):
             faults.append(
                 cls(
                     int(match["step"]),
