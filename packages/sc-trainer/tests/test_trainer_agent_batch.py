@@ -43,7 +43,10 @@ def _run(agent: Any, tasks: list[AgentTask], engine: Any = None) -> list[AgentOu
     config = AgentLoopConfig(16, 10.0, SamplingParams(max_tokens=4, seed=5))
     with AgentLoop(engine, agent, config=config) as loop:
         loop.submit(tasks)
-        return [o for group in loop.take_all(timeout=20) for o in group]
+        outcomes = [o for group in loop.take_all(timeout=20) for o in group]
+    # groups come back in the order they end; the tests compare rows in submission order
+    order = {task.session_id: i for i, task in enumerate(tasks)}
+    return sorted(outcomes, key=lambda o: order[o.task.session_id])
 
 
 async def _single_turn(task: AgentTask, session: AgentSession) -> float:
