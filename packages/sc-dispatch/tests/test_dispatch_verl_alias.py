@@ -38,7 +38,8 @@ def test_the_alias_registers_a_mode_and_reads_it_back() -> None:
 
     group = FakeWorkerGroup(3)
     args, kwargs = entry["dispatch_fn"](group, 5)
-    assert args == ([10, 10, 10],) and kwargs == {}
+    assert args == ([10, 10, 10],)
+    assert kwargs == {}
     assert entry["collect_fn"](group, [1, 2, 3]) == 6
 
     decorator.update_dispatch_mode(mode, _dispatch_doubled, _collect_first)
