@@ -82,7 +82,7 @@ QUICK_TESTS: dict[str, list[str]] = {
     "sc-workers": [".", "-m", "not slow", "--ignore={tests}/test_workers_checkpoint_atomic.py"],
     "sc-trainer": [
         "test_trainer_task.py",
-        "test_trainer_run_session.py",
+        "test_trainer_attached_driver.py",
         "test_trainer_driver_faults.py",
         "test_trainer_node_faults.py",
         "test_trainer_agent_batch.py",

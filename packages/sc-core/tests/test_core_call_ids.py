@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +27,7 @@ from sc_core import (
     WorkerError,
     create_colocated_worker_cls,
 )
+from sc_core._journal import journal_of
 from sc_core.backend import CALL_ID_KWARG, KEEP_SCOPES, run_journaled, run_journaled_async
 from sc_dispatch import Dispatch, register
 
@@ -396,9 +396,20 @@ def test_a_duplicate_waits_for_the_running_original() -> None:
     duplicate = threading.Thread(
         target=lambda: results.append(run_journaled(worker, "m", _id(epoch=1), run))
     )
+    # the duplicate reaches the journal's wait for the running original, and stays there
+    waiting = threading.Event()
+    journal = journal_of(worker)
+    wait = journal.wait
+
+    def noted_wait(entry: Any) -> None:
+        waiting.set()
+        wait(entry)
+
+    journal.wait = noted_wait  # type: ignore[method-assign]
     duplicate.start()
-    time.sleep(0.05)
-    assert results == []  # the duplicate waits
+    assert waiting.wait(10)
+    assert results == []  # the original is held, so nothing has returned
+    assert runs == [{"x": 1}]
     release.set()
     original.join(10)
     duplicate.join(10)

@@ -11,6 +11,7 @@ from sc_core import (
     ClassWithInitArgs,
     LocalWorkerGroup,
     ResourcePool,
+    WorkerError,
     WorkerGroupClosedError,
     WorkerGroupError,
     create_colocated_worker_cls,
@@ -87,8 +88,9 @@ def test_a_constructor_failure_leaves_no_rank_threads() -> None:
         def __init__(self) -> None:
             raise RuntimeError("no")
 
-    with pytest.raises(Exception, match="no"):
+    with pytest.raises(WorkerError, match="no") as info:
         LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(Broken), name_prefix="lcbroken")
     for thread in _rank_threads("lcbroken"):
         thread.join(timeout=10)
     assert _rank_threads("lcbroken") == []
+    assert isinstance(info.value.__cause__, RuntimeError)

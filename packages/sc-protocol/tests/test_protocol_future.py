@@ -1,4 +1,4 @@
-"""DataProtoFuture: resolver API, row-count plans, lazy chunk / pad / unpad / concat."""
+"""DataProtoFuture: resolver API, shard slices by row count, lazy chunk / pad / unpad / concat."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sc_protocol import (
     ProtocolTypeError,
     UnknownRowCountError,
 )
-from sc_protocol.ext import ShardSlice, plan_shard_slices
+from sc_protocol.ext import ShardSlice, slice_shards
 from tensordict import TensorDict
 
 
@@ -41,23 +41,23 @@ def three_shards() -> tuple[Store, DataProtoFuture]:
     return store, fut
 
 
-def test_plan_shard_slices() -> None:
-    assert plan_shard_slices([4, 2, 3], 3, 7) == [
+def test_slice_shards() -> None:
+    assert slice_shards([4, 2, 3], 3, 7) == [
         ShardSlice(0, 3, 4),
         ShardSlice(1, 0, 2),
         ShardSlice(2, 0, 1),
     ]
-    assert plan_shard_slices([4, 2, 3], 4, 6) == [ShardSlice(1, 0, 2)]
-    assert plan_shard_slices([4, 0, 3], 0, 0) == []
+    assert slice_shards([4, 2, 3], 4, 6) == [ShardSlice(1, 0, 2)]
+    assert slice_shards([4, 0, 3], 0, 0) == []
     with pytest.raises(
         InvalidSizeError,
         match=r"row range 5:10 is not within the 9 rows of shards with row counts \[4, 2, 3\]",
     ):
-        plan_shard_slices([4, 2, 3], 5, 10)
+        slice_shards([4, 2, 3], 5, 10)
     with pytest.raises(
         InvalidSizeError, match=r"row_counts\[1\] must be a non-negative int, got -1"
     ):
-        plan_shard_slices([1, -1], 0, 0)
+        slice_shards([1, -1], 0, 0)
 
 
 def test_get_joins_shards_in_order() -> None:
@@ -86,7 +86,7 @@ def test_chunk_fetches_only_needed_shards() -> None:
     assert parts[1].shard_slices(0, 2) == [ShardSlice(0, 1, 2), ShardSlice(1, 0, 1)]
 
 
-def test_chunk_then_concat_merges_into_one_plan() -> None:
+def test_chunk_then_concat_merges_into_one_list_of_slices() -> None:
     store, fut = three_shards()
     merged = DataProtoFuture.concat(fut.chunk(3))
     assert merged.shard_refs == ("r0", "r1", "r2")
@@ -187,7 +187,7 @@ def test_default_resolver_accepts_concurrent_futures_and_get() -> None:
     assert row_ids(fut.get()) == [0, 1, 2]
 
 
-def test_pickle_drops_cached_value_and_keeps_plan() -> None:
+def test_pickle_drops_cached_value_and_keeps_slices() -> None:
     dp = make_dp(4)
     fut = DataProtoFuture.from_shards([dp[:2], dp[2:]], [2, 2]).chunk(2)[1]
     fut.get()

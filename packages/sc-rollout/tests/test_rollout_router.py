@@ -33,7 +33,7 @@ from sc_rollout import (
     WeightUpdate,
     WeightVersionError,
 )
-from sc_rollout._sessions import SessionMap, least_loaded
+from sc_rollout._affinity import AffinityMap, least_loaded
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,7 +66,7 @@ def _served(router: Router) -> dict[str, int]:
 def test_the_session_map_keeps_the_most_recently_used_sessions(
     capacity: int, steps: list[tuple[bool, int, str]]
 ) -> None:
-    sessions = SessionMap(capacity)
+    sessions = AffinityMap(capacity)
     model: dict[str, str] = {}  # insertion order = least to most recently used
     for is_put, key, server in steps:
         session = f"s{key}"
@@ -103,7 +103,7 @@ def test_least_loaded_has_the_fewest_in_flight_then_waited_longest(
 
 def test_the_choices_refuse_nonsense() -> None:
     with pytest.raises(RolloutConfigError, match=r"session_capacity must be >= 1, got 0"):
-        SessionMap(0)
+        AffinityMap(0)
     with pytest.raises(RolloutConfigError, match=r"of no servers"):
         least_loaded({})
 

@@ -46,7 +46,10 @@ def test_tool_sessions_train_with_the_engines_tokens_and_log_probs(tmp_path: Pat
         assert record["rollout/log_prob_diff_max"] < 1e-4, record
     # 3 in 4 sessions are hints (tool tokens in context from the start), not counted as calls
     assert all(0.0 <= r["agent/tool_call_rate"] <= 0.5 for r in steps), steps
-    assert 0.0 <= result.last_val_reward <= 1.0
+    # the scores reach the batch (a run whose rewards were lost would train on zeros) and
+    # the result reports the last validation
+    assert any(r["train/reward"] > 0.0 for r in steps), steps
+    assert result.last_val_reward == result.history[-1]["val/reward"]
     assert (tmp_path / "run" / "model" / "tokenizer.json").is_file()
 
 

@@ -72,7 +72,7 @@ from sc_workers.models import (
     load_hf_model,
     save_hf_model,
 )
-from sc_workers.workers._sampling import SamplingParams, generate
+from sc_workers.workers._sampling import BatchSampling, generate
 
 ATOL = 1e-5  # float32, same weights: only the reduction order differs
 UPDATE_ATOL = 5e-5  # after two AdamW steps
@@ -224,7 +224,7 @@ def test_greedy_generation_through_the_cache_equals_transformers(models: dict[st
         engine = worker.actor_engine
         assert engine is not None
         assert engine.supports_kv_cache
-        params = SamplingParams(GEN_LEN, 1.0, -1, 1.0, False, (1,), 0)
+        params = BatchSampling(GEN_LEN, 1.0, -1, 1.0, False, (1,), 0)
         runs = []
         for use_cache in (True, False):
             responses, _, _ = generate(

@@ -11,7 +11,7 @@ import torch
 from _workers_sync_memory import run_in_memory
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sc_workers import SyncLayoutError, WeightSyncError
+from sc_workers import ConfigError, SyncLayoutError, WeightSyncError
 from sc_workers.sync import (
     ChannelSpec,
     ModelLayout,
@@ -262,11 +262,11 @@ def test_in_memory_channel_times_out_naming_the_silent_peer() -> None:
 
 
 def test_channel_spec_errors() -> None:
-    with pytest.raises(Exception, match="kind must be gloo, nccl or memory"):
+    with pytest.raises(ConfigError, match="kind must be gloo, nccl or memory"):
         ChannelSpec("mpi", "x", 2)  # type: ignore[arg-type]
-    with pytest.raises(Exception, match="world_size must be >= 2"):
+    with pytest.raises(ConfigError, match="world_size must be >= 2"):
         ChannelSpec("memory", "x", 1)
-    with pytest.raises(Exception, match="port must be a TCP port"):
+    with pytest.raises(ConfigError, match="port must be a TCP port"):
         ChannelSpec("gloo", "x", 2)
-    with pytest.raises(Exception, match="rank 5 is outside the channel's 2 participants"):
+    with pytest.raises(ConfigError, match="rank 5 is outside the channel's 2 participants"):
         open_channel(ChannelSpec("memory", "x", 2), 5)

@@ -21,13 +21,15 @@ A bound method's call (not verl's ``execute_all_*``) of a group that uses call i
 (:meth:`~sc_core.WorkerGroup.use_call_ids`) takes the next :class:`~sc_core.CallId`, which
 every rank receives (``_units.start``; the worker's journal is ``_journal.py``).
 
-Around every call, ``_Scope``: the call refuses dead ranks, warns about ranks still busy
-with a call the group gave up on (and says so in a timeout's message), and finishes the
-call's span. A failure gives up on the ranks still running (``give_up``).
+Around every call, ``_CallWatch``: the call refuses dead ranks, warns about ranks still
+busy with a call the group gave up on (and says so in a timeout's message), and finishes the
+call's span, with the error when it fails (``_CallWatch.around``, the one place that does).
+A failure gives up on the ranks still running (``give_up``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
@@ -87,7 +89,7 @@ def _call_id(site: CallSite, method_name: str) -> CallId | None:
     return None if ids is None else ids.next(site.name_prefix, method_name)
 
 
-class _Scope:
+class _CallWatch:
     """The prologue and epilogue of one call: a warning when it waits behind busy ranks,
     and its span finished (a timeout names the ranks that were busy when it started)."""
 
@@ -114,6 +116,18 @@ class _Scope:
 
     def done(self) -> None:
         self.call.span.finish(None)
+
+    @contextlib.contextmanager
+    def around(self, *, finish: bool = True) -> Iterator[None]:
+        """Run the call's body: an error finishes the span with it (and propagates); a body
+        that returns finishes the span when ``finish`` (a stream finishes it at its end)."""
+        try:
+            yield
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        if finish:
+            self.done()
 
 
 # --- the adverbs: a call, a raw call, a stream --------------------------------------------
@@ -149,8 +163,7 @@ def call_method(
     call.joins_shards = proxy.spec.row_aligned
     call.call_id = _call_id(site, name)
     span = call.span
-    scope = _Scope(site, call, backend)
-    try:
+    with _CallWatch(site, call, backend).around():
         with span.phase("dispatch"):
             plan = _plan(proxy, site, args, kwargs)
             if not blocking:
@@ -167,10 +180,6 @@ def call_method(
                 result = plan.join(outputs)
             except ScDispatchError as exc:
                 reraise_with_method(exc, proxy.__qualname__)
-    except BaseException as exc:
-        scope.fail(exc)
-        raise
-    scope.done()
     return result
 
 
@@ -193,8 +202,7 @@ def call_raw(
         plan = rank_zero_plan(method_name, args, kwargs)
     else:
         plan = rank_plan(method_name, len(call.ranks), args, kwargs)
-    scope = _Scope(site, call, backend)
-    try:
+    with _CallWatch(site, call, backend).around():
         with call.span.phase("execute"):
             units = Units(site, call, plan, method_name, backend, check_alive=blocking)
         if blocking:
@@ -202,10 +210,6 @@ def call_raw(
                 result: Any = units.outputs()
         else:
             result = units.handles()
-    except BaseException as exc:
-        scope.fail(exc)
-        raise
-    scope.done()
     return result[0] if rank_zero else result
 
 
@@ -239,8 +243,8 @@ class CallStream(Generic[R]):
         self._call = call = new_call(site, name, Execute.ALL, True, _timeout(site, proxy))
         call.joins_shards = True
         call.call_id = _call_id(site, name)
-        self._scope = _Scope(site, call, backend)
-        try:
+        self._watch = _CallWatch(site, call, backend)
+        with self._watch.around(finish=False):
             with call.span.phase("dispatch"):
                 plan = _plan(proxy, site, args, kwargs)
             if not plan.row_aligned:
@@ -251,9 +255,6 @@ class CallStream(Generic[R]):
                     "batch is a future that does not know it yet (get() the future first)"
                 )
             self._units = Units(site, call, plan, name, backend)
-        except BaseException as exc:
-            self._scope.fail(exc)
-            raise
         self._in_order = in_order
         self._expected = sorted((u for u in plan.units if u.rows), key=lambda u: min(u.rows))
         self._position = 0
@@ -306,9 +307,9 @@ class CallStream(Generic[R]):
             return
         self._closed = True
         if exc is None:
-            self._scope.done()
+            self._watch.done()
         else:
-            self._scope.fail(exc)
+            self._watch.fail(exc)
 
     def result(self) -> R:
         """Every unit's output joined in input order: what a blocking call returns."""

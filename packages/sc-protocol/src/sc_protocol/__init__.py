@@ -8,7 +8,7 @@ imported first, without ``torch._dynamo`` (:mod:`sc_protocol._tensordict`), whic
 start-up of a worker process short.
 
 This module holds what a user writes; :mod:`sc_protocol.ext` holds what a backend or a
-dispatch mode needs beyond it (the shard adapters, row plans of futures, the pickled state
+dispatch mode needs beyond it (the shard adapters, the shard slices of futures, the pickled state
 of a TensorDict).
 """
 

@@ -1,6 +1,6 @@
 """Row operations a future records when some shard's row count is unknown.
 
-Without known row counts a future cannot plan which shards it needs; ``slice``, ``chunk``,
+Without known row counts a future cannot tell which shards it needs; ``slice``, ``chunk``,
 ``pad`` and ``unpad`` (and verl's ``dispatch_fn``) are then kept as *operations* and applied,
 in order, to the joined value once every shard has been fetched -- verl's behaviour.
 """
@@ -14,7 +14,7 @@ import numpy as np
 from ._data_proto import DataProto
 from ._errors import FutureError, UnknownRowCountError
 from ._padding import unpad_dataproto
-from ._plan import chunk_bounds
+from ._slices import chunk_bounds
 
 __all__ = ["Op", "apply_op", "op_rows"]
 

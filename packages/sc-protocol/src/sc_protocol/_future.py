@@ -4,8 +4,8 @@ A future is a list of *shards* -- opaque handles (Ray ``ObjectRef``s, ``concurre
 futures, or plain DataProtos), one per producer rank -- plus a *resolver*, the function
 the backend supplies to turn a list of handles into a list of DataProtos (``ray.get`` for
 sc-ray; :mod:`._resolve` holds the default). When the row count of every shard is known, the
-future keeps a *plan* (:mod:`._plan`): the ordered row ranges of the shards that make up its
-value. ``chunk``, ``pad``, ``unpad`` and ``slice`` then only rewrite the plan, and each
+future keeps its *slices* (:mod:`._slices`): the ordered row ranges of the shards that make up its
+value. ``chunk``, ``pad``, ``unpad`` and ``slice`` then only rewrite the slices, and each
 resulting future holds just the shards it needs, so that a consumer fetches only those. When
 some row count is unknown (``None``), the same operations are recorded (:mod:`._deferred`)
 and applied after every shard has been fetched and joined, which is verl's behaviour.
@@ -24,8 +24,8 @@ from ._config import DataProtoConfig
 from ._data_proto import DataProto
 from ._deferred import Op, apply_op, op_rows
 from ._errors import FutureError, InvalidSizeError, ProtocolTypeError, UnknownRowCountError
-from ._plan import ShardSlice, check_count, chunk_bounds, cut, plan_rows
 from ._resolve import Resolver, resolve_local
+from ._slices import ShardSlice, check_count, chunk_bounds, count_rows, cut
 
 __all__ = ["DataProtoFuture"]
 
@@ -122,18 +122,18 @@ class DataProtoFuture(Generic[B]):
         self._collect_fn: CollectFn | None = collect_fn
         self._children: tuple[DataProtoFuture[B], ...] | None = None
         self._ops: tuple[Op, ...] = ()
-        self._plan: tuple[ShardSlice, ...] | None = None
+        self._slices: tuple[ShardSlice, ...] | None = None
         self._value: B | None = None
         if dispatch_fn is not None:
             self._ops = (("fn", dispatch_fn, None),)
         elif collect_fn is None and all(c is not None for c in counts):
-            plan: list[ShardSlice] = []
+            slices: list[ShardSlice] = []
             for i, c in enumerate(counts):
                 if c:
-                    plan.append(ShardSlice(i, 0, int(c)))
-            if not plan and refs:
-                plan.append(ShardSlice(0, 0, 0))
-            self._plan = tuple(plan)
+                    slices.append(ShardSlice(i, 0, int(c)))
+            if not slices and refs:
+                slices.append(ShardSlice(0, 0, 0))
+            self._slices = tuple(slices)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -195,13 +195,13 @@ class DataProtoFuture(Generic[B]):
     def slices(self) -> tuple[ShardSlice, ...] | None:
         """How the value is built from :attr:`shard_refs`: row ranges in order, or ``None``
         when some row count is unknown (then every shard is fetched and joined)."""
-        return self._plan
+        return self._slices
 
     @property
     def num_rows(self) -> int | None:
         """Rows of the value, or ``None`` if it is not known before resolving."""
-        if self._plan is not None:
-            return plan_rows(self._plan)
+        if self._slices is not None:
+            return count_rows(self._slices)
         if self._children is not None:
             counts = [c.num_rows for c in self._children]
             base = (
@@ -253,25 +253,25 @@ class DataProtoFuture(Generic[B]):
 
         Needs known row counts (raises :class:`UnknownRowCountError` otherwise).
         """
-        if self._plan is None:
+        if self._slices is None:
             raise UnknownRowCountError(
                 "DataProtoFuture.shard_slices: the shard row counts are not all known "
                 f"({list(self.row_counts)})"
             )
-        total = plan_rows(self._plan)
+        total = count_rows(self._slices)
         if not (0 <= start <= stop <= total):
             raise InvalidSizeError(
                 f"DataProtoFuture.shard_slices: row range {start}:{stop} is not within {total} rows"
             )
-        return [p for p in cut(self._plan, start, stop) if p.stop > p.start]
+        return [p for p in cut(self._slices, start, stop) if p.stop > p.start]
 
-    def _with_plan(self, plan: Sequence[ShardSlice]) -> DataProtoFuture[B]:
-        used = sorted({p.shard for p in plan})
+    def _with_slices(self, slices: Sequence[ShardSlice]) -> DataProtoFuture[B]:
+        used = sorted({p.shard for p in slices})
         remap = {old: new for new, old in enumerate(used)}
         new = self._derive()
         new._refs = tuple(self._refs[i] for i in used)
         new._counts = tuple(self._counts[i] for i in used)
-        new._plan = tuple(ShardSlice(remap[p.shard], p.start, p.stop) for p in plan)
+        new._slices = tuple(ShardSlice(remap[p.shard], p.start, p.stop) for p in slices)
         return new
 
     def _with_op(self, op: Op) -> DataProtoFuture[B]:
@@ -285,13 +285,13 @@ class DataProtoFuture(Generic[B]):
         check_count(stop, "DataProtoFuture.slice: stop")
         if start > stop:
             raise InvalidSizeError(f"DataProtoFuture.slice: start {start} > stop {stop}")
-        if self._plan is not None:
-            total = plan_rows(self._plan)
+        if self._slices is not None:
+            total = count_rows(self._slices)
             if stop > total:
                 raise InvalidSizeError(
                     f"DataProtoFuture.slice: row range {start}:{stop} is not within {total} rows"
                 )
-            return self._with_plan(cut(self._plan, start, stop))
+            return self._with_slices(cut(self._slices, start, stop))
         return self._with_op(("slice", start, stop))
 
     def chunk(self, chunks: int) -> list[DataProtoFuture[B]]:
@@ -301,13 +301,15 @@ class DataProtoFuture(Generic[B]):
             raise ProtocolTypeError(f"DataProtoFuture.chunk: chunks must be an int, got {chunks!r}")
         if chunks < 1:
             raise InvalidSizeError(f"DataProtoFuture.chunk: chunks must be >= 1, got {chunks}")
-        if self._plan is not None:
-            total = plan_rows(self._plan)
+        if self._slices is not None:
+            total = count_rows(self._slices)
             if chunks > total and not DataProtoConfig.auto_padding:
                 raise InvalidSizeError(
                     f"DataProtoFuture.chunk: cannot split {total} rows into {chunks} chunks"
                 )
-            return [self._with_plan(cut(self._plan, a, b)) for a, b in chunk_bounds(total, chunks)]
+            return [
+                self._with_slices(cut(self._slices, a, b)) for a, b in chunk_bounds(total, chunks)
+            ]
         return [self._with_op(("chunk", i, chunks)) for i in range(chunks)]
 
     def pad(self, pad_size: int) -> DataProtoFuture[B]:
@@ -315,15 +317,15 @@ class DataProtoFuture(Generic[B]):
         check_count(pad_size, "DataProtoFuture.pad: pad_size")
         if pad_size == 0:
             return self
-        if self._plan is not None:
-            total = plan_rows(self._plan)
+        if self._slices is not None:
+            total = count_rows(self._slices)
             if total == 0:
                 raise InvalidSizeError(
                     f"DataProtoFuture.pad: cannot pad an empty batch with {pad_size} rows"
                 )
             full, rest = divmod(pad_size, total)
-            plan = list(self._plan) * (1 + full) + cut(self._plan, 0, rest)
-            return self._with_plan([p for p in plan if p.stop > p.start])
+            slices = list(self._slices) * (1 + full) + cut(self._slices, 0, rest)
+            return self._with_slices([p for p in slices if p.stop > p.start])
         return self._with_op(("pad", pad_size, None))
 
     def unpad(self, pad_size: int) -> DataProtoFuture[B]:
@@ -331,19 +333,20 @@ class DataProtoFuture(Generic[B]):
         check_count(pad_size, "DataProtoFuture.unpad: pad_size")
         if pad_size == 0:
             return self
-        if self._plan is not None:
-            total = plan_rows(self._plan)
+        if self._slices is not None:
+            total = count_rows(self._slices)
             if pad_size > total:
                 raise InvalidSizeError(
                     f"DataProtoFuture.unpad: cannot drop {pad_size} rows from {total}"
                 )
-            return self._with_plan(cut(self._plan, 0, total - pad_size))
+            return self._with_slices(cut(self._slices, 0, total - pad_size))
         return self._with_op(("unpad", pad_size, None))
 
     @staticmethod
     def concat(data: Sequence[Any]) -> DataProtoFuture[Any]:
         """Join futures into one (rows in order). Futures with known row counts and the same
-        resolver merge into one plan; raw shard handles (verl's call) become one future."""
+        resolver merge into one list of slices; raw shard handles (verl's call) become one
+        future."""
         parts = list(data)
         if not parts:
             raise InvalidSizeError("DataProtoFuture.concat: nothing to concatenate (empty list)")
@@ -357,10 +360,10 @@ class DataProtoFuture(Generic[B]):
         if len(futures) == 1:
             return futures[0]
         first = futures[0]
-        if all(f._plan is not None and f._resolve == first._resolve for f in futures):
+        if all(f._slices is not None and f._resolve == first._resolve for f in futures):
             refs: list[Any] = []
             counts: list[int | None] = []
-            plan: list[ShardSlice] = []
+            slices: list[ShardSlice] = []
             for f in futures:
                 index_of: dict[int, int] = {}
                 for i, ref in enumerate(f._refs):
@@ -370,14 +373,16 @@ class DataProtoFuture(Generic[B]):
                         counts.append(f._counts[i])
                         found = len(refs) - 1
                     index_of[i] = found
-                plan.extend(ShardSlice(index_of[p.shard], p.start, p.stop) for p in f._plan or ())
+                slices.extend(
+                    ShardSlice(index_of[p.shard], p.start, p.stop) for p in f._slices or ()
+                )
             merged = DataProtoFuture(futures=refs, resolve=first._resolve, row_counts=counts)
-            non_empty = [p for p in plan if p.stop > p.start]
-            merged._plan = tuple(non_empty or plan[:1])
+            non_empty = [p for p in slices if p.stop > p.start]
+            merged._slices = tuple(non_empty or slices[:1])
             return merged
         out = DataProtoFuture()
         out._children = tuple(futures)
-        out._plan = None
+        out._slices = None
         return out
 
     # -- resolution -------------------------------------------------------------------------
@@ -413,10 +418,10 @@ class DataProtoFuture(Generic[B]):
         of a fetched shard that other readers share."""
         if self._value is not None:
             return self._value
-        if self._plan is not None:
+        if self._slices is not None:
             values = self._fetch()
             pieces = []
-            for p in self._plan:
+            for p in self._slices:
                 shard = values[p.shard]
                 whole = p.start == 0 and p.stop == len(shard)
                 pieces.append(shard if whole else _rows(shard, p.start, p.stop))

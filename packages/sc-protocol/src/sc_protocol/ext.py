@@ -7,8 +7,8 @@ A user of DataProto needs none of it (:mod:`sc_protocol`).
   (:class:`TensorDictAdapter`) and a :class:`~sc_protocol.DataProtoFuture`
   (:class:`DataProtoFutureAdapter`); :func:`register_adapters` registers them, which
   importing :mod:`sc_protocol` does.
-* Futures: a future's value is a row plan over its shards, a list of :class:`ShardSlice`
-  (:func:`plan_shard_slices`); a backend whose shard handles are its own type registers a
+* Futures: a future's value is the concatenation of its shard slices, a list of :class:`ShardSlice`
+  (:func:`slice_shards`); a backend whose shard handles are its own type registers a
   :data:`Resolver` for them with ``sc_dispatch.ext.register_future_resolver``.
 * Moving a TensorDict without copies: :func:`tensordict_state` and
   :func:`rebuild_tensordict`, the pickled state of its tensors (sc-ray's wire format uses
@@ -23,9 +23,9 @@ from ._adapters import (
     TensorDictAdapter,
     register_adapters,
 )
-from ._plan import ShardSlice, plan_shard_slices
 from ._resolve import Resolver
 from ._serialize import rebuild_tensordict, tensordict_state
+from ._slices import ShardSlice, slice_shards
 
 __all__ = [
     "DataProtoAdapter",
@@ -33,9 +33,9 @@ __all__ = [
     "Resolver",
     "ShardSlice",
     "TensorDictAdapter",
-    "plan_shard_slices",
     "rebuild_tensordict",
     "register_adapters",
+    "slice_shards",
     "tensordict_state",
 ]
 

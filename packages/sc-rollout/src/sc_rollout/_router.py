@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from ._affinity import AffinityMap, least_loaded
 from ._client import RolloutClient, check_timeout
 from ._errors import (
     DuplicateServerError,
@@ -41,7 +42,6 @@ from ._servers import (
     ServerStatus,
     broadcast,
 )
-from ._sessions import SessionMap, least_loaded
 from ._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
 from ._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate, check_int
 
@@ -83,7 +83,7 @@ class Router:
         if restart is not None and not callable(restart):
             raise RolloutTypeError(f"Router(restart=...) must be callable, got {restart!r}")
         self._restart = restart
-        self._sessions = SessionMap(session_capacity)
+        self._affinity = AffinityMap(session_capacity)
         self._max_attempts = check_int(max_attempts, "Router max_attempts", 1, RolloutConfigError)
         self._request_timeout = check_timeout(
             request_timeout_s, REQUEST_TIMEOUT.get(), "Router request_timeout_s"
@@ -175,7 +175,7 @@ class Router:
     def session_server(self, session_id: str) -> str | None:
         """The server session ``session_id`` sticks to, if the router remembers it."""
         with self._cond:
-            return self._sessions.peek(session_id)
+            return self._affinity.peek(session_id)
 
     @property
     def weight_version(self) -> int | None:
@@ -260,11 +260,11 @@ class Router:
                     f"Router.generate: request id {rid!r} is already in flight"
                 )
             session = request.session_id
-            name = None if session is None else self._sessions.get(session)
+            name = None if session is None else self._affinity.get(session)
             if name not in live:
                 name = least_loaded({n: (e.in_flight, e.last_pick) for n, e in live.items()})
             if session is not None:
-                self._sessions.put(session, name)
+                self._affinity.put(session, name)
             entry = live[name]
             self._picks += 1
             entry.last_pick = self._picks

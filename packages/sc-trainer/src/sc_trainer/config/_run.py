@@ -4,7 +4,7 @@
 pools and worker groups are created on a standing Ray cluster under names derived from the
 run id (sc-ray's ``RayRun``), so they outlive the driver; the same command, given again,
 re-attaches a new driver to the live workers and finishes the run
-(:class:`~sc_trainer.launch.DetachedRayLauncher`, :class:`~sc_trainer.runs.RunSession`).
+(:class:`~sc_trainer.launch.DetachedRayLauncher`, :class:`~sc_trainer.runs.AttachedDriver`).
 Without a run id nothing changes: the run starts a local cluster that dies with it.
 """
 

@@ -35,7 +35,7 @@ from sc_core import (
 from .._errors import BackendMismatchError, TrainerConfigError
 from .._settings import WORKER_LOGS
 from ..config import TrainerConfig
-from ..runs import RunSession
+from ..runs import AttachedDriver
 from ..trainer import Launcher
 from ._connect import connect_to_cluster, prepare_ray_environment
 
@@ -61,7 +61,7 @@ class RayLauncher:
     running."""
 
     name = "ray"
-    session: RunSession | None = None
+    driver: AttachedDriver | None = None
 
     def __init__(self, num_cpus: int, use_gpu: bool = False, standby: int = 0) -> None:
         self.num_cpus = num_cpus
@@ -142,7 +142,7 @@ class InProcessLauncher:
     role."""
 
     name = "local"
-    session: RunSession | None = None
+    driver: AttachedDriver | None = None
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -180,7 +180,7 @@ class DetachedRayLauncher:
     The pools and worker groups are the run's: detached, named from the run id, and on
     re-attach rebuilt over the live actors without starting or re-initialising any of them;
     with ``standby`` (``TrainerConfig.standby``) each group's spares are the run's too, and
-    a driver that re-attaches adopts the live ones. ``session`` (:class:`RunSession`) is set
+    a driver that re-attaches adopts the live ones. ``driver`` (:class:`AttachedDriver`) is set
     while :meth:`running`."""
 
     name = "ray"
@@ -196,7 +196,7 @@ class DetachedRayLauncher:
         #: spare actors per worker group (sc_ray's standby), adopted on re-attach
         self.standby = config.standby
         self.folder = Path(config.output_dir)
-        self.session: RunSession | None = None
+        self.driver: AttachedDriver | None = None
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -216,7 +216,7 @@ class DetachedRayLauncher:
                 if self.attach_only:
                     raise
                 run = RayRun.create(self.run_id, abandon_after_s=self.abandon_s)
-            self.session = RunSession(run, self.folder)
+            self.driver = AttachedDriver(run, self.folder)
             logger.warning(
                 "run %s: %s (epoch %d)",
                 self.run_id,
@@ -236,13 +236,13 @@ class DetachedRayLauncher:
                 raise
             run.teardown()
         finally:
-            self.session = None
+            self.driver = None
             ray.shutdown()
 
     def _run(self) -> Any:
-        if self.session is None:
+        if self.driver is None:
             raise BackendMismatchError("DetachedRayLauncher: used outside running()")
-        return self.session.run
+        return self.driver.run
 
     def resource_pool_manager(
         self, spec: Mapping[str, Sequence[int]], mapping: Mapping[Any, str]

@@ -148,7 +148,7 @@ class TaskRunner:
                 trainer.init_workers()
                 result = trainer.fit(progress=progress, on_start=begin, resume_from=resume)
             except BaseException:
-                if launcher.session is not None:  # a detached run outlives this driver
+                if launcher.driver is not None:  # a detached run outlives this driver
                     trainer.detach()
                 else:
                     trainer.close()

@@ -3,7 +3,7 @@
 :class:`RunOutput` writes a run's folder (metrics, plot, trace, checkpoints);
 :class:`Checkpointer` saves the workers' and the trainer's state there (in the background
 of the next steps), completes and loads it; a detached run (:class:`DetachedRun`, with its
-:class:`RunSession` and the :class:`RunState` written as each step begins) outlives its
+:class:`AttachedDriver` and the :class:`RunState` written as each step begins) outlives its
 driver on a standing Ray cluster, and a new driver re-attaches and replays the step in
 flight exactly once. What happens when a *worker* dies is in :mod:`sc_trainer.faults`.
 """
@@ -18,6 +18,7 @@ from .._errors import (
 )
 from ._checkpointer import Checkpointer
 from ._detached import DetachedRun
+from ._driver import DRIVERS_LOG, AttachedDriver
 from ._export import HF_FOLDER, export_checkpoint
 from ._output import (
     CONFIG_FILE,
@@ -31,10 +32,10 @@ from ._output import (
     read_metrics,
     resolve_checkpoint,
 )
-from ._session import DRIVERS_LOG, RunSession
 from ._state import RUN_STATE, RunState, read_run_state
 
 __all__ = [
+    "AttachedDriver",
     "CONFIG_FILE",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
@@ -47,7 +48,6 @@ __all__ = [
     "PendingSave",
     "RUN_STATE",
     "RunOutput",
-    "RunSession",
     "RunState",
     "RunStateNotFoundError",
     "TRAINER_STATE",

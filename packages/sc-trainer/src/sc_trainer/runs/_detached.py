@@ -1,7 +1,7 @@
 """A detached run's driver side (``TrainerConfig.run``): what survives this driver.
 
 As each step begins, :class:`DetachedRun` opens a new call scope and writes the run state
-(``_state.py``) through the launcher's :class:`RunSession`, before the step's first call; a
+(``_state.py``) through the launcher's :class:`AttachedDriver`, before the step's first call; a
 driver that re-attached reads the state its predecessor wrote and takes over the step it
 was in, under the same call scopes, so every call the workers already ran is answered from
 their journals and nothing runs twice.
@@ -19,8 +19,8 @@ from sc_core import WorkerGroup
 
 from ..rollout import EngineServers, RolloutSnapshot, RolloutSource
 from ._checkpointer import Checkpointer
+from ._driver import AttachedDriver
 from ._output import PendingSave, RunOutput, read_metrics
-from ._session import RunSession
 from ._state import RunState
 
 __all__ = ["DetachedRun"]
@@ -29,25 +29,25 @@ logger = logging.getLogger(__name__)
 
 
 class DetachedRun:
-    """The driver side of a detached run: its :class:`RunSession` (call ids, call scopes,
+    """The driver side of a detached run: its :class:`AttachedDriver` (call ids, call scopes,
     the run state) and, for a driver that re-attached, the state it takes over
     (:attr:`replay`)."""
 
-    def __init__(self, session: RunSession) -> None:
-        self.session = session
+    def __init__(self, driver: AttachedDriver) -> None:
+        self.driver = driver
         #: a re-attached driver: the state its predecessor wrote as its last step began
         #: (``None``: a new run, or one whose first driver died before its first step)
         self.replay: RunState | None = None
 
     @property
     def run_id(self) -> str:
-        return self.session.run_id
+        return self.driver.run_id
 
     @property
     def launch_scope(self) -> Callable[[int], contextlib.AbstractContextManager[Any]]:
         """``launch_scope(step)``: the call scope a prefetched generation for ``step`` is
         launched in (its own, so that a new driver can ask for it again)."""
-        return self.session.launch_scope
+        return self.driver.launch_scope
 
     def adopt(
         self, groups: Sequence[WorkerGroup[Any]], owned: Sequence[WorkerGroup[Any]]
@@ -55,22 +55,22 @@ class DetachedRun:
         """Every call of ``groups`` carries this run's call ids; a re-attached driver reads
         where its predecessor was (:attr:`replay`) and, before any other call, asks the
         journals of ``owned``'s workers for the calls of the step it replays
-        (:meth:`RunSession.adopt_journals`: a torn call is completed by the replay, no rank
+        (:meth:`AttachedDriver.adopt_journals`: a torn call is completed by the replay, no rank
         is taken as lost); this driver is recorded with the pids of ``owned``'s workers,
         where each group stands and the torn calls found. Returns :attr:`replay`."""
-        session = self.session
-        session.use_on(groups)
-        if session.attached:
-            self.replay = session.read_state()
-            session.adopt_journals(owned, self.replay)
-        session.record_driver(owned, self.replay)
+        driver = self.driver
+        driver.use_on(groups)
+        if driver.attached:
+            self.replay = driver.read_state()
+            driver.adopt_journals(owned, self.replay)
+        driver.record_driver(owned, self.replay)
         return self.replay
 
     def record_servers(self, servers: EngineServers) -> None:
         """Add this driver's engine servers to its line of ``run_drivers.jsonl``: each
         server's process id (a re-attach keeps the live ones) and which servers it adopted
         from the previous driver."""
-        self.session.amend_driver(
+        self.driver.amend_driver(
             servers=servers.server_pids(), adopted_servers=list(servers.fleet.adopted)
         )
 
@@ -86,13 +86,13 @@ class DetachedRun:
     ) -> None:
         """A new call scope for ``step`` (the replayed one after a re-attach), and the run
         state a new driver needs to take ``step`` over, written before its first call."""
-        session = self.session
-        scope = session.begin_step()
+        driver = self.driver
+        scope = driver.begin_step()
         launched = rollout.launched_step
         if launched is None:  # a re-attached driver: the generation its predecessor
-            launched = session.launch_pending(step)  # launched, not taken yet
+            launched = driver.launch_pending(step)  # launched, not taken yet
         state = RunState(
-            run_id=session.run_id,
+            run_id=driver.run_id,
             step=step,
             scope=scope,
             global_step=global_step,
@@ -100,10 +100,10 @@ class DetachedRun:
             pending_save_step=None if pending is None else pending.step,
             pending_save_state=None if pending is None else pending.state,
             rollout=dataclasses.replace(rollout, launched_step=launched),
-            launched_scope=None if launched is None else session.launched.get(launched),
+            launched_scope=None if launched is None else driver.launched.get(launched),
             recovering=recovering,
         )
-        session.write(state)
+        driver.write(state)
 
     def take_over(
         self,
@@ -123,10 +123,10 @@ class DetachedRun:
             saved = [r for r in history if r["step"] <= state.pending_save_step]
             checkpointer.adopt(state.pending_save_step, state.pending_save_state, saved)
         rollout.restore(state.rollout)
-        self.session.replay_from(state)
+        self.driver.replay_from(state)
         logger.warning(
             "run %s: re-attached at step %d (call scope %d, %d steps done)",
-            self.session.run_id,
+            self.driver.run_id,
             state.step,
             state.scope,
             state.global_step,
@@ -135,4 +135,4 @@ class DetachedRun:
 
     def forget_launches(self) -> None:
         """A recovery dropped the prefetched generations: their steps generate afresh."""
-        self.session.forget_launches()
+        self.driver.forget_launches()

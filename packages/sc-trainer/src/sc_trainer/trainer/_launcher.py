@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 from sc_core import ClassWithInitArgs, ResourcePool, ResourcePoolManager, Worker, WorkerGroup
 
-from ..runs import RunSession
+from ..runs import AttachedDriver
 
 __all__ = ["Launcher"]
 
@@ -19,11 +19,11 @@ W = TypeVar("W")
 
 class Launcher(Protocol):
     """What the trainer needs to build its workers on one backend: verl's pieces, typed by
-    the worker class. ``name`` is the backend's (``TrainerConfig.backend``); ``session``
+    the worker class. ``name`` is the backend's (``TrainerConfig.backend``); ``driver``
     the detached run's call ids and run state while it runs (``None``: not detached)."""
 
     name: str
-    session: RunSession | None
+    driver: AttachedDriver | None
 
     def running(self) -> contextlib.AbstractContextManager[None]:
         """Start what the backend needs (a Ray cluster) for the ``with`` block."""

@@ -45,7 +45,7 @@ def make_rollout_source(
                 f"make_rollout_source: rollout_engine={config.rollout_engine!r} serves a "
                 "Hugging Face model; model_path is None (TaskRunner writes a tiny GPT-2)"
             )
-        run = None if detached is None else detached.session.run
+        run = None if detached is None else detached.driver.run
         servers = EngineServers(
             config.rollout_engine,
             config.model_path,

@@ -102,8 +102,8 @@ class RayPPOTrainer:
         #: faults that lose a whole node of the run (recovery from a lost node)
         self._node_faults = NodeFaults(config.node_faults)
         #: a detached run's call ids, scopes and run state (None: not detached)
-        session = launcher.session
-        self.detached = None if session is None else DetachedRun(session)
+        driver = launcher.driver
+        self.detached = None if driver is None else DetachedRun(driver)
         self._groups: TrainerGroups | None = None
         #: where every batch comes from (after :meth:`init_workers`)
         self.rollout: RolloutSource | None = None

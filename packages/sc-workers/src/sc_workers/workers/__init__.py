@@ -6,14 +6,14 @@ from ._actor import ROLES, ActorRolloutRefWorker
 from ._checkpoint import export_hf_checkpoint, published_step
 from ._critic import CriticWorker
 from ._rollout import RolloutWorker
-from ._sampling import SamplingParams, filter_logits
+from ._sampling import BatchSampling, filter_logits
 
 __all__ = [
     "ActorRolloutRefWorker",
+    "BatchSampling",
     "CriticWorker",
     "ROLES",
     "RolloutWorker",
-    "SamplingParams",
     "export_hf_checkpoint",
     "filter_logits",
     "published_step",

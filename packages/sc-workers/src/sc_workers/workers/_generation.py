@@ -14,7 +14,7 @@ from .._config import ModelConfig, RolloutConfig
 from .._errors import BatchError
 from ..engine import Engine
 from ._ppo import gather_tensors
-from ._sampling import SamplingParams, eos_tuple, generate
+from ._sampling import BatchSampling, eos_tuple, generate
 
 __all__ = ["generate_batch", "meta_float", "sampling_params"]
 
@@ -28,7 +28,7 @@ def meta_float(meta: Mapping[str, Any], key: str, default: float, where: str) ->
 
 def sampling_params(
     meta: Mapping[str, Any], rc: RolloutConfig, mc: ModelConfig, where: str
-) -> SamplingParams:
+) -> BatchSampling:
     """The rollout config's sampling settings, overridden by ``meta_info``."""
     length = meta.get("response_length", meta.get("max_new_tokens", rc.response_length))
     temperature = meta_float(meta, "temperature", rc.temperature, where)
@@ -42,7 +42,7 @@ def sampling_params(
         raise BatchError(f"{where}: top_p must be in (0, 1], got {top_p}")
     eos = meta.get("eos_token_id", mc.eos_token_id)
     pad = meta.get("pad_token_id", mc.pad_token_id)
-    return SamplingParams(
+    return BatchSampling(
         response_length=length,
         temperature=temperature,
         top_k=top_k,
@@ -57,7 +57,7 @@ def generate_batch(
     engine: Engine,
     generator: torch.Generator,
     prompts: DataProto,
-    params: SamplingParams,
+    params: BatchSampling,
     where: str,
 ) -> DataProto:
     """Sample responses for ``prompts`` and build the output batch (see

@@ -12,12 +12,14 @@ from torch import Tensor
 
 from ..engine import Engine
 
-__all__ = ["SamplingParams", "filter_logits", "generate"]
+__all__ = ["BatchSampling", "filter_logits", "generate"]
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """One call's sampling settings (the rollout config, overridden by ``meta_info``)."""
+class BatchSampling:
+    """How one ``generate_sequences`` call samples its batch in the training engine: the
+    rollout config, overridden by the batch's ``meta_info``. (A rollout engine's request
+    samples with :class:`sc_rollout.SamplingParams` instead.)"""
 
     response_length: int
     temperature: float
@@ -44,7 +46,7 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
-def _next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
+def _next_token(logits: Tensor, params: BatchSampling, generator: torch.Generator) -> Tensor:
     logits = logits.float()
     if not params.do_sample:
         return logits.argmax(dim=-1)
@@ -68,7 +70,7 @@ def generate(
     input_ids: Tensor,
     attention_mask: Tensor,
     position_ids: Tensor,
-    params: SamplingParams,
+    params: BatchSampling,
     generator: torch.Generator,
     use_cache: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:

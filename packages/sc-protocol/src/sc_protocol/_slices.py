@@ -1,9 +1,10 @@
-"""Row plans: which rows of which shards make up a future's value.
+"""Shard slices: which rows of which shards make up a future's value.
 
-A *plan* is an ordered list of :class:`ShardSlice` pieces -- rows ``start:stop`` of shard
-``shard`` -- whose concatenation is the value. Slicing, chunking and padding a future with
-known row counts only rewrite its plan (:func:`cut`), so that each resulting future names
-just the shards it needs. This module is pure arithmetic on row counts: no shard is touched.
+A future's *slices* are an ordered list of :class:`ShardSlice` pieces -- rows
+``start:stop`` of shard ``shard`` -- whose concatenation is the value. Slicing, chunking and
+padding a future with known row counts only rewrite its slices (:func:`cut`), so that each
+resulting future names just the shards it needs. This module is pure arithmetic on row
+counts: no shard is touched.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ __all__ = [
     "check_count",
     "chunk_bounds",
     "cut",
-    "plan_rows",
-    "plan_shard_slices",
+    "count_rows",
+    "slice_shards",
 ]
 
 
@@ -38,7 +39,7 @@ def check_count(value: Any, what: str) -> int:
     return value
 
 
-def plan_shard_slices(row_counts: Sequence[int], start: int, stop: int) -> list[ShardSlice]:
+def slice_shards(row_counts: Sequence[int], start: int, stop: int) -> list[ShardSlice]:
     """The shards overlapping rows ``start:stop`` of the concatenation of shards with
     ``row_counts`` rows, with the local row range to take from each, in order.
 
@@ -50,7 +51,7 @@ def plan_shard_slices(row_counts: Sequence[int], start: int, stop: int) -> list[
     check_count(stop, "stop")
     if start > stop or stop > total:
         raise InvalidSizeError(
-            f"plan_shard_slices: row range {start}:{stop} is not within the {total} rows of "
+            f"slice_shards: row range {start}:{stop} is not within the {total} rows of "
             f"shards with row counts {counts}"
         )
     out: list[ShardSlice] = []
@@ -63,16 +64,16 @@ def plan_shard_slices(row_counts: Sequence[int], start: int, stop: int) -> list[
     return out
 
 
-def plan_rows(plan: Sequence[ShardSlice]) -> int:
-    """The rows of the value that ``plan`` describes."""
-    return sum(p.stop - p.start for p in plan)
+def count_rows(slices: Sequence[ShardSlice]) -> int:
+    """The rows of the value that ``slices`` describes."""
+    return sum(p.stop - p.start for p in slices)
 
 
-def cut(plan: Sequence[ShardSlice], start: int, stop: int) -> list[ShardSlice]:
-    """Rows ``start:stop`` of the value described by ``plan``."""
+def cut(slices: Sequence[ShardSlice], start: int, stop: int) -> list[ShardSlice]:
+    """Rows ``start:stop`` of the value described by ``slices``."""
     out: list[ShardSlice] = []
     offset = 0
-    for piece in plan:
+    for piece in slices:
         size = piece.stop - piece.start
         lo, hi = max(start, offset), min(stop, offset + size)
         if lo < hi:
@@ -80,9 +81,9 @@ def cut(plan: Sequence[ShardSlice], start: int, stop: int) -> list[ShardSlice]:
                 ShardSlice(piece.shard, piece.start + lo - offset, piece.start + hi - offset)
             )
         offset += size
-    if not out and plan:
+    if not out and slices:
         # Keep an empty piece so that an empty result still has the columns of the shards.
-        out.append(ShardSlice(plan[0].shard, plan[0].start, plan[0].start))
+        out.append(ShardSlice(slices[0].shard, slices[0].start, slices[0].start))
     return out
 
 

@@ -1,14 +1,14 @@
 """The driver's side of exactly-once in a detached run (``TrainerConfig.run``).
 
-:class:`RunSession` holds one sc-core ``CallIds`` (the run's epoch) shared by every worker
+:class:`AttachedDriver` holds one sc-core ``CallIds`` (the run's epoch) shared by every worker
 group, one call scope per step begun (and one per prefetched generation), and the run state
 written atomically as each step begins (``_state.py``). A re-attached driver replays the
 interrupted step under the same scopes: every call the workers already ran is answered from
 their journals. Before anything else it asks every group's journals of those scopes
-(:meth:`RunSession.adopt_journals`, sc-core's ``WorkerGroup.adopt_journals``): a call the
+(:meth:`AttachedDriver.adopt_journals`, sc-core's ``WorkerGroup.adopt_journals``): a call the
 previous driver handed to some ranks of a group only (a *torn* call) is completed by the
 replay, which calls it again with the same id: the ranks that have it answer from their
-journals, the others run it. The launcher that makes a session is
+journals, the others run it. The launcher that makes a driver is
 :class:`~sc_trainer.launch.DetachedRayLauncher`.
 """
 
@@ -27,7 +27,7 @@ from sc_core import CallIds, TornCall, WorkerDiedError, WorkerGroup
 from .._errors import TrainerStateError
 from ._state import RUN_STATE, RunState, read_run_state, write_run_state
 
-__all__ = ["DRIVERS_LOG", "RunSession"]
+__all__ = ["DRIVERS_LOG", "AttachedDriver"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +35,9 @@ logger = logging.getLogger(__name__)
 DRIVERS_LOG = "run_drivers.jsonl"
 
 
-class RunSession:
-    """The call ids, call scopes and run state of one driver of a detached run."""
+class AttachedDriver:
+    """The driver attached to a detached run: its call ids, call scopes and run state (what
+    makes each call run exactly once across the drivers of the run)."""
 
     def __init__(self, run: Any, folder: Path) -> None:
         self.run = run
@@ -207,7 +208,7 @@ class RunSession:
         last = json.loads(lines[-1]) if lines else {}
         if last.get("epoch") != self.call_ids.epoch or last.get("driver_pid") != os.getpid():
             raise TrainerStateError(
-                f"RunSession.amend_driver: the last line of {path} is not this driver's "
+                f"AttachedDriver.amend_driver: the last line of {path} is not this driver's "
                 f"(epoch {self.call_ids.epoch}, pid {os.getpid()}); record_driver first"
             )
         lines[-1] = json.dumps({**last, **facts}, sort_keys=True)
@@ -216,6 +217,6 @@ class RunSession:
         os.replace(tmp, path)
 
     def use_on(self, groups: Sequence[WorkerGroup[Any]]) -> None:
-        """Every call of ``groups`` carries an id from this session."""
+        """Every call of ``groups`` carries an id from this driver."""
         for group in groups:
             group.use_call_ids(self.call_ids)

@@ -1,5 +1,6 @@
-"""The router's two choices, kept free of I/O so that they can be tested alone: which server
-a session sticks to (a bounded LRU map), and which server is least loaded."""
+"""The router's two choices, kept free of I/O so that they can be tested alone: session
+affinity (which server an agent session's requests stick to, a bounded LRU map) and which
+server is least loaded."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from collections.abc import Mapping
 from ._errors import RolloutConfigError
 from ._types import check_int
 
-__all__ = ["SessionMap", "least_loaded"]
+__all__ = ["AffinityMap", "least_loaded"]
 
 
-class SessionMap:
-    """Session id to server name, holding the ``capacity`` sessions used most recently (the
-    least recently used one is forgotten first). Not thread-safe: the router locks."""
+class AffinityMap:
+    """Session affinity: an agent session's id to the server its requests go to, holding
+    the ``capacity`` sessions used most recently (the least recently used one is forgotten
+    first). Not thread-safe: the router locks."""
 
     def __init__(self, capacity: int) -> None:
         self._capacity = check_int(capacity, "session_capacity", 1, RolloutConfigError)

@@ -1,7 +1,7 @@
-"""RunSession: the call scopes a detached run's driver opens, replays and keeps (no Ray).
+"""AttachedDriver: the call scopes a detached run's driver opens, replays and keeps (no Ray).
 
 A fake run stands in for sc-ray's ``RayRun`` (only its id, epoch and whether it was
-re-attached are read). The ids the session's ``CallIds`` issue are what the workers key
+re-attached are read). The ids the driver's ``CallIds`` issue are what the workers key
 their journals by, so the tests read them back through ``call_ids.next``.
 """
 
@@ -22,7 +22,7 @@ from sc_core import (
 from sc_core.ext import arm_torn_dispatch
 from sc_dispatch import Dispatch, register
 from sc_trainer.rollout import RolloutSnapshot, ServersSnapshot
-from sc_trainer.runs import DRIVERS_LOG, RunSession, RunState, RunStateNotFoundError
+from sc_trainer.runs import DRIVERS_LOG, AttachedDriver, RunState, RunStateNotFoundError
 from sc_trainer.trainer import TrainerStateError
 
 
@@ -47,76 +47,76 @@ def _state(step: int, scope: int, launched: tuple[int, int] | None = None) -> Ru
     )
 
 
-def _scope_of_next_call(session: RunSession) -> int:
-    return session.call_ids.next("actor", "update_actor").scope
+def _scope_of_next_call(driver: AttachedDriver) -> int:
+    return driver.call_ids.next("actor", "update_actor").scope
 
 
 def test_each_step_and_each_launch_gets_a_new_scope(tmp_path: Path) -> None:
-    session = RunSession(_Run(), tmp_path)
-    assert session.call_ids.epoch == 1
-    assert session.begin_step() == 1
-    assert _scope_of_next_call(session) == 1
-    with session.launch_scope(2):
-        assert _scope_of_next_call(session) == 2
-    assert _scope_of_next_call(session) == 1  # back in the step's scope
-    with session.launch_scope(2):  # the same generation asked again: the same scope
-        assert _scope_of_next_call(session) == 2
-    assert session.begin_step() == 3
+    driver = AttachedDriver(_Run(), tmp_path)
+    assert driver.call_ids.epoch == 1
+    assert driver.begin_step() == 1
+    assert _scope_of_next_call(driver) == 1
+    with driver.launch_scope(2):
+        assert _scope_of_next_call(driver) == 2
+    assert _scope_of_next_call(driver) == 1  # back in the step's scope
+    with driver.launch_scope(2):  # the same generation asked again: the same scope
+        assert _scope_of_next_call(driver) == 2
+    assert driver.begin_step() == 3
 
 
 def test_a_replayed_step_reuses_its_scope_and_the_pending_launch(tmp_path: Path) -> None:
-    session = RunSession(_Run(epoch=2, attached=True), tmp_path)
-    session.replay_from(_state(step=4, scope=9, launched=(4, 8)))
-    assert session.begin_step() == 9  # the interrupted step, under its own scope
-    assert session.launch_pending(4) == 4  # step 4's generation is pending
-    with session.launch_scope(4):
-        call = session.call_ids.next("rollout", "generate_sequences")
+    driver = AttachedDriver(_Run(epoch=2, attached=True), tmp_path)
+    driver.replay_from(_state(step=4, scope=9, launched=(4, 8)))
+    assert driver.begin_step() == 9  # the interrupted step, under its own scope
+    assert driver.launch_pending(4) == 4  # step 4's generation is pending
+    with driver.launch_scope(4):
+        call = driver.call_ids.next("rollout", "generate_sequences")
     assert (call.epoch, call.scope, call.key) == (2, 8, "generate_sequences#0")
-    assert session.begin_step() == 10  # later steps go on after the replayed one
+    assert driver.begin_step() == 10  # later steps go on after the replayed one
 
 
 def test_launch_pending_names_the_earliest_step_not_taken(tmp_path: Path) -> None:
-    session = RunSession(_Run(), tmp_path)
-    assert session.launch_pending(1) is None
-    session.begin_step()
-    with session.launch_scope(3):
+    driver = AttachedDriver(_Run(), tmp_path)
+    assert driver.launch_pending(1) is None
+    driver.begin_step()
+    with driver.launch_scope(3):
         pass
-    with session.launch_scope(5):
+    with driver.launch_scope(5):
         pass
-    assert session.launch_pending(1) == 3
-    assert session.launch_pending(4) == 5
-    assert session.launch_pending(6) is None
-    session.forget_launches()
-    assert session.launch_pending(1) is None
-    with session.launch_scope(3):  # forgotten: generated afresh under a new scope
-        assert _scope_of_next_call(session) == 4
+    assert driver.launch_pending(1) == 3
+    assert driver.launch_pending(4) == 5
+    assert driver.launch_pending(6) is None
+    driver.forget_launches()
+    assert driver.launch_pending(1) is None
+    with driver.launch_scope(3):  # forgotten: generated afresh under a new scope
+        assert _scope_of_next_call(driver) == 4
 
 
 def test_write_keeps_the_pending_launch_in_the_workers_journals(tmp_path: Path) -> None:
-    session = RunSession(_Run(), tmp_path)
+    driver = AttachedDriver(_Run(), tmp_path)
     for _ in range(7):
-        session.begin_step()
-    with session.launch_scope(4):
+        driver.begin_step()
+    with driver.launch_scope(4):
         pass  # scope 8
-    session.write(_state(step=3, scope=7, launched=(4, 8)))
-    assert session.call_ids.keep_from == 7  # the step's scope is older than the launch
-    session.write(_state(step=4, scope=9, launched=(4, 8)))
-    assert session.call_ids.keep_from == 8  # the launch is older than the step
-    assert session.launch_pending(4) == 4
-    session.write(_state(step=5, scope=10))  # nothing launched: launch scopes are forgotten
-    assert session.call_ids.keep_from == 10
-    assert session.launch_pending(4) is None
+    driver.write(_state(step=3, scope=7, launched=(4, 8)))
+    assert driver.call_ids.keep_from == 7  # the step's scope is older than the launch
+    driver.write(_state(step=4, scope=9, launched=(4, 8)))
+    assert driver.call_ids.keep_from == 8  # the launch is older than the step
+    assert driver.launch_pending(4) == 4
+    driver.write(_state(step=5, scope=10))  # nothing launched: launch scopes are forgotten
+    assert driver.call_ids.keep_from == 10
+    assert driver.launch_pending(4) is None
 
 
 def test_read_state(tmp_path: Path) -> None:
-    session = RunSession(_Run(attached=True), tmp_path)
+    driver = AttachedDriver(_Run(attached=True), tmp_path)
     with pytest.raises(RunStateNotFoundError):
-        session.read_state()  # no driver of this run wrote here
+        driver.read_state()  # no driver of this run wrote here
     (tmp_path / DRIVERS_LOG).write_text("{}\n")
-    assert session.read_state() is None  # the driver died before its first step
+    assert driver.read_state() is None  # the driver died before its first step
     state = _state(step=2, scope=3)
-    session.write(state)
-    assert session.read_state() == state
+    driver.write(state)
+    assert driver.read_state() == state
 
 
 class _Counting(Worker):
@@ -137,14 +137,14 @@ def test_a_reattached_driver_asks_the_journals_first_and_records_torn_calls(
     journals of the step it replays, records the torn call, and its replay completes it:
     rank 1 runs it, rank 0 answers from its journal."""
     with LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(_Counting)) as group:
-        first = RunSession(_Run(epoch=1), tmp_path)
+        first = AttachedDriver(_Run(epoch=1), tmp_path)
         first.use_on([group])
         scope = first.begin_step()
         first.write(_state(step=1, scope=scope))
         arm_torn_dispatch(lambda: None)
         with pytest.raises(InjectedFaultError, match="torn dispatch"):
             group.update(3)
-        second = RunSession(_Run(epoch=2, attached=True), tmp_path)
+        second = AttachedDriver(_Run(epoch=2, attached=True), tmp_path)
         second.use_on([group])
         state = second.read_state()
         assert state is not None
@@ -181,18 +181,18 @@ def test_the_servers_snapshot_survives_the_run_state(tmp_path: Path) -> None:
     state = RunState(
         run_id="r1", step=4, scope=7, global_step=3, rollout=RolloutSnapshot(servers=servers)
     )
-    session = RunSession(_Run(), tmp_path)
-    session.write(state)
+    driver = AttachedDriver(_Run(), tmp_path)
+    driver.write(state)
     (tmp_path / DRIVERS_LOG).write_text("{}\n")
-    assert RunSession(_Run(attached=True), tmp_path).read_state() == state
+    assert AttachedDriver(_Run(attached=True), tmp_path).read_state() == state
 
 
 def test_amend_driver_adds_to_this_drivers_line_only(tmp_path: Path) -> None:
-    session = RunSession(_Run(), tmp_path)
+    driver = AttachedDriver(_Run(), tmp_path)
     with pytest.raises(TrainerStateError, match=r"amend_driver.*record_driver first"):
-        session.amend_driver(servers={"builtin-0": 1})
-    session.record_driver([], None)
-    session.amend_driver(servers={"builtin-0": 11}, adopted_servers=[])
+        driver.amend_driver(servers={"builtin-0": 1})
+    driver.record_driver([], None)
+    driver.amend_driver(servers={"builtin-0": 11}, adopted_servers=[])
     (line,) = (tmp_path / DRIVERS_LOG).read_text().splitlines()
     record = json.loads(line)
     assert record["servers"] == {"builtin-0": 11}
