@@ -47,7 +47,7 @@ from sc_rollout import (
 )
 from sc_trainer.tasks import save_tiny_gpt2
 from sc_workers.models import load_hf_model, save_hf_model
-from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
+from sc_workers.rollout import TorchRolloutEngineConfig, torch_engine_argv
 
 
 def _requests(batch: int, max_tokens: int, round_: int) -> list[GenerateRequest]:
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     vllm = ServerProcess.vllm(VLLMEngineConfig(model=model_dir, max_num_seqs=args.batch))
     builtin = ServerProcess(
-        torch_engine_argv(TorchEngineConfig(model=model_dir, max_batch_size=args.batch)),
+        torch_engine_argv(TorchRolloutEngineConfig(model=model_dir, max_batch_size=args.batch)),
         start_timeout_s=300,
     )
     try:

@@ -31,7 +31,7 @@ from sc_rollout import (
     WeightUpdate,
 )
 from sc_trainer.tasks import save_tiny_gpt2
-from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
+from sc_workers.rollout import TorchRolloutEngineConfig, torch_engine_argv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,7 +47,7 @@ class _Servers:
     router's restart hook) kills a server's process and starts a new one, as its owner
     would."""
 
-    def __init__(self, configs: dict[str, TorchEngineConfig]) -> None:
+    def __init__(self, configs: dict[str, TorchRolloutEngineConfig]) -> None:
         self._configs = configs
         self._lock = threading.Lock()
         self._procs: dict[str, ServerProcess] = {}
@@ -61,7 +61,7 @@ class _Servers:
             raise failed[0]
 
     @staticmethod
-    def _start(config: TorchEngineConfig) -> ServerProcess:
+    def _start(config: TorchRolloutEngineConfig) -> ServerProcess:
         argv = torch_engine_argv(config, host="127.0.0.1")
         return ServerProcess(argv, env={**os.environ, **SERVER_ENV}, start_timeout_s=90)
 
@@ -94,8 +94,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def servers(model_dir: str) -> Iterator[_Servers]:
     fleet = _Servers(
         {
-            FAST: TorchEngineConfig(model=model_dir),
-            SLOW: TorchEngineConfig(model=model_dir, step_delay_s=SLOW_STEP_S),
+            FAST: TorchRolloutEngineConfig(model=model_dir),
+            SLOW: TorchRolloutEngineConfig(model=model_dir, step_delay_s=SLOW_STEP_S),
         }
     )
     try:

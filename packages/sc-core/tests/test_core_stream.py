@@ -395,7 +395,7 @@ def test_a_sticky_mode_has_no_non_blocking_form_and_starts_nothing() -> None:
         ):
             g.turn.options(blocking=False)(Batch([("a", 0), ("b", 0)]))
         assert [w.sessions for w in g.workers] == [set(), set()]
-        assert next(iter(g._sc_key_routers.values())).outstanding == [0, 0]
+        assert next(iter(g._sc_key_affinities.values())).outstanding == [0, 0]
 
 
 def test_sticky_moves_the_keys_of_a_dead_rank_only() -> None:
@@ -421,7 +421,7 @@ def test_sticky_moves_keys_off_a_rank_that_falls_behind() -> None:
         owners = _owners(g.turn(Batch([("a", 0), ("b", 0)])))
         assert owners == {"a": 0, "b": 1}
         backlog = g.turn.stream(Batch([("a", 1)] * 5 + [("b", 1)]))  # 5 rows on rank 0
-        router = next(iter(g._sc_key_routers.values()))
+        router = next(iter(g._sc_key_affinities.values()))
         assert router.outstanding == [5, 1]
         moved = _owners(g.turn(Batch([("a", 2), ("b", 2)])))
         assert moved == {"a": 1, "b": 1}
@@ -462,7 +462,7 @@ def test_two_sticky_modes_on_one_key_keep_their_own_router_and_max_lag() -> None
     with group((2,), TwoSticky) as g:
         assert _owners(g.stay_put(Batch([("a", 0), ("b", 0)]))) == {"a": 0, "b": 1}
         assert _owners(g.eager(Batch([("a", 0), ("b", 0)]))) == {"a": 0, "b": 1}
-        assert len(g._sc_key_routers) == 2
+        assert len(g._sc_key_affinities) == 2
         # 2 rows of "a" in flight on rank 0 under each mode: rank 0 is 2 rows behind.
         backlogs = [
             g.stay_put.stream(Batch([("a", 1), ("a", 2)])),
@@ -481,4 +481,4 @@ def test_a_sticky_stream_of_an_empty_batch_is_refused_up_front() -> None:
         with pytest.raises(DispatchArgumentError, match=r"cannot route an empty batch"):
             g.turn(Batch([]))
         assert g.turn(Batch([("a", 0)])).rows == [("a", 0, 0)]  # nothing was left routed
-        assert next(iter(g._sc_key_routers.values())).outstanding == [0, 0]
+        assert next(iter(g._sc_key_affinities.values())).outstanding == [0, 0]

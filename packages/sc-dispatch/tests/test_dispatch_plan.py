@@ -1,6 +1,6 @@
 """Work plans without a worker group: the units of the even, balanced and sticky plans
 partition the batch, joining the units' own rows gives the batch back (an identity
-method), and the key router keeps keys where they are until a slot dies or falls behind."""
+method), and the key affinity keeps keys where they are until a slot dies or falls behind."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sc_dispatch import (
 )
 from sc_dispatch.ext import (
     DispatchModeSpec,
-    KeyRouter,
+    KeyAffinity,
     MeshLayout,
     Slot,
     WorkPlan,
@@ -125,24 +125,24 @@ def test_the_sticky_plan_routes_each_key_to_one_slot_and_joins_in_input_order(
 
 
 def test_the_router_moves_keys_off_dead_and_lagging_slots_only() -> None:
-    router = KeyRouter(3, max_lag=1)
-    first = router.assign("M", ["a", "b", "c"], [True, True, True])
+    affinity = KeyAffinity(3, max_lag=1)
+    first = affinity.assign("M", ["a", "b", "c"], [True, True, True])
     assert first == [0, 1, 2]
     for slot in range(3):
-        router.release(slot, 1)
+        affinity.release(slot, 1)
     # b's slot died: b goes to the least loaded live slot (2, as a took slot 0 first)
-    assert router.assign("M", ["a", "b", "c"], [True, False, True]) == [0, 2, 2]
-    assert router.moves == 1
+    assert affinity.assign("M", ["a", "b", "c"], [True, False, True]) == [0, 2, 2]
+    assert affinity.moves == 1
     for slot, rows in ((0, 1), (2, 2)):
-        router.release(slot, rows)
-    assert router.outstanding == [0, 0, 0]
-    router.outstanding[2] = 5  # slot 2 is five rows behind
-    assert router.assign("M", ["c"], [True, True, True]) == [0]
-    assert router.moves == 2
+        affinity.release(slot, rows)
+    assert affinity.outstanding == [0, 0, 0]
+    affinity.outstanding[2] = 5  # slot 2 is five rows behind
+    assert affinity.assign("M", ["c"], [True, True, True]) == [0]
+    assert affinity.moves == 2
     with pytest.raises(DispatchArgumentError, match="no live slot"):
-        router.assign("M", ["a"], [False, False, False])
+        affinity.assign("M", ["a"], [False, False, False])
     with pytest.raises(DispatchArgumentError, match="hashable"):
-        router.assign("M", [["unhashable"]], [True, True, True])  # type: ignore[list-item]
+        affinity.assign("M", [["unhashable"]], [True, True, True])  # type: ignore[list-item]
 
 
 def test_planned_calls_refuse_what_they_cannot_cut() -> None:

@@ -47,7 +47,7 @@ from sc_rollout import (
     WeightUpdate,
     WeightVersionError,
 )
-from sc_workers import ConfigError, TorchEngineConfig, TorchRolloutEngine
+from sc_workers import ConfigError, TorchRolloutEngine, TorchRolloutEngineConfig
 from sc_workers.rollout import torch_engine_argv
 
 transformers: Any = importlib.import_module("transformers")
@@ -72,7 +72,7 @@ def plain(model_dir: str) -> Any:
 @pytest.fixture(scope="module")
 def engine(model_dir: str) -> Iterator[TorchRolloutEngine]:
     """A shared engine for the tests that change nothing in it (batches of at most 3)."""
-    with TorchRolloutEngine(TorchEngineConfig(model_dir, max_batch_size=3)) as shared:
+    with TorchRolloutEngine(TorchRolloutEngineConfig(model_dir, max_batch_size=3)) as shared:
         yield shared
 
 
@@ -82,7 +82,7 @@ def own(model_dir: str) -> Iterator[Callable[..., TorchRolloutEngine]]:
     made: list[TorchRolloutEngine] = []
 
     def make(**kwargs: Any) -> TorchRolloutEngine:
-        made.append(TorchRolloutEngine(TorchEngineConfig(model_dir, **kwargs)))
+        made.append(TorchRolloutEngine(TorchRolloutEngineConfig(model_dir, **kwargs)))
         return made[-1]
 
     yield make
@@ -181,7 +181,7 @@ def test_it_is_a_rollout_engine_with_its_model_s_health(
     assert (health.model, health.context_length, health.weight_version) == ("tiny-gpt2", 64, 0)
     assert (health.paused, health.sleeping, health.in_flight) == (False, False, 0)
     assert engine.weight_version() == 0
-    assert TorchEngineConfig(model_dir, name="mine").model_name == "mine"
+    assert TorchRolloutEngineConfig(model_dir, name="mine").model_name == "mine"
 
 
 def test_greedy_equals_plain_transformers_and_logprobs_the_recomputation(
@@ -487,11 +487,11 @@ def test_close_ends_requests_in_flight_as_aborted(own: Callable[..., TorchRollou
 )
 def test_bad_configs_get_clear_errors(kwargs: dict[str, Any], words: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        TorchEngineConfig(**{"model": "m", **kwargs})
-    assert f"TorchEngineConfig.{words}" in str(info.value)
+        TorchRolloutEngineConfig(**{"model": "m", **kwargs})
+    assert f"TorchRolloutEngineConfig.{words}" in str(info.value)
     with pytest.raises(ConfigError, match="not a local Hugging Face model directory"):
-        TorchRolloutEngine(TorchEngineConfig(str(tmp_path)))
-    with pytest.raises(RolloutTypeError, match="takes a TorchEngineConfig, got dict"):
+        TorchRolloutEngine(TorchRolloutEngineConfig(str(tmp_path)))
+    with pytest.raises(RolloutTypeError, match="takes a TorchRolloutEngineConfig, got dict"):
         TorchRolloutEngine({"model": "m"})  # type: ignore[arg-type]
 
 
@@ -501,7 +501,7 @@ def test_bad_configs_get_clear_errors(kwargs: dict[str, Any], words: str, tmp_pa
 def test_a_server_process_answers_as_the_engine_does(
     engine: TorchRolloutEngine, model_dir: str
 ) -> None:
-    config = TorchEngineConfig(model_dir, name="served", max_batch_size=2)
+    config = TorchRolloutEngineConfig(model_dir, name="served", max_batch_size=2)
     argv = torch_engine_argv(config, "127.0.0.1", 0)
     assert argv[1:4] == ["-m", "sc_workers.rollout", "--model"]
     with ServerProcess(argv, start_timeout_s=90) as server:

@@ -21,7 +21,7 @@ else:
 
 from _workers_rollout_helpers import build_tiny_gpt2
 from sc_rollout import AgentSession, AppendedTokens, SamplingParams, Turn
-from sc_workers import TorchEngineConfig, TorchRolloutEngine
+from sc_workers import TorchRolloutEngine, TorchRolloutEngineConfig
 
 transformers: Any = importlib.import_module("transformers")
 
@@ -32,7 +32,7 @@ def test_a_three_turn_session_with_tool_tokens_keeps_token_parity(tmp_path: Path
     model_dir = build_tiny_gpt2(tmp_path)
     tools = [(9, 8), (4, 15, 3)]
     with (
-        TorchRolloutEngine(TorchEngineConfig(model_dir)) as engine,
+        TorchRolloutEngine(TorchRolloutEngineConfig(model_dir)) as engine,
         AgentSession(
             engine, [2, 3, 4], sampling=SamplingParams(max_tokens=5, temperature=0.0)
         ) as session,

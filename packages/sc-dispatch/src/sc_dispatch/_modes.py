@@ -33,15 +33,15 @@ from ._protocols import DispatchWorkerGroup
 from ._shard import _describe, get_shard_adapter
 
 __all__ = [
-    "KeyRouter",
+    "KeyAffinity",
     "PlannedDispatchFnDict",
     "make_balanced_dispatch_fn",
     "make_sticky_dispatch_fn",
     "plan_balanced_proto",
 ]
 
-#: Where a worker group keeps the routers of its sticky modes (framework state).
-ROUTERS_ATTR = "_sc_key_routers"
+#: Where a worker group keeps the key affinities of its sticky modes (framework state).
+AFFINITY_ATTR = "_sc_key_affinities"
 
 KeyFn = Callable[[Any], Sequence[Hashable]]
 
@@ -115,7 +115,7 @@ def make_balanced_dispatch_fn(
     return _planned_mode(mode, mesh, plan_fn)
 
 
-class KeyRouter:
+class KeyAffinity:
     """Which slot each session key goes to, and how many rows each slot still has to do.
 
     A key stays on its slot while the slot is alive and not behind: a slot is behind when
@@ -193,9 +193,9 @@ def _keys_of(mode: str, batch: Any, key: str | KeyFn) -> list[Hashable]:
     return keys
 
 
-class _RouterSlot:
+class _AffinityOwner:
     """The identity of one sticky mode (one :func:`make_sticky_dispatch_fn` call): a worker
-    group keeps one :class:`KeyRouter` per mode, so two modes routing by the same column
+    group keeps one :class:`KeyAffinity` per mode, so two modes routing by the same column
     keep their own routes and ``max_lag``; the methods registered with one mode share it."""
 
     __slots__ = ("mode",)
@@ -204,18 +204,20 @@ class _RouterSlot:
         self.mode = mode
 
     def __repr__(self) -> str:
-        return f"<router of {self.mode}>"
+        return f"<key affinity of {self.mode}>"
 
 
-def _router(worker_group: Any, owner: _RouterSlot, slots: int, max_lag: int) -> KeyRouter:
-    routers: dict[_RouterSlot, KeyRouter] | None = getattr(worker_group, ROUTERS_ATTR, None)
-    if routers is None:
-        routers = {}
-        setattr(worker_group, ROUTERS_ATTR, routers)
-    router = routers.get(owner)
-    if router is None or len(router.outstanding) != slots:
-        router = routers[owner] = KeyRouter(slots, max_lag)
-    return router
+def _affinity(worker_group: Any, owner: _AffinityOwner, slots: int, max_lag: int) -> KeyAffinity:
+    affinities: dict[_AffinityOwner, KeyAffinity] | None = getattr(
+        worker_group, AFFINITY_ATTR, None
+    )
+    if affinities is None:
+        affinities = {}
+        setattr(worker_group, AFFINITY_ATTR, affinities)
+    affinity = affinities.get(owner)
+    if affinity is None or len(affinity.outstanding) != slots:
+        affinity = affinities[owner] = KeyAffinity(slots, max_lag)
+    return affinity
 
 
 def make_sticky_dispatch_fn(
@@ -226,7 +228,7 @@ def make_sticky_dispatch_fn(
 
     ``key`` is a non-tensor column of the DataProto (or a key of each row of
     ``sc_dispatch.Rows`` of mappings), or a function of the batch that returns one key per
-    row. The worker group keeps a :class:`KeyRouter` per mode (per call of this function:
+    row. The worker group keeps a :class:`KeyAffinity` per mode (per call of this function:
     two modes on one column route on their own, with their own ``max_lag``; methods
     registered with the same mode share its routes): a key moves only when its
     rank died (known to the group) or has more than ``max_lag`` rows left to do beyond the
@@ -245,7 +247,7 @@ def make_sticky_dispatch_fn(
     mesh = _check_mesh(where, mesh_name)
     key_label = key if isinstance(key, str) else getattr(key, "__name__", "key_fn")
     mode = f"sticky_dispatch_fn[{key_label}{'' if mesh is None else f', {mesh}'}]"
-    owner = _RouterSlot(mode)
+    owner = _AffinityOwner(mode)
 
     def plan_fn(worker_group: DispatchWorkerGroup, *args: Any, **kwargs: Any) -> WorkPlan:
         slots = _slots(worker_group, mesh)
@@ -260,8 +262,8 @@ def make_sticky_dispatch_fn(
             )
         dead = set(getattr(worker_group, "dead_ranks", ()) or ())
         alive = [not dead.intersection(s.ranks) for s in slots]
-        router = _router(worker_group, owner, len(slots), max_lag)
-        assigned = router.assign(mode, keys, alive)
+        affinity = _affinity(worker_group, owner, len(slots), max_lag)
+        assigned = affinity.assign(mode, keys, alive)
         by_slot = [[i for i, s in enumerate(assigned) if s == slot] for slot in range(len(slots))]
         units: list[WorkUnit] = []
         try:
@@ -273,12 +275,12 @@ def make_sticky_dispatch_fn(
                 units.append(WorkUnit(len(units), tuple(rows), unit_args, unit_kwargs, slot=slot))
         except BaseException:  # nothing will run: the rows are no one's to do
             for slot, rows in enumerate(by_slot):
-                router.release(slot, len(rows))
+                affinity.release(slot, len(rows))
             raise
 
         def release(unit: WorkUnit) -> None:
             if unit.slot is not None:
-                router.release(unit.slot, len(unit.rows))
+                affinity.release(unit.slot, len(unit.rows))
 
         return WorkPlan(mode, slots, tuple(units), length, release)
 

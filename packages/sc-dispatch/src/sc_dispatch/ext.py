@@ -26,7 +26,7 @@ errors.
 * Work plans, the form of every call: :class:`WorkPlan` of :class:`WorkUnit` s on
   :class:`Slot` s, made by a :class:`PlanFn` such as :func:`even_plan`,
   :func:`balanced_plan`, :func:`rank_plan` (verl's per-rank rule, :func:`per_rank_arguments`)
-  or :func:`rank_zero_plan` over :func:`rank_slots` / :func:`mesh_slots`; :class:`KeyRouter`,
+  or :func:`rank_zero_plan` over :func:`rank_slots` / :func:`mesh_slots`; :class:`KeyAffinity`,
   the sticky router.
 * The shapes of modes: :data:`DispatchFn`, :data:`CollectFn`,
   :class:`DispatchAwareCollectFn` (given :data:`Dispatched`), :class:`ExecuteFnDict`, and
@@ -36,7 +36,7 @@ errors.
 
 from . import _public
 from ._mesh import MeshLayout, ask_mesh_layout
-from ._modes import KeyRouter, PlannedDispatchFnDict
+from ._modes import KeyAffinity, PlannedDispatchFnDict
 from ._nbytes import NbytesFn, get_nbytes_fn, payload_nbytes, register_nbytes
 from ._nd import MeshDispatchFnDict, MeshModeName, mesh_layout, mesh_slots
 from ._plan import (
@@ -92,7 +92,7 @@ __all__ = [
     "ExecuteFnDict",
     "FunctionMode",
     "FutureLike",
-    "KeyRouter",
+    "KeyAffinity",
     "MAGIC_ATTR",
     "MeshDispatchFnDict",
     "MeshLayout",

@@ -54,7 +54,7 @@ from ._hf_configs import hf_model_config, hf_worker_configs
 from ._settings import SETTINGS
 from .engine import Engine, FSDPEngine, MegatronEngine, ParallelLayout, make_engine
 from .models import HFCausalLM, HFValueModel, TinyCausalLM, load_hf_tokenizer
-from .rollout import TorchEngineConfig, TorchRolloutEngine
+from .rollout import TorchRolloutEngine, TorchRolloutEngineConfig
 from .sync import WeightSync
 from .workers import (
     ROLES,
@@ -104,8 +104,8 @@ __all__ = [
     "ScWorkersError",
     "SyncLayoutError",
     "TinyCausalLM",
-    "TorchEngineConfig",
     "TorchRolloutEngine",
+    "TorchRolloutEngineConfig",
     "UnsupportedParallelismError",
     "WeightSync",
     "WeightSyncError",

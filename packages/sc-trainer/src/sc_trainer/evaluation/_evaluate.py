@@ -27,7 +27,7 @@ from typing import Any
 
 from sc_rollout import GenerateRequest, SamplingParams
 from sc_workers import load_hf_tokenizer
-from sc_workers.rollout import TorchEngineConfig, TorchRolloutEngine
+from sc_workers.rollout import TorchRolloutEngine, TorchRolloutEngineConfig
 
 from .._errors import TrainerConfigError
 from ..config import TrainerConfig
@@ -105,7 +105,7 @@ def evaluate(
         )
         prompts = [dataset[i] for i in range(len(dataset))]
         engine = TorchRolloutEngine(
-            TorchEngineConfig(model=str(folder), seed=config.seed, max_batch_size=64)
+            TorchRolloutEngineConfig(model=str(folder), seed=config.seed, max_batch_size=64)
         )
         try:
             responses = _generate(engine, prompts, tokenizer, k, greedy, temperature, config)

@@ -47,7 +47,7 @@ from sc_rollout import (
     vllm_env_vars,
 )
 from sc_workers import ActorRolloutRefWorker
-from sc_workers.rollout import TorchEngineConfig, torch_engine_argv
+from sc_workers.rollout import TorchRolloutEngineConfig, torch_engine_argv
 
 from .._errors import RolloutFleetError
 from ._fleet import ArgvFactory, RolloutServerFleet
@@ -84,7 +84,7 @@ def _argv_factory(
         return (lambda host, port: vllm_argv(config, python, host, port)), env
     # the built-in engine on the GPU Ray gives the server's actor (its only visible one)
     torch_device = "cuda" if device == "cuda" else "cpu"
-    torch_config = TorchEngineConfig(model=model, seed=seed, device=torch_device)
+    torch_config = TorchRolloutEngineConfig(model=model, seed=seed, device=torch_device)
     return (lambda host, port: torch_engine_argv(torch_config, host, port)), {}
 
 

@@ -11,21 +11,21 @@ from collections.abc import Sequence
 
 from sc_rollout import RolloutTypeError, serve
 
-from ._config import DTYPES, TorchEngineConfig
+from ._config import DTYPES, TorchRolloutEngineConfig
 from ._engine import TorchRolloutEngine
 
 __all__ = ["main", "torch_engine_argv"]
 
 
 def torch_engine_argv(
-    config: TorchEngineConfig, host: str | None = None, port: int = 0
+    config: TorchRolloutEngineConfig, host: str | None = None, port: int = 0
 ) -> list[str]:
     """The command line of a server process for the built-in engine with ``config`` (this
     interpreter), for :class:`sc_rollout.ServerProcess`. ``host`` ``None``: the server's
     default (``SC_ROLLOUT_HOST``); ``port`` 0: a free one."""
-    if not isinstance(config, TorchEngineConfig):
+    if not isinstance(config, TorchRolloutEngineConfig):
         raise RolloutTypeError(
-            f"torch_engine_argv() takes a TorchEngineConfig, got {type(config).__name__}"
+            f"torch_engine_argv() takes a TorchRolloutEngineConfig, got {type(config).__name__}"
         )
     argv = [sys.executable, "-m", "sc_workers.rollout", "--model", config.model]
     if host is not None:
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m sc_workers.rollout",
         description="Serve a local Hugging Face causal LM with the built-in rollout engine.",
     )
-    defaults = TorchEngineConfig(model=".")
+    defaults = TorchRolloutEngineConfig(model=".")
     parser.add_argument("--model", required=True, help="local Hugging Face model directory")
     parser.add_argument("--host", default=None, help="address to bind (default SC_ROLLOUT_HOST)")
     parser.add_argument("--port", type=int, default=0, help="port (0: a free one)")
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Build the engine from the command line and serve it until terminated."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    config = TorchEngineConfig(
+    config = TorchRolloutEngineConfig(
         model=args.model,
         device=args.device,
         dtype=args.dtype,

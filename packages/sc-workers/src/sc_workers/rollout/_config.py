@@ -1,4 +1,4 @@
-"""``TorchEngineConfig``: the settings of the built-in rollout engine, validated on
+"""``TorchRolloutEngineConfig``: the settings of the built-in rollout engine, validated on
 construction (each bad value is a :class:`~sc_workers.ConfigError` naming the field)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from .._errors import ConfigError
 
-__all__ = ["DTYPES", "TorchEngineConfig"]
+__all__ = ["DTYPES", "TorchRolloutEngineConfig"]
 
 #: the parameter dtypes the engine runs in (the log-probs a trainer recomputes are float32)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32}
@@ -27,7 +27,7 @@ def _check_int(owner: str, name: str, value: object, minimum: int | None) -> int
 
 
 @dataclass(frozen=True)
-class TorchEngineConfig:
+class TorchRolloutEngineConfig:
     """The built-in rollout engine's settings.
 
     * ``model``: a local Hugging Face causal-LM directory (what ``save_pretrained`` writes;
@@ -53,7 +53,7 @@ class TorchEngineConfig:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        owner = "TorchEngineConfig"
+        owner = "TorchRolloutEngineConfig"
         model: object = self.model
         if isinstance(model, os.PathLike):
             model = os.fspath(model)

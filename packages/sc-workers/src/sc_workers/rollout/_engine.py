@@ -42,7 +42,7 @@ from torch import Tensor
 
 from .._errors import ConfigError
 from ..models._hf import HFCausalLM, hf_text_config, load_hf_model
-from ._config import TorchEngineConfig
+from ._config import TorchRolloutEngineConfig
 from ._decode import Flight, next_logits, pick
 from ._weights import WeightSpec, copy_into, free, read_weights, restore, snapshot
 
@@ -84,10 +84,10 @@ class TorchRolloutEngine:
     :class:`~sc_workers.ConfigError`.
     """
 
-    def __init__(self, config: TorchEngineConfig) -> None:
-        if not isinstance(config, TorchEngineConfig):
+    def __init__(self, config: TorchRolloutEngineConfig) -> None:
+        if not isinstance(config, TorchRolloutEngineConfig):
             raise RolloutTypeError(
-                "TorchRolloutEngine(config=...) takes a TorchEngineConfig, got "
+                "TorchRolloutEngine(config=...) takes a TorchRolloutEngineConfig, got "
                 f"{type(config).__name__}"
             )
         self._config = config
@@ -133,7 +133,7 @@ class TorchRolloutEngine:
         return module
 
     @property
-    def config(self) -> TorchEngineConfig:
+    def config(self) -> TorchRolloutEngineConfig:
         """The engine's settings."""
         return self._config
 
