@@ -33,16 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine, write_result
+from sc_core.backend import free_port
 
 RESULT = Path(__file__).resolve().parent / "results" / "pipeline_bubble.json"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, args: dict[str, Any], port: int, out: str) -> None:
@@ -110,7 +103,7 @@ def _head(logits: torch.Tensor) -> torch.Tensor:
 
 def _run(args: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port("127.0.0.1")
     procs = [ctx.Process(target=_rank, args=(r, args, port, str(out))) for r in range(2)]
     for p in procs:
         p.start()

@@ -14,13 +14,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from sc_core import backend
 
 __all__ = [
     "NODE_PORT_FLAGS",
@@ -41,9 +42,8 @@ __all__ = [
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on 127.0.0.1 (the standing cluster binds there)."""
+    return backend.free_port("127.0.0.1")
 
 
 _WORKER_PORTS = 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ from sc_core.backend import (
     RendezvousError,
     RendezvousTimeoutError,
     current_worker_context,
+    free_port,
     rendezvous_from_env,
     worker_context,
 )
@@ -306,3 +308,23 @@ def test_defining_a_reserved_worker_name_fails_when_the_class_is_created(name: s
         type("Bad", (Worker,), {name: method})
     with pytest.raises(TypeError):
         type("Bad", (Worker,), {name: 1})
+
+
+@pytest.mark.parametrize("host", ["", "127.0.0.1"])
+def test_free_port_is_a_port_the_caller_can_bind(host: str) -> None:
+    port = free_port(host)
+    assert 1024 <= port <= 65535
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, port))  # free when asked: binding it now works
+    assert Worker._get_free_port() != 0  # verl's name runs the same helper
+
+
+def test_free_port_on_an_ipv6_host_binds_an_ipv6_socket() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6 support")
+    try:
+        port = free_port("::1")
+    except OSError as exc:  # the machine has no IPv6 loopback
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        sock.bind(("::1", port))

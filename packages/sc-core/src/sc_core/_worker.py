@@ -32,6 +32,7 @@ from ._errors import (
 )
 from ._faults import ArmedFault
 from ._journal import await_journaled, journaled_calls, last_calls
+from ._ports import free_port
 from ._settings import RENDEZVOUS_TIMEOUT
 
 __all__ = [
@@ -151,10 +152,8 @@ class WorkerHelper:
 
     @staticmethod
     def _get_free_port() -> int:
-        """A TCP port free on this node now."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
+        """A TCP port free on this node now (verl's name of :func:`sc_core.backend.free_port`)."""
+        return free_port()
 
     def get_availale_master_addr_port(self) -> tuple[str, str]:
         """verl's (misspelt) name of :meth:`get_available_master_addr_port`."""

@@ -24,7 +24,8 @@ collects; it holds a :class:`Backend` that runs the workers and hands it each ca
   :func:`rendezvous_from_env`; failures are :class:`RendezvousError` and
   :class:`RendezvousTimeoutError`), the fault a rank is armed with
   (:func:`take_fault`, :class:`ArmedFault`), and :func:`register_class_unwrapper`, which
-  lets colocation see the worker class inside a backend's wrapper class.
+  lets colocation see the worker class inside a backend's wrapper class; :func:`free_port`,
+  the TCP port a rendezvous (or anything else of sc's) binds.
 * Exactly-once calls: a call with an id reaches each rank with it under the keyword
   :data:`CALL_ID_KWARG`; a backend runs every worker method through :func:`run_journaled`
   (:func:`run_journaled_async` in an async actor), which takes the id out and runs the
@@ -71,6 +72,7 @@ from ._journal import (
 )
 from ._lanes import CONTROL_METHODS, on_control_lane
 from ._local import LocalBackend, LocalHandle
+from ._ports import free_port
 from ._units import StreamingBackend
 
 __all__ = [
@@ -99,6 +101,7 @@ __all__ = [
     "WorkerContext",
     "caused_by_peer",
     "current_worker_context",
+    "free_port",
     "on_control_lane",
     "register_class_unwrapper",
     "rendezvous_from_env",

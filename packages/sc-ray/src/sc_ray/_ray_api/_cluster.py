@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from sc_core.backend import free_port
 
 from ._base import _cluster_utils, _constants, ray
 
@@ -70,10 +71,8 @@ def gpu_ids() -> list[str]:
 
 
 def find_free_port() -> int:
-    """A TCP port that was free on this host when asked."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free on this host when asked (:func:`sc_core.backend.free_port`)."""
+    return free_port()
 
 
 # --- starting and stopping clusters (tests, benchmarks, scripts) -------------------------

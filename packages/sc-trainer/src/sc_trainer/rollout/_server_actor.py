@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sc_core.backend import free_port
 from sc_rollout import RolloutServerError, ServerProcess
 
 __all__ = ["ArgvFactory", "RolloutServerActor"]
@@ -34,14 +34,6 @@ def _node_ip_address() -> str:
 
     util: Any = ray.util  # Ray is loosely typed
     return str(util.get_node_ip_address())
-
-
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RolloutServerActor:
@@ -72,7 +64,7 @@ class RolloutServerActor:
                 return self._proc.url
             host = _node_ip_address()
             try:
-                argv = [str(a) for a in self._factory(host, _free_port(host))]
+                argv = [str(a) for a in self._factory(host, free_port(host))]
             except Exception as exc:
                 raise RolloutServerError(
                     f"rollout server {self._index}: the argv factory failed for host {host!r}: "
