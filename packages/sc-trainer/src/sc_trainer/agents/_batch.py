@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from sc_protocol import DataProto
 from sc_rollout import AgentOutcome
+from sc_workers.workers import rollout_tensors
 
 from .._errors import RolloutInputError
 
@@ -98,16 +99,15 @@ def build_agent_batch(
         response_mask[row, :count] = torch.tensor(rollout["response_mask"], dtype=torch.long)
         log_probs[row, :count] = torch.tensor(rollout["response_logprobs"], dtype=torch.float32)
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
-    delta = torch.arange(1, response_length + 1, dtype=positions.dtype)
-    tensors = {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": torch.cat([prompt_mask, response_attention], dim=1),
-        "position_ids": torch.cat([positions, positions[:, -1:] + delta[None, :]], dim=1),
-        "response_mask": response_mask,
-        "rollout_log_probs": log_probs,
-    }
+    tensors = rollout_tensors(
+        prompts,
+        prompt_mask,
+        positions,
+        responses,
+        response_mask,
+        log_probs,
+        response_attention=response_attention,  # tool tokens: attended, not in the loss
+    )
     non_tensors = {
         "uid": np.array(uid, dtype=object),
         "prompt_text": np.array(text, dtype=object),

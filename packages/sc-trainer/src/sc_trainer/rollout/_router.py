@@ -36,6 +36,7 @@ import torch
 from sc_protocol import DataProto
 from sc_rollout import GenerateRequest, GenerateResult, Router, SamplingParams
 from sc_workers import ModelConfig, RolloutConfig
+from sc_workers.workers import rollout_tensors
 
 from .._errors import RolloutInputError, WorkerOutputError
 
@@ -325,16 +326,7 @@ def build_batch(
             else (result.min_weight_version)
         )
         high[row] = result.weight_version
-    delta = torch.arange(1, length + 1, dtype=positions.dtype)
-    out = {
-        "prompts": prompt_ids,
-        "responses": responses,
-        "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": torch.cat([mask, response_mask], dim=1),
-        "position_ids": torch.cat([positions, positions[:, -1:] + delta[None, :]], dim=1),
-        "response_mask": response_mask,
-        "rollout_log_probs": log_probs,
-    }
+    out = rollout_tensors(prompt_ids, mask, positions, responses, response_mask, log_probs)
     non_tensors = dict(prompts.non_tensor_batch)
     non_tensors["weight_version_min"] = low
     non_tensors["weight_version_max"] = high

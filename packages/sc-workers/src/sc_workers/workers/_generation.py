@@ -14,6 +14,7 @@ from .._config import ModelConfig, RolloutConfig
 from .._errors import BatchError
 from ..engine import Engine
 from ._ppo import gather_tensors
+from ._rollout_format import rollout_tensors
 from ._sampling import BatchSampling, eos_tuple, generate
 
 __all__ = ["generate_batch", "meta_float", "sampling_params"]
@@ -73,21 +74,12 @@ def generate_batch(
             params,
             generator,
         )
-    responses, response_mask, log_probs = responses.cpu(), response_mask.cpu(), log_probs.cpu()
-    prompt_ids = t["input_ids"]
-    length = responses.shape[1]
-    delta = torch.arange(1, length + 1, dtype=t["position_ids"].dtype)
-    response_pos = t["position_ids"][:, -1:] + delta[None, :]
-    out = {
-        "prompts": prompt_ids,
-        "responses": responses,
-        "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": torch.cat(
-            [t["attention_mask"], response_mask.to(t["attention_mask"].dtype)], dim=1
-        ),
-        "position_ids": torch.cat([t["position_ids"], response_pos], dim=1),
-        "response_mask": response_mask.to(t["attention_mask"].dtype),
-        # the behaviour policy's log-probs: the importance ratio of off-policy (async) PPO
-        "rollout_log_probs": log_probs,
-    }
+    out = rollout_tensors(
+        t["input_ids"],
+        t["attention_mask"],
+        t["position_ids"],
+        responses.cpu(),
+        response_mask.cpu(),
+        log_probs.cpu(),  # the behaviour policy's: the importance ratio of off-policy PPO
+    )
     return DataProto.from_dict(tensors=out, non_tensors=dict(prompts.non_tensor_batch))
