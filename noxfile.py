@@ -50,10 +50,13 @@ PACKAGE_PARAMS = [nox.param(dist, id=dist, tags=[dist]) for dist in PACKAGES]
 #: runs draw their plot, and its trackers' tests, which fail there too without their
 #: backend, write to TensorBoard, W&B and MLflow)
 TEST_EXTRAS = {"sc-workers": ["hf"], "sc-trainer": ["plot", "tensorboard", "wandb", "mlflow"]}
-#: pytest arguments a package's tests session adds: sc-trainer's leaves the long fault matrix
-#: (20 trainings) to the faults session, runs one case per kind of point, and leaves the
-#: tests on the vLLM engine to the vllm session (which makes vLLM's environment)
-PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not fault_matrix and not vllm"]}
+#: pytest arguments a package's tests session adds: every package leaves the further cases of
+#: its matrices (marked ``extended``: layouts, engines, schedules beyond a representative) to
+#: the extended session; sc-trainer's also leaves the long fault matrix (20 trainings) to the
+#: faults session, running one case per kind of point, and the tests on the vLLM engine to
+#: the vllm session (which makes vLLM's environment)
+DEFAULT_TEST_ARGS = ["-m", "not extended"]
+PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not extended and not fault_matrix and not vllm"]}
 
 #: the Pythons the packages support (their classifiers; requires-python is >=3.10). The
 #: oldest runs lowest(<dist>), the workspace's own (.python-version) runs tests(<dist>), the
@@ -226,7 +229,7 @@ def tests(session: nox.Session, dist: str) -> None:
     session.run(
         "pytest",
         os.path.join(_package_dir(dist), "tests"),
-        *PACKAGE_TEST_ARGS.get(dist, []),
+        *PACKAGE_TEST_ARGS.get(dist, DEFAULT_TEST_ARGS),
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": dist},
     )
@@ -387,7 +390,7 @@ TEST_SESSION_NAMES = {"sc-integration": "integration"}
 #: pytest arguments a member's tests session adds: the integration session leaves the long
 #: fault matrix (20 trainings) to the faults session, runs one case per kind of point, and
 #: leaves the tests on the vLLM engine to the vllm session (which makes vLLM's environment)
-MEMBER_TEST_ARGS = {"sc-integration": ["-m", "not fault_matrix and not vllm"]}
+MEMBER_TEST_ARGS = {"sc-integration": ["-m", "not extended and not fault_matrix and not vllm"]}
 
 
 def _member_sessions(member: str) -> None:
@@ -411,7 +414,7 @@ def _member_sessions(member: str) -> None:
         session.run(
             "pytest",
             os.path.join(member, "tests"),
-            *MEMBER_TEST_ARGS.get(name, []),
+            *MEMBER_TEST_ARGS.get(name, DEFAULT_TEST_ARGS),
             *session.posargs,
             env={"SC_ISOLATED_PACKAGE": name},
         )
@@ -519,6 +522,33 @@ def faults(session: nox.Session) -> None:
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": "sc-integration"},
     )
+
+
+#: the test folders whose ``extended`` cases the extended session runs
+EXTENDED_TEST_DIRS = [
+    *(os.path.join(_package_dir(dist), "tests") for dist in PACKAGES),
+    os.path.join("integration", "tests"),
+]
+
+
+@nox.session(default=False, tags=["extended"])
+def extended(session: nox.Session) -> None:
+    """The further cases of the test matrices (not run by default; see
+    docs/guides/contributing.md): every test marked ``extended``, the layouts, schedules,
+    engines and re-attach cases beyond the representative that each default session keeps.
+    One environment with every package (sc-integration's)."""
+    _sync(session, "--package", "sc-integration", "--group", "test")
+    for folder in EXTENDED_TEST_DIRS:
+        # exit code 5: the folder has no test marked extended
+        session.run(
+            "pytest",
+            folder,
+            "-m",
+            "extended and not fault_matrix and not vllm and not gpu",
+            *session.posargs,
+            env={"SC_ISOLATED_PACKAGE": "sc-integration"},
+            success_codes=[0, 5],
+        )
 
 
 @nox.session(tags=["vllm"])

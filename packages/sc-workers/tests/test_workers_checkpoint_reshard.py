@@ -423,6 +423,7 @@ def pipeline_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("loaded", ["pp2_dp2_to_pp1_dp4", "pp2_dp2_to_pp2_tp2"])
 def test_a_pipelined_checkpoint_loads_into_another_layout(

@@ -36,7 +36,14 @@ def _run(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dic
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["fsdp", "tp", "pp"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "fsdp",  # the representative the default run keeps
+        pytest.param("tp", marks=pytest.mark.extended),
+        pytest.param("pp", marks=pytest.mark.extended),
+    ],
+)
 def test_a_rank_raising_in_a_collective_releases_its_peer_and_the_next_call_rebuilds(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -52,8 +59,12 @@ def test_a_rank_raising_in_a_collective_releases_its_peer_and_the_next_call_rebu
 
     # its peer raises within the bound, with an error naming the failed rank and its error
     aborted = peer["outcome"]
-    expected = "PipelineStageError" if case == "pp" else "CollectiveAbortedError"
-    assert aborted["kind"] == expected, aborted
+    # a pipeline stage inside its schedule raises PipelineStageError (a subclass); one the
+    # abort reaches before it enters its call (the failed rank was quicker) raises the base
+    expected = {"CollectiveAbortedError"}
+    if case == "pp":
+        expected.add("PipelineStageError")
+    assert aborted["kind"] in expected, aborted
     assert aborted["failed_rank"] == FAILING, aborted
     assert aborted["caused_by_peer"] is True, aborted
     assert f"rank {FAILING} failed" in aborted["message"], aborted

@@ -98,6 +98,7 @@ def test_fsdp_dp2_matches_single_process(reference: dict[str, Any], tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # TP is checked by default in test_workers_hf.py (dp2 and tp2)
 @pytest.mark.timeout(300)
 def test_tp2_dp2_matches_single_process(reference: dict[str, Any], tmp_path: Path) -> None:
     launch(functools.partial(parallel_job, "megatron", 2), world=4, out=tmp_path, timeout=270)

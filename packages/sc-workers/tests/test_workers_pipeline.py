@@ -97,14 +97,13 @@ def _check(ref: dict[str, Any], outs: list[dict[str, Any]], layout: Layout) -> N
 @pytest.mark.parametrize(
     "layout",
     [
-        Layout(pp=2),
-        Layout(pp=2, schedule="GPipe"),
-        Layout(pp=2, vpp=2),
-        Layout(pp=2, tp=2),
-        Layout(pp=2, dp=2),
-        Layout(pp=4),
+        pytest.param(Layout(pp=2), id="pp2-1f1b"),  # the representative the default run keeps
+        pytest.param(Layout(pp=2, schedule="GPipe"), id="pp2-gpipe", marks=pytest.mark.extended),
+        pytest.param(Layout(pp=2, vpp=2), id="pp2-interleaved", marks=pytest.mark.extended),
+        pytest.param(Layout(pp=2, tp=2), id="pp2xtp2", marks=pytest.mark.extended),
+        pytest.param(Layout(pp=2, dp=2), id="pp2xdp2", marks=pytest.mark.extended),
+        pytest.param(Layout(pp=4), id="pp4", marks=pytest.mark.extended),
     ],
-    ids=["pp2-1f1b", "pp2-gpipe", "pp2-interleaved", "pp2xtp2", "pp2xdp2", "pp4"],
 )
 @pytest.mark.slow
 def test_pipeline_matches_single_rank(
@@ -114,7 +113,9 @@ def test_pipeline_matches_single_rank(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["update_actor", "compute_log_prob"])
+@pytest.mark.parametrize(
+    "method", ["update_actor", pytest.param("compute_log_prob", marks=pytest.mark.extended)]
+)
 def test_a_stage_that_raises_inside_a_schedule_does_not_strand_its_peer(
     method: str, tmp_path: Path
 ) -> None:

@@ -291,6 +291,7 @@ def test_pp2_actor_and_critic_match_one_rank(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(300)
 def test_pp2_tp2_actor_and_critic_match_one_rank(
     models: dict[str, str], references: dict[tuple[str, float], dict[str, Any]], tmp_path: Path

@@ -178,6 +178,7 @@ def test_sp2_builtin_matches_single_process(sp2_outs: list[dict[str, Any]]) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(300)
 def test_sp2_dp2_builtin_matches_single_process(
     dp_reference: dict[str, Any], tmp_path: Path
