@@ -4,8 +4,9 @@ built (:class:`BatchSizes`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Protocol
 
 from .._errors import ConfigError
 from ._base import KL_TYPES, LOSS_AGG_MODES, ConfigBase, non_negative, one_of, positive
@@ -65,9 +66,72 @@ class BatchSizes:
         return self.mini_batch_size // self.micro_batch_size
 
 
-def normalize_batch_sizes(
-    owner: str, mini: int, n: int, micro: int, dp_size: int, mini_name: str, micro_name: str
-) -> BatchSizes:
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class _PPORole(Protocol):
+    """The fields that the PPO roles (actor and critic) share."""
+
+    _section: ClassVar[str]
+
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def megatron(self) -> MegatronConfig: ...
+    @property
+    def ulysses_sequence_parallel_size(self) -> int: ...
+    @property
+    def ppo_mini_batch_size(self) -> int: ...
+    @property
+    def ppo_micro_batch_size_per_gpu(self) -> int: ...
+    @property
+    def ppo_epochs(self) -> int: ...
+    @property
+    def grad_clip(self) -> float: ...
+    @property
+    def loss_agg_mode(self) -> str: ...
+
+
+def check_ppo_role(
+    role: _PPORole,
+    *,
+    clip: Mapping[str, float],
+    micro_batch_sizes: Mapping[str, int] | None = None,
+    counts: Mapping[str, int] | None = None,
+    clip_bounds: Callable[[], None] | None = None,
+) -> None:
+    """The checks the actor and the critic share, in this order: the strategy and its
+    parallel sizes; positive mini- and micro-batch sizes (then the role's other
+    ``micro_batch_sizes``), epochs, clip range(s) ``clip``, gradient clip (then the role's
+    other positive ``counts``); the role's further ``clip_bounds`` checks; a known
+    ``loss_agg_mode``. Each :class:`ConfigError` names the section, the key and the value."""
+    o = role._section
+    check_strategy(o, role.strategy, role.megatron, role.ulysses_sequence_parallel_size)
+    positive(
+        o,
+        ppo_mini_batch_size=role.ppo_mini_batch_size,
+        ppo_micro_batch_size_per_gpu=role.ppo_micro_batch_size_per_gpu,
+        **(micro_batch_sizes or {}),
+        ppo_epochs=role.ppo_epochs,
+        **clip,
+        grad_clip=role.grad_clip,
+        **(counts or {}),
+    )
+    if clip_bounds is not None:
+        clip_bounds()
+    one_of(o, "loss_agg_mode", role.loss_agg_mode, LOSS_AGG_MODES)
+
+
+def check_model_fits(owner: str, model: ModelConfig, sizes: ParallelSizes) -> None:
+    """The built-in model splits over the role's tensor- and sequence-parallel sizes."""
+    check_tp_divides(owner, model, sizes.tp)
+    check_sp_divides(owner, model, sizes.sp)
+
+
+def normalize_batch_sizes(role: _PPORole, n: int, dp_size: int) -> BatchSizes:
+    """A PPO role's per-rank mini- and micro-batch sizes for rollout ``n`` and ``dp_size``."""
+    owner, mini, micro = role._section, role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
+    mini_name, micro_name = "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu"
     if dp_size < 1:
         raise ConfigError(f"{owner}: dp size must be positive, got {dp_size}")
     total = mini * n
@@ -120,15 +184,16 @@ class ActorConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         o = self._section
-        check_strategy(o, self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
-        positive(
-            o,
-            ppo_mini_batch_size=self.ppo_mini_batch_size,
-            ppo_micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
-            ppo_epochs=self.ppo_epochs,
-            clip_ratio=self.clip_ratio,
-            grad_clip=self.grad_clip,
-        )
+        check_ppo_role(self, clip={"clip_ratio": self.clip_ratio}, clip_bounds=self._check_clips)
+        one_of(o, "kl_loss_type", self.kl_loss_type, KL_TYPES)
+        non_negative(o, kl_loss_coef=self.kl_loss_coef)
+
+    @property
+    def parallel_sizes(self) -> ParallelSizes:
+        return parallel_sizes(self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
+
+    def _check_clips(self) -> None:
+        o = self._section
         for name in ("clip_ratio_low", "clip_ratio_high"):
             value = getattr(self, name)
             if value is not None:
@@ -137,13 +202,6 @@ class ActorConfig(ConfigBase):
             raise ConfigError(
                 f"{o}.clip_ratio_c must be > 1.0 (dual clip), got {self.clip_ratio_c}"
             )
-        one_of(o, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
-        one_of(o, "kl_loss_type", self.kl_loss_type, KL_TYPES)
-        non_negative(o, kl_loss_coef=self.kl_loss_coef)
-
-    @property
-    def parallel_sizes(self) -> ParallelSizes:
-        return parallel_sizes(self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
 
     @property
     def cliprange_low(self) -> float:
@@ -155,15 +213,7 @@ class ActorConfig(ConfigBase):
 
     def normalized_batch_sizes(self, rollout_n: int, dp_size: int) -> BatchSizes:
         """Per-rank mini- and micro-batch sizes; :class:`ConfigError` if they do not divide."""
-        return normalize_batch_sizes(
-            self._section,
-            self.ppo_mini_batch_size,
-            rollout_n,
-            self.ppo_micro_batch_size_per_gpu,
-            dp_size,
-            "ppo_mini_batch_size",
-            "ppo_micro_batch_size_per_gpu",
-        )
+        return normalize_batch_sizes(self, rollout_n, dp_size)
 
 
 @dataclass
@@ -248,15 +298,14 @@ class ActorRolloutRefConfig(ConfigBase):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     def __post_init__(self) -> None:
-        one_of(self._section, "device", self.device, ("auto", "cpu", "cuda"))
+        one_of(self._section, "device", self.device, DEVICES)
         actor, ref = self.actor.parallel_sizes, self.ref.parallel_sizes
         if actor != ref:
             raise ConfigError(
                 f"{self._section}: the actor's parallel sizes {actor} differ from the ref's "
                 f"{ref}; one worker has one mesh layout"
             )
-        check_tp_divides(self._section, self.model, actor.tp)
-        check_sp_divides(self._section, self.model, actor.sp)
+        check_model_fits(self._section, self.model, actor)
 
 
 @dataclass
@@ -284,22 +333,16 @@ class CriticConfig(ConfigBase):
     ulysses_sequence_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        o = self._section
-        check_strategy(o, self.strategy, self.megatron, self.ulysses_sequence_parallel_size)
-        positive(
-            o,
-            ppo_mini_batch_size=self.ppo_mini_batch_size,
-            ppo_micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
-            forward_micro_batch_size_per_gpu=self.forward_micro_batch_size_per_gpu,
-            ppo_epochs=self.ppo_epochs,
-            cliprange_value=self.cliprange_value,
-            grad_clip=self.grad_clip,
-            rollout_n=self.rollout_n,
+        check_ppo_role(
+            self,
+            micro_batch_sizes={
+                "forward_micro_batch_size_per_gpu": self.forward_micro_batch_size_per_gpu
+            },
+            clip={"cliprange_value": self.cliprange_value},
+            counts={"rollout_n": self.rollout_n},
         )
-        one_of(o, "loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
-        one_of(o, "device", self.device, ("auto", "cpu", "cuda"))
-        check_tp_divides(o, self.model, self.megatron.tensor_model_parallel_size)
-        check_sp_divides(o, self.model, self.ulysses_sequence_parallel_size)
+        one_of(self._section, "device", self.device, DEVICES)
+        check_model_fits(self._section, self.model, self.parallel_sizes)
 
     @property
     def parallel_sizes(self) -> ParallelSizes:
@@ -307,12 +350,4 @@ class CriticConfig(ConfigBase):
 
     def normalized_batch_sizes(self, dp_size: int) -> BatchSizes:
         """Per-rank mini- and micro-batch sizes; :class:`ConfigError` if they do not divide."""
-        return normalize_batch_sizes(
-            self._section,
-            self.ppo_mini_batch_size,
-            self.rollout_n,
-            self.ppo_micro_batch_size_per_gpu,
-            dp_size,
-            "ppo_mini_batch_size",
-            "ppo_micro_batch_size_per_gpu",
-        )
+        return normalize_batch_sizes(self, self.rollout_n, dp_size)

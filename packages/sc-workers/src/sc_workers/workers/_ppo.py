@@ -1,21 +1,18 @@
-"""The per-rank PPO computations behind the worker methods (actor and critic)."""
+"""The per-rank PPO computations behind the worker methods (actor and critic): scoring,
+and the policy and value losses that the shared loop of :mod:`._ppo_loop` runs."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from .._config import ActorConfig, BatchSizes, CriticConfig
 from .._errors import BatchError, MissingBatchKeyError
 from ..algos import (
     agg_loss,
-    agg_loss_denominator,
     compute_policy_loss,
     compute_value_loss,
     entropy_from_logits,
@@ -23,6 +20,7 @@ from ..algos import (
     logprobs_from_logits,
 )
 from ..engine import Engine
+from ._ppo_loop import Accumulate, Meter, MiniBatch, Role, micro_slices, response_mask_of, run_ppo
 
 __all__ = [
     "compute_log_prob",
@@ -56,23 +54,32 @@ def gather_tensors(
     return out
 
 
-def response_mask_of(tensors: dict[str, Tensor]) -> Tensor:
-    """``response_mask`` if given, else the response part of ``attention_mask``."""
-    if "response_mask" in tensors:
-        return tensors["response_mask"]
-    length = tensors["responses"].shape[1]
-    return tensors["attention_mask"][:, -length:]
-
-
-def _micro_slices(total: int, size: int) -> Iterator[slice]:
-    for start in range(0, total, size):
-        yield slice(start, min(start + size, total))
-
-
 def _response_logits(engine: Engine, t: dict[str, Tensor], temperature: float) -> Tensor:
     logits = engine.forward(t["input_ids"], t["attention_mask"], t["position_ids"])
     length = t["responses"].shape[1]
     return logits[:, -length - 1 : -1, :].float() / temperature
+
+
+def response_head(responses: Tensor, temperature: float) -> Callable[[Tensor], Any]:
+    """logits -> (log-probs, entropies) of the response tokens."""
+
+    def head(logits: Tensor) -> tuple[Tensor, Tensor]:
+        length = responses.shape[1]
+        scaled = logits[:, -length - 1 : -1, :].float() / temperature
+        log_prob = logprobs_from_logits(scaled, responses.to(scaled.device))
+        # copies, not views of the stage's output (FSDP hooks a stage's outputs)
+        return log_prob.clone(), entropy_from_logits(scaled).clone()
+
+    return head
+
+
+def value_head(length: int) -> Callable[[Tensor], Tensor]:
+    """values -> the values of the positions that predict the response tokens."""
+
+    def head(values: Tensor) -> Tensor:
+        return values[:, -length - 1 : -1].float().clone()
+
+    return head
 
 
 def compute_log_prob(
@@ -88,7 +95,7 @@ def compute_log_prob(
     log_probs: list[Tensor] = []
     entropies: list[Tensor] = []
     with torch.no_grad():
-        for sl in _micro_slices(total, micro_batch_size):
+        for sl in micro_slices(total, micro_batch_size):
             micro = {k: v[sl] for k, v in tensors.items()}
             logits = _response_logits(engine, micro, temperature)
             labels = micro["responses"].to(logits.device)
@@ -106,7 +113,7 @@ def compute_values(engine: Engine, tensors: dict[str, Tensor], micro_batch_size:
     total = tensors["input_ids"].shape[0]
     out: list[Tensor] = []
     with torch.no_grad():
-        for sl in _micro_slices(total, micro_batch_size):
+        for sl in micro_slices(total, micro_batch_size):
             micro = {k: v[sl] for k, v in tensors.items()}
             values = engine.forward(
                 micro["input_ids"], micro["attention_mask"], micro["position_ids"]
@@ -117,115 +124,13 @@ def compute_values(engine: Engine, tensors: dict[str, Tensor], micro_batch_size:
     return torch.cat(out)
 
 
-def _check_batch(where: str, total: int, sizes: BatchSizes) -> None:
-    if total % sizes.mini_batch_size:
-        raise BatchError(
-            f"{where}: this rank's batch of {total} sequences is not divisible by the per-rank "
-            f"mini-batch size {sizes.mini_batch_size}"
-        )
-
-
-def _orders(total: int, epochs: int, shuffle: bool, seed: int) -> Iterator[Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        yield torch.randperm(total, generator=gen) if shuffle else torch.arange(total)
-
-
-class _Meter:
-    """Sums of metrics per mini-batch, reduced over the dp group, averaged over steps."""
-
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group = group
-        self.steps: dict[str, list[float]] = defaultdict(list)
-        self._sums: dict[str, Tensor] = {}
-
-    def add(self, name: str, value: Tensor) -> None:
-        v = value.detach().double().cpu()
-        self._sums[name] = self._sums.get(name, torch.zeros((), dtype=torch.float64)) + v
-
-    def merge(self, other: _Meter) -> None:
-        """Add ``other``'s sums (of the current step) to this meter's."""
-        for name, value in other._sums.items():
-            self.add(name, value)
-
-    def close_step(self, weights: dict[str, float], extra: dict[str, float]) -> None:
-        """All-reduce the sums over dp; each metric is divided by its weight."""
-        names = sorted(self._sums)
-        if names:
-            packed = torch.stack([self._sums[n] for n in names])
-            if dist.get_world_size(self.group) > 1:
-                dist.all_reduce(packed, group=self.group)
-            for n, v in zip(names, packed.tolist(), strict=True):
-                self.steps[n].append(v / weights.get(n, 1.0))
-        for n, v in extra.items():
-            self.steps[n].append(v)
-        self._sums = {}
-
-    def result(self) -> dict[str, float]:
-        return {k: sum(v) / len(v) for k, v in self.steps.items() if v}
-
-
-def _global_count(count: Tensor, group: dist.ProcessGroup) -> float:
-    c = count.detach().double().cpu().reshape(1)
-    if dist.get_world_size(group) > 1:
-        dist.all_reduce(c, group=group)
-    return float(c.item())
-
-
-@dataclass
-class _MiniBatch:
-    """One optimizer step's data: its micro-batches and dp-global normalisers."""
-
-    micro_batches: list[dict[str, Tensor]]
-    denominator: float  # the loss-aggregation denominator over all dp ranks
-    tokens: float  # response tokens over all dp ranks
-
-
-def _mini_batches(
-    engine: Engine,
-    tensors: dict[str, Tensor],
-    total: int,
-    config: ActorConfig | CriticConfig,
-    sizes: BatchSizes,
-    seed: int,
-    where: str,
-    count: bool = True,
-) -> Iterator[_MiniBatch]:
-    """The mini-batches of every PPO epoch, gradients zeroed before each is yielded.
-
-    ``total`` is the number of rows (a pipeline stage may hold metadata only, no
-    columns); with ``count=False`` the dp-global normalisers are not computed (a stage
-    without the loss skips that collective).
-    """
-    _check_batch(where, total, sizes)
-    group = engine.dp_group
-    engine.train_mode()
-    for order in _orders(total, config.ppo_epochs, config.shuffle, seed):
-        for start in range(0, total, sizes.mini_batch_size):
-            idx = order[start : start + sizes.mini_batch_size]
-            mini = {k: v[idx] for k, v in tensors.items()}
-            denominator = tokens = 0.0
-            if count:
-                mask_all = response_mask_of(mini).float()
-                denominator = _global_count(
-                    agg_loss_denominator(mask_all, config.loss_agg_mode), group
-                )
-                tokens = _global_count(mask_all.sum(), group)
-            engine.zero_grad()
-            micros = [
-                {k: v[sl] for k, v in mini.items()}
-                for sl in _micro_slices(sizes.mini_batch_size, sizes.micro_batch_size)
-            ]
-            yield _MiniBatch(micros, denominator, tokens)
-
-
 def policy_loss(
     log_prob: Tensor,
     entropy_tokens: Tensor,
     micro: dict[str, Tensor],
     config: ActorConfig,
     denominator: float,
-    meter: _Meter,
+    meter: Meter,
 ) -> Tensor:
     """One micro-batch's PPO loss (its share of the mini-batch's, by ``denominator``);
     its metrics go to ``meter``."""
@@ -262,20 +167,12 @@ def policy_loss(
     return loss
 
 
-def close_policy_step(meter: _Meter, tokens: float, grad_norm: float) -> None:
-    per_token = {
-        k: max(tokens, 1.0)
-        for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
-    }
-    meter.close_step(per_token, {"actor/grad_norm": grad_norm})
-
-
 def value_loss(
     vpreds: Tensor,
     micro: dict[str, Tensor],
     config: CriticConfig,
     denominator: float,
-    meter: _Meter,
+    meter: Meter,
 ) -> Tensor:
     """One micro-batch's clipped value loss; its metrics go to ``meter``."""
     dev = vpreds.device
@@ -296,9 +193,48 @@ def value_loss(
     return vf_loss
 
 
-def close_value_step(meter: _Meter, tokens: float, grad_norm: float) -> None:
-    per_token = {k: max(tokens, 1.0) for k in ("critic/vf_clipfrac", "critic/vpred_mean")}
-    meter.close_step(per_token, {"critic/grad_norm": grad_norm})
+def policy_role(config: ActorConfig, temperature: float) -> Role:
+    """The actor's PPO loss on the response tokens' log-probabilities and entropies."""
+
+    def loss(
+        output: tuple[Tensor, Tensor], micro: dict[str, Tensor], denominator: float, meter: Meter
+    ) -> Tensor:
+        log_prob, entropy = output
+        return policy_loss(log_prob, entropy, micro, config, denominator, meter)
+
+    return Role(
+        head=lambda micro: response_head(micro["responses"], temperature),
+        loss=loss,
+        per_token=("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"),
+        grad_norm="actor/grad_norm",
+        constants={"actor/kl_coef": config.kl_loss_coef} if config.use_kl_loss else {},
+    )
+
+
+def value_role(config: CriticConfig) -> Role:
+    """The critic's clipped value loss on the response tokens' values."""
+
+    def loss(vpreds: Tensor, micro: dict[str, Tensor], denominator: float, meter: Meter) -> Tensor:
+        return value_loss(vpreds, micro, config, denominator, meter)
+
+    return Role(
+        head=lambda micro: value_head(int(micro["responses"].shape[1])),
+        loss=loss,
+        per_token=("critic/vf_clipfrac", "critic/vpred_mean"),
+        grad_norm="critic/grad_norm",
+    )
+
+
+def micro_batch_steps(engine: Engine) -> Accumulate:
+    """One forward and backward per micro-batch on an unpipelined engine."""
+
+    def accumulate(mb: MiniBatch, role: Role, meter: Meter, grad_scale: float) -> None:
+        for micro in mb.micro_batches:
+            out = engine.forward(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
+            loss = role.loss(role.head(micro)(out), micro, mb.denominator, meter)
+            torch.autograd.backward(loss * grad_scale)
+
+    return accumulate
 
 
 def update_policy(
@@ -310,31 +246,13 @@ def update_policy(
     seed: int,
     where: str,
 ) -> dict[str, float]:
-    """PPO epochs over mini-batches with gradient accumulation over micro-batches.
-
-    Each loss term is divided by the *global* token (or sequence) count of the mini-batch
-    (counted over the dp group) and multiplied by the number of ranks FSDP averages
-    gradients over (:attr:`Engine.grad_average_ranks`: dp x sp), so the update equals the
-    one a single process would make on the whole mini-batch. With Ulysses sequence
-    parallelism every sp rank computes the same loss on the gathered full-sequence logits
-    and its parameters receive the gradient of its own shard of positions only; FSDP sums
-    the shards' gradients.
-    """
-    grad_scale = engine.grad_average_ranks
-    meter = _Meter(engine.dp_group)
+    """PPO epochs over mini-batches with gradient accumulation over micro-batches
+    (:func:`run_ppo`)."""
     total = tensors["input_ids"].shape[0]
-    for mb in _mini_batches(engine, tensors, total, config, sizes, seed, where):
-        for micro in mb.micro_batches:
-            logits = _response_logits(engine, micro, temperature)
-            log_prob = logprobs_from_logits(logits, micro["responses"].to(logits.device))
-            entropy = entropy_from_logits(logits)
-            loss = policy_loss(log_prob, entropy, micro, config, mb.denominator, meter)
-            torch.autograd.backward(loss * grad_scale)
-        close_policy_step(meter, mb.tokens, engine.optimizer_step(config.grad_clip))
-    metrics = meter.result()
-    if config.use_kl_loss:
-        metrics["actor/kl_coef"] = config.kl_loss_coef
-    return metrics
+    role = policy_role(config, temperature)
+    return run_ppo(
+        engine, tensors, total, config, sizes, seed, where, role, micro_batch_steps(engine)
+    )
 
 
 def update_critic(
@@ -345,16 +263,9 @@ def update_critic(
     seed: int,
     where: str,
 ) -> dict[str, float]:
-    """Clipped value-loss epochs over mini-batches (same normalisation as the actor)."""
-    grad_scale = engine.grad_average_ranks
-    meter = _Meter(engine.dp_group)
+    """Clipped value-loss epochs over mini-batches (same loop as the actor's)."""
     total = tensors["input_ids"].shape[0]
-    for mb in _mini_batches(engine, tensors, total, config, sizes, seed, where):
-        for micro in mb.micro_batches:
-            out = engine.forward(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
-            length = micro["responses"].shape[1]
-            vpreds = out[:, -length - 1 : -1].float()
-            loss = value_loss(vpreds, micro, config, mb.denominator, meter)
-            torch.autograd.backward(loss * grad_scale)
-        close_value_step(meter, mb.tokens, engine.optimizer_step(config.grad_clip))
-    return meter.result()
+    role = value_role(config)
+    return run_ppo(
+        engine, tensors, total, config, sizes, seed, where, role, micro_batch_steps(engine)
+    )

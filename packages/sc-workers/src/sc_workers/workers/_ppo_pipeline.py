@@ -11,25 +11,15 @@ return zeros of the same shape (their outputs are not collected).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._config import ActorConfig, BatchSizes, CriticConfig
-from ..algos import entropy_from_logits, logprobs_from_logits
 from ..engine import PipelineEngine
-from ._ppo import (
-    _Meter,
-    _micro_slices,
-    _mini_batches,
-    close_policy_step,
-    close_value_step,
-    policy_loss,
-    response_mask_of,
-    value_loss,
-)
+from ._ppo import policy_role, response_head, value_head, value_role
+from ._ppo_loop import Accumulate, Meter, MiniBatch, Role, micro_slices, response_mask_of, run_ppo
 
 __all__ = [
     "pipelined_log_prob",
@@ -39,28 +29,6 @@ __all__ = [
 ]
 
 _Inputs = tuple[Tensor, Tensor, Tensor]
-
-
-def _response_head(responses: Tensor, temperature: float) -> Callable[[Tensor], Any]:
-    """logits -> (log-probs, entropies) of the response tokens."""
-
-    def head(logits: Tensor) -> tuple[Tensor, Tensor]:
-        length = responses.shape[1]
-        scaled = logits[:, -length - 1 : -1, :].float() / temperature
-        log_prob = logprobs_from_logits(scaled, responses.to(scaled.device))
-        # copies, not views of the stage's output (FSDP hooks a stage's outputs)
-        return log_prob.clone(), entropy_from_logits(scaled).clone()
-
-    return head
-
-
-def _value_head(length: int) -> Callable[[Tensor], Tensor]:
-    """values -> the values of the positions that predict the response tokens."""
-
-    def head(values: Tensor) -> Tensor:
-        return values[:, -length - 1 : -1].float().clone()
-
-    return head
 
 
 def _inputs(micro: dict[str, Tensor]) -> _Inputs:
@@ -83,7 +51,7 @@ def _padded_micro_batches(
         fill = torch.zeros(padded - total, dtype=torch.long)
         index = torch.cat([torch.arange(total), fill])
         tensors = {k: v[index] for k, v in tensors.items()}
-    return [{k: v[sl] for k, v in tensors.items()} for sl in _micro_slices(padded, size)]
+    return [{k: v[sl] for k, v in tensors.items()} for sl in micro_slices(padded, size)]
 
 
 def pipelined_log_prob(
@@ -99,7 +67,7 @@ def pipelined_log_prob(
     engine.eval_mode()
     micros = _padded_micro_batches(engine, tensors, total, micro_batch_size)
     last = engine.is_last_stage
-    heads = [_response_head(m["responses"], temperature) if last else None for m in micros]
+    heads = [response_head(m["responses"], temperature) if last else None for m in micros]
     inputs = [_inputs(m) for m in micros] if engine.is_first_stage else []
     out = engine.forward_only(inputs, heads)
     if not last:
@@ -121,7 +89,7 @@ def pipelined_values(
     engine.eval_mode()
     micros = _padded_micro_batches(engine, tensors, total, micro_batch_size)
     last = engine.is_last_stage
-    heads = [_value_head(response_length) if last else None for _ in micros]
+    heads = [value_head(response_length) if last else None for _ in micros]
     inputs = [_inputs(m) for m in micros] if engine.is_first_stage else []
     out = engine.forward_only(inputs, heads)
     if not last:
@@ -135,12 +103,12 @@ class _MicroMeters:
     schedule may evaluate a micro-batch's loss more than once (torch's pipelining infers
     the first micro-batch's shapes with an extra call), and the last call counts."""
 
-    def __init__(self, meter: _Meter) -> None:
+    def __init__(self, meter: Meter) -> None:
         self.meter = meter
-        self.micros: dict[int, _Meter] = {}
+        self.micros: dict[int, Meter] = {}
 
-    def for_micro(self, index: Tensor) -> _Meter:
-        fresh = _Meter(self.meter.group)
+    def for_micro(self, index: Tensor) -> Meter:
+        fresh = Meter(self.meter.group)
         self.micros[int(index)] = fresh
         return fresh
 
@@ -150,31 +118,40 @@ class _MicroMeters:
         self.micros = {}
 
 
-def _policy_loss(
-    output: tuple[Tensor, Tensor],
+def _scheduled_loss(
+    output: Any,
     index: Tensor,
     micros: list[dict[str, Tensor]],
-    config: ActorConfig,
-    denominator: float,
-    meters: _MicroMeters,
-    scale: float,
-) -> Tensor:
-    log_prob, entropy = output
-    micro, meter = micros[int(index)], meters.for_micro(index)
-    return policy_loss(log_prob, entropy, micro, config, denominator, meter) * scale
-
-
-def _value_loss(
-    vpreds: Tensor,
-    index: Tensor,
-    micros: list[dict[str, Tensor]],
-    config: CriticConfig,
+    role: Role,
     denominator: float,
     meters: _MicroMeters,
     scale: float,
 ) -> Tensor:
     micro, meter = micros[int(index)], meters.for_micro(index)
-    return value_loss(vpreds, micro, config, denominator, meter) * scale
+    return role.loss(output, micro, denominator, meter) * scale
+
+
+def scheduled_steps(engine: PipelineEngine) -> Accumulate:
+    """A mini-batch's micro-batches through one pipeline schedule: the first stage feeds
+    the inputs, the last stage applies the role's head and loss."""
+    last = engine.is_last_stage
+
+    def accumulate(mb: MiniBatch, role: Role, meter: Meter, grad_scale: float) -> None:
+        meters = _MicroMeters(meter)
+        loss_fn = functools.partial(
+            _scheduled_loss,
+            micros=mb.micro_batches,
+            role=role,
+            denominator=mb.denominator,
+            meters=meters,
+            scale=grad_scale,
+        )
+        heads = [role.head(m) if last else None for m in mb.micro_batches]
+        inputs = [_inputs(m) for m in mb.micro_batches] if engine.is_first_stage else []
+        engine.train_step(inputs, heads, loss_fn)
+        meters.merge()
+
+    return accumulate
 
 
 def pipelined_update_policy(
@@ -193,33 +170,10 @@ def pipelined_update_policy(
     the first stage's inputs and the last stage's loss columns are the same rows. The
     last stage's metrics are dp-reduced; the gradient norm covers every stage.
     """
+    role = policy_role(config, temperature)
+    steps = scheduled_steps(engine)
     last = engine.is_last_stage
-    grad_scale = engine.grad_average_ranks
-    meter = _Meter(engine.dp_group)
-    meters = _MicroMeters(meter)
-    batches = _mini_batches(engine, tensors, total, config, sizes, seed, where, count=last)
-    for mb in batches:
-        loss_fn = functools.partial(
-            _policy_loss,
-            micros=mb.micro_batches,
-            config=config,
-            denominator=mb.denominator,
-            meters=meters,
-            scale=grad_scale,
-        )
-        heads = [
-            _response_head(m["responses"], temperature) if last else None for m in mb.micro_batches
-        ]
-        inputs = [_inputs(m) for m in mb.micro_batches] if engine.is_first_stage else []
-        engine.train_step(inputs, heads, loss_fn)
-        meters.merge()
-        grad_norm = engine.optimizer_step(config.grad_clip)
-        if last:
-            close_policy_step(meter, mb.tokens, grad_norm)
-    metrics = meter.result()
-    if config.use_kl_loss and last:
-        metrics["actor/kl_coef"] = config.kl_loss_coef
-    return metrics
+    return run_ppo(engine, tensors, total, config, sizes, seed, where, role, steps, last)
 
 
 def pipelined_update_critic(
@@ -232,26 +186,7 @@ def pipelined_update_critic(
     where: str,
 ) -> dict[str, float]:
     """:func:`._ppo.update_critic` through the pipeline schedule."""
+    role = value_role(config)
+    steps = scheduled_steps(engine)
     last = engine.is_last_stage
-    grad_scale = engine.grad_average_ranks
-    meter = _Meter(engine.dp_group)
-    meters = _MicroMeters(meter)
-    length = int(tensors["responses"].shape[1]) if last else 0
-    batches = _mini_batches(engine, tensors, total, config, sizes, seed, where, count=last)
-    for mb in batches:
-        loss_fn = functools.partial(
-            _value_loss,
-            micros=mb.micro_batches,
-            config=config,
-            denominator=mb.denominator,
-            meters=meters,
-            scale=grad_scale,
-        )
-        heads = [_value_head(length) if last else None for _ in mb.micro_batches]
-        inputs = [_inputs(m) for m in mb.micro_batches] if engine.is_first_stage else []
-        engine.train_step(inputs, heads, loss_fn)
-        meters.merge()
-        grad_norm = engine.optimizer_step(config.grad_clip)
-        if last:
-            close_value_step(meter, mb.tokens, grad_norm)
-    return meter.result()
+    return run_ppo(engine, tensors, total, config, sizes, seed, where, role, steps, last)
