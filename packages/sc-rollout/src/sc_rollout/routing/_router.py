@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from ._affinity import AffinityMap, least_loaded
-from ._client import RolloutClient, check_timeout
-from ._errors import (
+from ..serving._client import RolloutClient, check_timeout
+from .._errors import (
     DuplicateServerError,
     NoLiveServerError,
     RolloutConfigError,
@@ -42,8 +42,8 @@ from ._servers import (
     ServerStatus,
     broadcast,
 )
-from ._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
-from ._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate, check_int
+from .._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
+from ..engines._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate, check_int
 
 __all__ = ["RestartHook", "Router", "ServerState", "ServerStatus"]
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._chat import ToolCall
-from ._errors import RolloutRequestError, RolloutTypeError, ScRolloutError
-from ._types import SamplingParams
+from .._errors import RolloutRequestError, RolloutTypeError, ScRolloutError
+from ..engines._types import SamplingParams
 
 __all__ = [
     "ChatMessage",

@@ -36,8 +36,8 @@ from ._chat_messages import (
     sampling_of,
     session_id_of,
 )
-from ._engine import RolloutEngine
-from ._errors import (
+from ..engines._engine import RolloutEngine
+from .._errors import (
     ChatHistoryError,
     ChatTemplateError,
     RolloutConfigError,
@@ -46,9 +46,9 @@ from ._errors import (
     SessionStateError,
     UnknownSessionError,
 )
-from ._router import Router
-from ._session import AgentSession
-from ._types import SamplingParams
+from ..routing._router import Router
+from ..agents._session import AgentSession
+from ..engines._types import SamplingParams
 
 __all__ = ["ChatFront"]
 

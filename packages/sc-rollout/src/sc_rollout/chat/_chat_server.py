@@ -24,8 +24,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ._chat_front import ChatFront
-from ._errors import RolloutConfigError, RolloutTypeError
-from ._server import Answer, JsonHandler, JsonHTTPServer, ServingThread, check_host, server_url
+from .._errors import RolloutConfigError, RolloutTypeError
+from ..serving._server import Answer, JsonHandler, JsonHTTPServer, ServingThread, check_host, server_url
 
 __all__ = ["ChatServer"]
 

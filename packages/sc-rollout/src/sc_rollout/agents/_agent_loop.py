@@ -33,17 +33,17 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._engine import RolloutEngine
-from ._errors import (
+from ..engines._engine import RolloutEngine
+from .._errors import (
     AgentLoopClosedError,
     RolloutConfigError,
     RolloutRequestError,
     RolloutTimeoutError,
     RolloutTypeError,
 )
-from ._router import Router
+from ..routing._router import Router
 from ._session import AgentSession
-from ._types import SamplingParams, check_int
+from ..engines._types import SamplingParams, check_int
 
 __all__ = [
     "AGENT_STATUSES",
