@@ -14,17 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _rollout_helpers import END, TEMPLATE, RawAnswer, Scripted, exchange, http_request
-from sc_rollout import (
-    ChatFront,
-    ChatServer,
-    RolloutServer,
-    SamplingParams,
-    ToyEngine,
-    ToyEngineConfig,
-    _server,
-    _wire,
-)
+from _rollout_helpers import END, TEMPLATE, RawAnswer, exchange, http_request, scripted
+from sc_rollout import ChatFront, ChatServer, RolloutServer, SamplingParams
+from sc_rollout.serving import _server, _wire
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,7 +67,7 @@ def front(request: pytest.FixtureRequest) -> Iterator[Front]:
             )
     else:
         sampling = SamplingParams(max_tokens=50, stop_token_ids=[END])
-        front = ChatFront(Scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
+        front = ChatFront(scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
         with ChatServer(front) as server:
             yield Front(
                 "chat",
@@ -196,7 +189,7 @@ def test_a_path_that_is_not_a_path_is_a_bad_request(front: Front) -> None:
 @pytest.mark.parametrize("session_id", ["\ud800", "é", "a\r\nX-Injected: 1", " padded"])
 def test_a_session_id_that_is_no_header_value_is_not_echoed_in_a_header(session_id: str) -> None:
     sampling = SamplingParams(max_tokens=50, stop_token_ids=[END])
-    front = ChatFront(Scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
+    front = ChatFront(scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
     with ChatServer(front) as server:
         chat = Front("chat", server.host, server.port, "/v1/chat/completions", {}, bool)
         for sid, echoed in ((session_id, False), ("plain-1", True)):

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 from sc_dispatch import _public
 
-from . import errors
-from ._errors import ScRolloutError
 from ._settings import SETTINGS
 from .agents import AgentLoop, AgentLoopConfig, AgentOutcome, AgentSession, AgentTask, Turn
 from .chat import ChatFront, ChatServer
@@ -49,6 +47,7 @@ from .engines import (
     VLLMEngineConfig,
     WeightUpdate,
 )
+from .errors import ScRolloutError
 from .routing import Router
 from .serving import RolloutClient, RolloutServer, ServerProcess
 

@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..engines._engine import RolloutEngine
 from .._errors import (
     AgentLoopClosedError,
     RolloutConfigError,
@@ -41,9 +40,10 @@ from .._errors import (
     RolloutTimeoutError,
     RolloutTypeError,
 )
+from ..engines._engine import RolloutEngine
+from ..engines._types import SamplingParams, check_int
 from ..routing._router import Router
 from ._session import AgentSession
-from ..engines._types import SamplingParams, check_int
 
 __all__ = [
     "AGENT_STATUSES",

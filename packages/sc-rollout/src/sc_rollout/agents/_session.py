@@ -22,15 +22,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..engines._engine import RolloutEngine
 from .._errors import (
     PromptTooLongError,
     RolloutRequestError,
     RolloutTypeError,
     SessionStateError,
 )
+from ..engines._engine import RolloutEngine
+from ..engines._types import (
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    check_int,
+)
 from ..routing._router import Router
-from ..engines._types import FinishReason, GenerateRequest, GenerateResult, SamplingParams, check_int
 
 __all__ = ["AgentSession", "AppendedTokens", "Turn"]
 

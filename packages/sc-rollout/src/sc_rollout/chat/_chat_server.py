@@ -23,9 +23,16 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._chat_front import ChatFront
 from .._errors import RolloutConfigError, RolloutTypeError
-from ..serving._server import Answer, JsonHandler, JsonHTTPServer, ServingThread, check_host, server_url
+from ..serving._server import (
+    Answer,
+    JsonHandler,
+    JsonHTTPServer,
+    ServingThread,
+    check_host,
+    server_url,
+)
+from ._chat_front import ChatFront
 
 __all__ = ["ChatServer"]
 

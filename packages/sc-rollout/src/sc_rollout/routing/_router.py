@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from ._affinity import AffinityMap, least_loaded
-from ..serving._client import RolloutClient, check_timeout
 from .._errors import (
     DuplicateServerError,
     NoLiveServerError,
@@ -34,6 +32,10 @@ from .._errors import (
     UnknownServerError,
     WeightVersionError,
 )
+from .._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
+from ..engines._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate, check_int
+from ..serving._client import RolloutClient, check_timeout
+from ._affinity import AffinityMap, least_loaded
 from ._servers import (
     WAITING,
     RestartHook,
@@ -42,8 +44,6 @@ from ._servers import (
     ServerStatus,
     broadcast,
 )
-from .._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
-from ..engines._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate, check_int
 
 __all__ = ["RestartHook", "Router", "ServerState", "ServerStatus"]
 

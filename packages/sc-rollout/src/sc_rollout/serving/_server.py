@@ -36,9 +36,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ..engines._engine import RolloutEngine
 from .._errors import RolloutConfigError, RolloutRequestError, RolloutTypeError, ScRolloutError
 from .._settings import HOST
+from ..engines._engine import RolloutEngine
 from ..engines._types import check_int
 from ._wire import (
     completion_body,
