@@ -282,8 +282,8 @@ class TorchRolloutEngine:
         """Take the weights at ``update.path`` (a safetensors file, or a Hugging Face
         directory of ``*.safetensors``) as ``update.version``; requests in flight continue on
         them from their next token. Every name and shape is checked first: what does not fit
-        is a :class:`sc_rollout.errors.WeightMismatchError` and the engine keeps its weights. Returns
-        the version now held."""
+        is a :class:`sc_rollout.errors.WeightMismatchError` and the engine keeps its weights.
+        Returns the version now held."""
         if not isinstance(update, WeightUpdate):
             raise RolloutTypeError(
                 f"{self._name}: load_weights() takes a WeightUpdate, got {type(update).__name__}"
