@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from sc_dispatch import _public
 
-from ._agent_loop import (
+from ._agent_loop import AgentLoop
+from ._agent_tasks import (
     AGENT_STATUSES,
     AgentFn,
-    AgentLoop,
     AgentLoopConfig,
     AgentOutcome,
     AgentStatus,
