@@ -30,7 +30,7 @@ from sc_rollout import (
     SamplingParams,
     WeightUpdate,
 )
-from sc_rollout.serving._server import ServingThread
+from sc_rollout.serving._http import ServingThread
 from sc_rollout.serving._wire import MAX_JSON_DEPTH
 from sc_rollout.testing import ToyEngine, ToyEngineConfig
 

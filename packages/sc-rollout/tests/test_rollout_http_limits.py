@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from _rollout_helpers import END, TEMPLATE, RawAnswer, exchange, http_request, scripted
 from sc_rollout import ChatFront, ChatServer, RolloutServer, SamplingParams
-from sc_rollout.serving import _server, _wire
+from sc_rollout.serving import _http, _wire
 from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -145,7 +145,7 @@ def test_a_malformed_content_length_is_a_bad_request(
 
 
 def test_the_body_limit_is_a_module_constant() -> None:
-    assert _server.MAX_BODY_BYTES == 32 * 1024 * 1024
+    assert _http.MAX_BODY_BYTES == 32 * 1024 * 1024
 
 
 def test_conflicting_content_lengths_are_a_bad_request(front: Front) -> None:
@@ -164,7 +164,7 @@ def test_a_body_shorter_than_announced_is_a_bad_request(front: Front) -> None:
 
 
 def test_a_body_that_never_comes_times_out(front: Front, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_server.JsonHandler, "timeout", 0.5)
+    monkeypatch.setattr(_http.JsonHandler, "timeout", 0.5)
     started = time.monotonic()
     # the client keeps its side open and sends nothing more: no hang past the timeout
     answer = front.send(b'{"pro', headers=[("Content-Length", "100")], half_close=False)

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._errors import RolloutConfigError, RolloutTypeError
-from ..serving._server import (
+from ..serving._http import (
     Answer,
     JsonHandler,
     JsonHTTPServer,

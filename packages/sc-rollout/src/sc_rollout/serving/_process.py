@@ -18,7 +18,7 @@ from ..engines._vllm_config import VLLMEngineConfig, vllm_argv, vllm_env_vars
 from ..engines._vllm_env import Flavor, find_vllm_env
 from ._cli import ERROR_KEY, READY_KEY, toy_argv
 from ._client import check_timeout
-from ._server import check_host
+from ._http import check_host
 from ._wire import ERROR_CLASSES
 
 __all__ = ["ServerProcess"]
