@@ -55,7 +55,7 @@ PACKAGES = (
 FORMAT = 1
 #: the most names a package's top level may export (``__all__`` of its ``__init__``); the
 #: rest belongs in its second tiers
-MAX_TOP_LEVEL = {"sc-trainer": 25}
+MAX_TOP_LEVEL = {"sc-rollout": 25, "sc-trainer": 25}
 
 log = logging.getLogger("sc_api")
 

@@ -36,8 +36,8 @@ from sc_rollout import (
     Router,
     SamplingParams,
     ServerProcess,
-    ToyEngineConfig,
 )
+from sc_rollout.testing import ToyEngineConfig
 
 
 def _agent(tokens: int) -> Any:

@@ -43,8 +43,8 @@ from sc_rollout import (
     ServerProcess,
     VLLMEngineConfig,
     WeightUpdate,
-    create_vllm_env,
 )
+from sc_rollout.engines import create_vllm_env
 from sc_trainer.tasks import save_tiny_gpt2
 from sc_workers.models import load_hf_model, save_hf_model
 from sc_workers.rollout import TorchRolloutEngineConfig, torch_engine_argv

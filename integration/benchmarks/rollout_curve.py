@@ -28,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
-from sc_rollout import create_vllm_env
+from sc_rollout.engines import create_vllm_env
 from sc_trainer.tasks import save_tiny_gpt2
 
 ROOT = Path(__file__).resolve().parents[2]

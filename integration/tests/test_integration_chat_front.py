@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,11 @@ from sc_rollout import (
     AgentSession,
     ChatFront,
     ChatServer,
-    ChatTemplate,
-    ChatTemplateError,
-    EngineHealth,
-    GenerateRequest,
-    GenerateResult,
-    HFChatTemplate,
-    RolloutTypeError,
     SamplingParams,
-    WeightUpdate,
 )
+from sc_rollout.chat import ChatTemplate, HFChatTemplate
+from sc_rollout.errors import ChatTemplateError, RolloutTypeError
+from sc_rollout.testing import ScriptedChatEngine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,51 +94,10 @@ def _end(tokenizer: Any) -> int:
     return end
 
 
-class Scripted:
-    """A rollout engine that answers ``reply(prompt text)`` followed by ``<|im_end|>`` (a stop
-    token), cut at ``max_tokens``; log-probs a fixed function of the token and position."""
-
-    def __init__(self, template: HFChatTemplate, end: int, reply: Callable[[str], str]) -> None:
-        self.template, self.end, self.reply = template, end, reply
-        self.requests: list[GenerateRequest] = []
-        self._lock = threading.Lock()
-
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        with self._lock:
-            self.requests.append(request)
-        text = self.reply(self.template.decode(request.prompt_ids))
-        tokens = [*self.template.encode(text), self.end][: request.sampling.max_tokens]
-        return GenerateResult(
-            request_id=request.request_id,
-            token_ids=tuple(tokens),
-            logprobs=tuple(-((t * 5 + i) % 11 + 1) / 8 for i, t in enumerate(tokens)),
-            finish_reason="stop" if tokens[-1] in request.sampling.stop_token_ids else "length",
-            weight_version=0,
-        )
-
-    def abort(self, request_id: str) -> bool:
-        return False
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def load_weights(self, update: WeightUpdate) -> int:
-        return update.version
-
-    def weight_version(self) -> int:
-        return 0
-
-    def health(self) -> EngineHealth:
-        return EngineHealth("tiny-chatml", 100_000, 0, False, False, 0)
-
-    def sleep(self, level: int = 1) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
+def scripted(template: HFChatTemplate, end: int, reply: Callable[[str], str]) -> ScriptedChatEngine:
+    """sc_rollout.testing's scripted chat engine: answers ``reply(prompt text)`` followed by
+    ``<|im_end|>`` (a stop token), cut at ``max_tokens``."""
+    return ScriptedChatEngine(template, end, reply, model="tiny-chatml")
 
 
 TOOLS = [
@@ -192,7 +145,7 @@ def agent(prompt: str) -> str:
 
 @pytest.fixture
 def server(template: HFChatTemplate, tokenizer: Any) -> Iterator[ChatServer]:
-    engine = Scripted(template, _end(tokenizer), agent)
+    engine = scripted(template, _end(tokenizer), agent)
     sampling = SamplingParams(max_tokens=400, stop_token_ids=[_end(tokenizer)])
     with ChatServer(ChatFront(engine, template, sampling=sampling)) as chat:
         yield chat
@@ -222,7 +175,7 @@ def test_the_end_of_turn_the_model_did_not_generate_is_appended_masked(
     template: HFChatTemplate, tokenizer: Any
 ) -> None:
     end = _end(tokenizer)
-    engine = Scripted(template, end, agent)
+    engine = scripted(template, end, agent)
     front = ChatFront(engine, template, sampling=SamplingParams(400, stop_token_ids=[end]))
     first = front.complete({"messages": FIRST, "tools": TOOLS})
     message = first["choices"][0]["message"]
@@ -274,7 +227,7 @@ def test_the_openai_client_records_the_session_the_session_api_gives(
 
     end = _end(tokenizer)
     direct = AgentSession(
-        Scripted(template, end, agent),
+        scripted(template, end, agent),
         template.encode(template.render(FIRST, tools=TOOLS, add_generation_prompt=True)),
         session_id=sid,
         sampling=SamplingParams(max_tokens=400, stop_token_ids=[end]),

@@ -17,8 +17,10 @@ PACKAGES = {
     "sc_rollout": "ScRolloutError",
     "sc_trainer": "ScTrainerError",
 }
-#: packages whose errors are exported by the second tier of their concern, besides the top
+#: packages whose errors are exported by second tiers (of their concern, or an ``errors``
+#: tier), besides the top
 SECOND_TIERS = {
+    "sc_rollout": ["sc_rollout.errors"],
     "sc_trainer": [
         f"sc_trainer.{sub}"
         for sub in (

@@ -58,7 +58,7 @@ RULES = [
     Rule(
         "sampling params",
         "Params",
-        lambda m, n: n != "SamplingParams" or m == "sc_rollout",
+        lambda m, n: n != "SamplingParams" or _under(m, "sc_rollout"),
         "one SamplingParams, a rollout-engine request's (sc_rollout)",
     ),
     Rule(

@@ -52,11 +52,11 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("sc_workers.rollout._weights", "safetensors"): (
         "the optional extra sc-workers[hf], as transformers: only the built-in engine reads it"
     ),
-    ("sc_rollout._vllm", "vllm"): (
+    ("sc_rollout.engines._vllm", "vllm"): (
         "vLLM lives in an environment of its own: only the vLLM server process imports it"
     ),
     (
-        "sc_rollout._vllm_env",
+        "sc_rollout.engines._vllm_env",
         "uv",
     ): "the uv package, where no uv is on the path, to make vLLM's environment",
     ("sc_trainer.tasks._tiny_gpt2", "transformers"): (

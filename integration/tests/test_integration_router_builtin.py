@@ -27,9 +27,9 @@ from sc_rollout import (
     Router,
     SamplingParams,
     ServerProcess,
-    ServerState,
     WeightUpdate,
 )
+from sc_rollout.routing import ServerState
 from sc_trainer.tasks import save_tiny_gpt2
 from sc_workers.rollout import TorchRolloutEngineConfig, torch_engine_argv
 

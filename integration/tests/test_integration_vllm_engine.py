@@ -26,20 +26,18 @@ import pytest
 import torch
 from sc_rollout import (
     AgentSession,
-    AppendedTokens,
     GenerateRequest,
     GenerateResult,
-    PromptTooLongError,
     RolloutClient,
     SamplingParams,
     ServerProcess,
     Turn,
-    UnservableModelError,
     VLLMEngineConfig,
-    WeightMismatchError,
     WeightUpdate,
 )
-from sc_rollout._vllm_env import default_flavor as default_vllm_flavor
+from sc_rollout.agents import AppendedTokens
+from sc_rollout.engines._vllm_env import default_flavor as default_vllm_flavor
+from sc_rollout.errors import PromptTooLongError, UnservableModelError, WeightMismatchError
 from sc_trainer.tasks import save_tiny_gpt2
 from sc_workers.models import load_hf_model, save_hf_model
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,16 +13,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from hypothesis import settings
-from sc_rollout import (
-    EngineHealth,
-    GenerateRequest,
-    GenerateResult,
-    RolloutServer,
-    SamplingParams,
-    ToyEngine,
-    ToyEngineConfig,
-    WeightUpdate,
-)
+from sc_rollout import GenerateRequest, RolloutServer, SamplingParams
+from sc_rollout.testing import ScriptedChatEngine, ToyEngine, ToyEngineConfig
 
 PROPERTY = settings(deadline=None, max_examples=40)
 
@@ -181,57 +172,7 @@ class CharChatML:
 TEMPLATE = CharChatML()
 
 
-def scripted_logprob(token: int, position: int) -> float:
-    return -((token * 7 + position) % 13 + 1) / 10
-
-
-class Scripted:
-    """A rollout engine whose answer to a prompt is ``reply(prompt text)``, tokenized, ended
-    by ``<|im_end|>`` (a stop token) and cut at ``max_tokens`` ("length"); log-probs are a
-    fixed function of the token and its position. Keeps every request."""
-
-    def __init__(self, reply: Callable[[str], str], fail: int = 0) -> None:
-        self.reply = reply
-        self.requests: list[GenerateRequest] = []
-        self.fail = fail  # the next `fail` requests raise
-        self._lock = threading.Lock()
-
-    def generate(self, request: GenerateRequest) -> GenerateResult:
-        with self._lock:
-            self.requests.append(request)
-            if self.fail:
-                self.fail -= 1
-                raise RuntimeError("the engine failed")
-        tokens = [*TEMPLATE.encode(self.reply(TEMPLATE.decode(request.prompt_ids))), END]
-        cut = tokens[: request.sampling.max_tokens]
-        return GenerateResult(
-            request_id=request.request_id,
-            token_ids=tuple(cut),
-            logprobs=tuple(scripted_logprob(t, i) for i, t in enumerate(cut)),
-            finish_reason="stop" if cut[-1] in request.sampling.stop_token_ids else "length",
-            weight_version=0,
-        )
-
-    def abort(self, request_id: str) -> bool:
-        return False
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def load_weights(self, update: WeightUpdate) -> int:
-        return update.version
-
-    def weight_version(self) -> int:
-        return 0
-
-    def health(self) -> EngineHealth:
-        return EngineHealth("scripted", 100_000, 0, False, False, 0)
-
-    def sleep(self, level: int = 1) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
+def scripted(reply: Callable[[str], str]) -> ScriptedChatEngine:
+    """sc_rollout.testing's scripted chat engine on the character template: its answer to a
+    prompt is ``reply(prompt text)``, ended by ``<|im_end|>`` (a stop token)."""
+    return ScriptedChatEngine(TEMPLATE, END, reply)

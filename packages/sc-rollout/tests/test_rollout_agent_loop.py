@@ -14,26 +14,27 @@ from collections import Counter
 import pytest
 from _rollout_helpers import wait_until
 from sc_rollout import (
-    AGENT_STATUSES,
     AgentLoop,
-    AgentLoopClosedError,
     AgentLoopConfig,
     AgentOutcome,
     AgentSession,
     AgentTask,
     GenerateRequest,
     GenerateResult,
-    RolloutConfigError,
-    RolloutRequestError,
     RolloutServer,
-    RolloutTimeoutError,
-    RolloutTypeError,
     Router,
     SamplingParams,
     ScRolloutError,
-    ToyEngine,
-    ToyEngineConfig,
 )
+from sc_rollout.agents import AGENT_STATUSES
+from sc_rollout.errors import (
+    AgentLoopClosedError,
+    RolloutConfigError,
+    RolloutRequestError,
+    RolloutTimeoutError,
+    RolloutTypeError,
+)
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(60)
 

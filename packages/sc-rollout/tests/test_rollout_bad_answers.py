@@ -7,15 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import sc_rollout._server as server_module
-from sc_rollout import (
-    GenerateRequest,
-    RolloutServer,
-    RolloutServerError,
-    Router,
-    SamplingParams,
-    ToyEngine,
-)
+import sc_rollout.serving._server as server_module
+from sc_rollout import GenerateRequest, RolloutServer, Router, SamplingParams
+from sc_rollout.errors import RolloutServerError
+from sc_rollout.testing import ToyEngine
 
 pytestmark = pytest.mark.timeout(60)
 

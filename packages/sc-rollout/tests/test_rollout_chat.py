@@ -14,26 +14,19 @@ from typing import Any
 
 import openai
 import pytest
-from _rollout_helpers import END, TEMPLATE, CharChatML, Scripted
-from sc_rollout import (
-    AgentSession,
-    ChatFront,
+from _rollout_helpers import END, TEMPLATE, CharChatML, scripted
+from sc_rollout import AgentSession, ChatFront, ChatServer, Router, SamplingParams, ScRolloutError
+from sc_rollout.chat import ChatTemplate, HermesToolCallParser, ToolCall, ToolCallParser
+from sc_rollout.errors import (
     ChatHistoryError,
-    ChatServer,
-    ChatTemplate,
     ChatTemplateError,
-    HermesToolCallParser,
     RolloutConfigError,
     RolloutRequestError,
     RolloutTypeError,
-    Router,
-    SamplingParams,
-    ScRolloutError,
     SessionStateError,
-    ToolCall,
-    ToolCallParser,
     UnknownSessionError,
 )
+from sc_rollout.testing import ScriptedChatEngine
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,8 +67,8 @@ def weather_agent(prompt: str) -> str:
     return ANSWER if "<|im_start|>tool" in prompt else CALL_TEXT
 
 
-def _front(engine: Scripted | None = None, **kwargs: Any) -> ChatFront:
-    return ChatFront(engine or Scripted(weather_agent), TEMPLATE, sampling=SAMPLING, **kwargs)
+def _front(engine: ScriptedChatEngine | None = None, **kwargs: Any) -> ChatFront:
+    return ChatFront(engine or scripted(weather_agent), TEMPLATE, sampling=SAMPLING, **kwargs)
 
 
 FIRST = [
@@ -155,7 +148,7 @@ def test_the_parser_takes_other_markers_and_refuses_empty_ones() -> None:
 
 
 def test_the_first_request_is_the_rendered_conversation_and_tool_calls_come_back() -> None:
-    engine = Scripted(weather_agent)
+    engine = scripted(weather_agent)
     front = _front(engine)
     answer = front.complete(_body(FIRST))
     sid = answer["sc_session_id"]
@@ -192,7 +185,7 @@ def test_the_first_request_is_the_rendered_conversation_and_tool_calls_come_back
 
 
 def test_later_turns_append_only_the_new_messages_after_the_end_of_turn() -> None:
-    engine = Scripted(weather_agent)
+    engine = scripted(weather_agent)
     front = _front(engine)
     first = front.complete(_body(FIRST))
     conversation = [*FIRST, *_tool_reply(first)]
@@ -231,7 +224,7 @@ def test_later_turns_append_only_the_new_messages_after_the_end_of_turn() -> Non
 
 def test_the_model_s_tokens_are_kept_as_generated_when_the_template_writes_them_otherwise() -> None:
     spaced = 'x<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
-    front = _front(Scripted(lambda p: ANSWER if "<|im_start|>tool" in p else spaced))
+    front = _front(scripted(lambda p: ANSWER if "<|im_start|>tool" in p else spaced))
     first = front.complete(_body(FIRST))
     front.complete(_body([*FIRST, *_tool_reply(first)]))
     session = front.session(first["sc_session_id"])
@@ -240,7 +233,7 @@ def test_the_model_s_tokens_are_kept_as_generated_when_the_template_writes_them_
 
 
 def test_a_turn_cut_at_max_tokens_gets_the_whole_end_of_turn_masked() -> None:
-    front = _front(Scripted(lambda p: "a long answer"))
+    front = _front(scripted(lambda p: "a long answer"))
     first = front.complete(_body(FIRST, max_tokens=6))
     assert first["choices"][0]["finish_reason"] == "length"
     assert first["choices"][0]["message"]["content"] == "a long"
@@ -264,7 +257,7 @@ def test_a_request_without_tools_is_not_parsed_for_calls() -> None:
 
 
 def test_sampling_comes_from_the_request_over_the_front_s_default() -> None:
-    engine = Scripted(weather_agent)
+    engine = scripted(weather_agent)
     front = _front(engine)
     front.complete(
         _body(FIRST, max_completion_tokens=9, max_tokens=3, temperature=0.5, top_p=0.9, seed=4)
@@ -316,7 +309,7 @@ def test_concurrent_conversations_stay_separate() -> None:
             f'<tool_call>{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}</tool_call>'
         )
 
-    front = _front(Scripted(agent))
+    front = _front(scripted(agent))
     barrier = threading.Barrier(8)
     results: dict[int, list[dict[str, Any]]] = {}
 
@@ -367,7 +360,7 @@ def test_pop_and_close_hand_sessions_over() -> None:
 
 
 def test_a_failed_turn_keeps_its_prompt_for_a_retry_of_the_same_request() -> None:
-    engine = Scripted(weather_agent)
+    engine = scripted(weather_agent)
     front = _front(engine)
     first = front.complete(_body(FIRST, session_id="r"))
     engine.fail = 1
@@ -443,7 +436,7 @@ def test_a_failed_turn_keeps_its_prompt_for_a_retry_of_the_same_request() -> Non
 def test_a_bad_request_is_refused_and_records_nothing(
     change: dict[str, Any], error: type[Exception], match: str
 ) -> None:
-    engine = Scripted(weather_agent)
+    engine = scripted(weather_agent)
     front = _front(engine)
     with pytest.raises(error, match=match):
         front.complete({**_body(FIRST), **change})
@@ -459,11 +452,11 @@ def test_other_bad_calls_are_refused() -> None:
     with pytest.raises(RolloutTypeError, match="takes a RolloutEngine or a Router, got str"):
         ChatFront("http://x", TEMPLATE)  # type: ignore[arg-type]
     with pytest.raises(RolloutTypeError, match="takes a ChatTemplate"):
-        ChatFront(Scripted(weather_agent), object())  # type: ignore[arg-type]
+        ChatFront(scripted(weather_agent), object())  # type: ignore[arg-type]
     with pytest.raises(RolloutTypeError, match="takes a ToolCallParser"):
-        ChatFront(Scripted(weather_agent), TEMPLATE, parser=object())  # type: ignore[arg-type]
+        ChatFront(scripted(weather_agent), TEMPLATE, parser=object())  # type: ignore[arg-type]
     with pytest.raises(RolloutTypeError, match="takes a SamplingParams"):
-        ChatFront(Scripted(weather_agent), TEMPLATE, sampling={})  # type: ignore[arg-type]
+        ChatFront(scripted(weather_agent), TEMPLATE, sampling={})  # type: ignore[arg-type]
     with Router() as router:
         with pytest.raises(RolloutConfigError, match="give model="):
             ChatFront(router, TEMPLATE)
@@ -488,7 +481,7 @@ def test_a_named_session_whose_history_differs_is_refused() -> None:
 
 
 def test_a_template_that_rewrites_the_conversation_so_far_is_a_clear_error() -> None:
-    front = ChatFront(Scripted(weather_agent), Counting(), sampling=SAMPLING)
+    front = ChatFront(scripted(weather_agent), Counting(), sampling=SAMPLING)
     first = front.complete(_body(FIRST, session_id="div"))
     with pytest.raises(ChatTemplateError, match=r"session div\).* part at character 1: ") as e:
         front.complete(_body([*FIRST, *_tool_reply(first)], session_id="div"))
@@ -507,7 +500,7 @@ def test_a_second_request_of_a_session_in_flight_is_refused() -> None:
             release.wait(10)
         return "done"
 
-    front = _front(Scripted(slow))
+    front = _front(scripted(slow))
     thread = threading.Thread(target=front.complete, args=(_body(FIRST, session_id="busy"),))
     thread.start()
     try:
@@ -559,7 +552,7 @@ def test_the_openai_client_drives_a_conversation_with_tool_calls(server: ChatSer
 
     # the same conversation through the session API, with the template's delta by hand
     direct = AgentSession(
-        Scripted(weather_agent),
+        scripted(weather_agent),
         TEMPLATE.encode(TEMPLATE.render(FIRST, tools=[WEATHER], add_generation_prompt=True)),
         session_id=sid,
         sampling=SAMPLING,

@@ -12,18 +12,10 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 from _rollout_helpers import in_threads, request, wait_until
-from sc_rollout import (
-    GenerateResult,
-    NoLiveServerError,
-    RolloutClient,
-    Router,
-    ServerProcess,
-    ServerState,
-    ServerStatus,
-    ToyEngine,
-    ToyEngineConfig,
-    WeightUpdate,
-)
+from sc_rollout import GenerateResult, RolloutClient, Router, ServerProcess, WeightUpdate
+from sc_rollout.errors import NoLiveServerError
+from sc_rollout.routing import ServerState, ServerStatus
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _rollout_helpers import END, TEMPLATE, RawAnswer, Scripted, exchange, http_request
+from _rollout_helpers import END, TEMPLATE, RawAnswer, exchange, http_request, scripted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sc_rollout import (
@@ -28,12 +28,11 @@ from sc_rollout import (
     RolloutClient,
     RolloutServer,
     SamplingParams,
-    ToyEngine,
-    ToyEngineConfig,
     WeightUpdate,
 )
-from sc_rollout._server import ServingThread
-from sc_rollout._wire import MAX_JSON_DEPTH
+from sc_rollout.serving._http import ServingThread
+from sc_rollout.serving._wire import MAX_JSON_DEPTH
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -438,7 +437,7 @@ def rollout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rollout
 @pytest.fixture(scope="module")
 def chat_server() -> Iterator[ChatServer]:
     sampling = SamplingParams(max_tokens=40, stop_token_ids=[END])
-    with ChatServer(ChatFront(Scripted(lambda prompt: "fine"), TEMPLATE, sampling=sampling)) as s:
+    with ChatServer(ChatFront(scripted(lambda prompt: "fine"), TEMPLATE, sampling=sampling)) as s:
         yield s
 
 

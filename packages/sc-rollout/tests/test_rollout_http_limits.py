@@ -14,17 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _rollout_helpers import END, TEMPLATE, RawAnswer, Scripted, exchange, http_request
-from sc_rollout import (
-    ChatFront,
-    ChatServer,
-    RolloutServer,
-    SamplingParams,
-    ToyEngine,
-    ToyEngineConfig,
-    _server,
-    _wire,
-)
+from _rollout_helpers import END, TEMPLATE, RawAnswer, exchange, http_request, scripted
+from sc_rollout import ChatFront, ChatServer, RolloutServer, SamplingParams
+from sc_rollout.serving import _http, _wire
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,7 +67,7 @@ def front(request: pytest.FixtureRequest) -> Iterator[Front]:
             )
     else:
         sampling = SamplingParams(max_tokens=50, stop_token_ids=[END])
-        front = ChatFront(Scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
+        front = ChatFront(scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
         with ChatServer(front) as server:
             yield Front(
                 "chat",
@@ -152,7 +145,7 @@ def test_a_malformed_content_length_is_a_bad_request(
 
 
 def test_the_body_limit_is_a_module_constant() -> None:
-    assert _server.MAX_BODY_BYTES == 32 * 1024 * 1024
+    assert _http.MAX_BODY_BYTES == 32 * 1024 * 1024
 
 
 def test_conflicting_content_lengths_are_a_bad_request(front: Front) -> None:
@@ -171,7 +164,7 @@ def test_a_body_shorter_than_announced_is_a_bad_request(front: Front) -> None:
 
 
 def test_a_body_that_never_comes_times_out(front: Front, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_server.JsonHandler, "timeout", 0.5)
+    monkeypatch.setattr(_http.JsonHandler, "timeout", 0.5)
     started = time.monotonic()
     # the client keeps its side open and sends nothing more: no hang past the timeout
     answer = front.send(b'{"pro', headers=[("Content-Length", "100")], half_close=False)
@@ -196,7 +189,7 @@ def test_a_path_that_is_not_a_path_is_a_bad_request(front: Front) -> None:
 @pytest.mark.parametrize("session_id", ["\ud800", "é", "a\r\nX-Injected: 1", " padded"])
 def test_a_session_id_that_is_no_header_value_is_not_echoed_in_a_header(session_id: str) -> None:
     sampling = SamplingParams(max_tokens=50, stop_token_ids=[END])
-    front = ChatFront(Scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
+    front = ChatFront(scripted(lambda prompt: "hello"), TEMPLATE, sampling=sampling)
     with ChatServer(front) as server:
         chat = Front("chat", server.host, server.port, "/v1/chat/completions", {}, bool)
         for sid, echoed in ((session_id, False), ("plain-1", True)):

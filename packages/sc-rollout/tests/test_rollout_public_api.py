@@ -14,26 +14,45 @@ import pytest
 import sc_rollout
 from sc_dispatch import _public
 
+SECOND_TIERS = [
+    "sc_rollout.agents",
+    "sc_rollout.chat",
+    "sc_rollout.engines",
+    "sc_rollout.errors",
+    "sc_rollout.routing",
+    "sc_rollout.serving",
+    "sc_rollout.testing",
+]
+
 
 def test_the_public_modules_keep_the_contract() -> None:
-    assert _public.public_modules("sc_rollout") == ["sc_rollout"]
-    # __all__ sorted and defined; every exported class and function names sc_rollout as its
-    # __module__, pickles by reference and resolves its annotations
-    assert _public.problems(["sc_rollout"]) == []
-    assert sc_rollout.Router.__module__ == "sc_rollout"
+    assert _public.public_modules("sc_rollout") == ["sc_rollout", *SECOND_TIERS]
+    # __all__ sorted and defined; every exported class and function names a module that
+    # exports it as its __module__, pickles by reference and resolves its annotations
+    assert _public.problems(["sc_rollout", *SECOND_TIERS]) == []
+    assert sc_rollout.Router.__module__ == "sc_rollout.routing"
+    assert sc_rollout.ScRolloutError.__module__ == "sc_rollout.errors"
 
 
-def test_every_public_name_is_exported() -> None:
+def test_the_top_level_is_small_and_every_public_name_is_exported() -> None:
+    assert len(sc_rollout.__all__) <= 25
     # (``annotations`` is the ``from __future__`` feature, not a name of the package)
     public = {n for n in dir(sc_rollout) if not n.startswith("_")} - {"annotations"}
     modules = {n for n in public if isinstance(getattr(sc_rollout, n), types.ModuleType)}
+    assert modules <= {m.rpartition(".")[2] for m in SECOND_TIERS}
     assert public - modules == set(sc_rollout.__all__) - {"__version__"}
 
 
+def test_every_error_is_in_the_errors_tier() -> None:
+    from sc_rollout import _errors
+
+    assert sorted(_errors.__all__) == sc_rollout.errors.__all__
+
+
 def test_an_error_pickles_by_its_public_path() -> None:
-    data = pickle.dumps(sc_rollout.PromptTooLongError("too long"))
+    data = pickle.dumps(sc_rollout.errors.PromptTooLongError("too long"))
     assert b"sc_rollout._errors" not in data
-    assert isinstance(pickle.loads(data), sc_rollout.PromptTooLongError)
+    assert isinstance(pickle.loads(data), sc_rollout.errors.PromptTooLongError)
 
 
 def test_depends_on_sc_dispatch_only() -> None:

@@ -13,27 +13,23 @@ import pytest
 from _rollout_helpers import PROPERTY, in_threads, request, toy_servers, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
-from sc_rollout import (
+from sc_rollout import GenerateResult, RolloutServer, Router, WeightUpdate
+from sc_rollout.errors import (
     DuplicateServerError,
-    GenerateResult,
     NoLiveServerError,
     PromptTooLongError,
     RolloutConfigError,
     RolloutRequestError,
-    RolloutServer,
     RolloutTimeoutError,
     RolloutTypeError,
-    Router,
     RouterClosedError,
-    ServerState,
-    ToyEngine,
-    ToyEngineConfig,
     UnknownServerError,
     WeightLoadError,
-    WeightUpdate,
     WeightVersionError,
 )
-from sc_rollout._affinity import AffinityMap, least_loaded
+from sc_rollout.routing import ServerState
+from sc_rollout.routing._affinity import AffinityMap, least_loaded
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,23 +16,24 @@ from _rollout_helpers import request, toy_servers, wait_until
 from sc_rollout import (
     GenerateRequest,
     GenerateResult,
-    PromptTooLongError,
     RolloutClient,
-    RolloutConfigError,
     RolloutEngine,
     RolloutServer,
+    ScRolloutError,
+    ServerProcess,
+    WeightUpdate,
+)
+from sc_rollout.errors import (
+    PromptTooLongError,
+    RolloutConfigError,
     RolloutServerError,
     RolloutTimeoutError,
     RolloutTypeError,
-    ScRolloutError,
-    ServerProcess,
     ServerUnavailableError,
-    ToyEngine,
-    ToyEngineConfig,
-    WeightUpdate,
     WeightVersionError,
 )
-from sc_rollout._wire import ERROR_CLASSES
+from sc_rollout.serving._wire import ERROR_CLASSES
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,22 +13,23 @@ import pytest
 from _rollout_helpers import toy_servers, wait_until
 from sc_rollout import (
     AgentSession,
-    AppendedTokens,
     GenerateRequest,
     GenerateResult,
-    PromptTooLongError,
-    RolloutRequestError,
     RolloutServer,
-    RolloutTypeError,
     Router,
     SamplingParams,
     ScRolloutError,
-    SessionStateError,
-    ToyEngine,
-    ToyEngineConfig,
     Turn,
     WeightUpdate,
 )
+from sc_rollout.agents import AppendedTokens
+from sc_rollout.errors import (
+    PromptTooLongError,
+    RolloutRequestError,
+    RolloutTypeError,
+    SessionStateError,
+)
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,22 +12,17 @@ import pytest
 from _rollout_helpers import PROPERTY, request, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
-from sc_rollout import (
+from sc_rollout import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams, WeightUpdate
+from sc_rollout.errors import (
     EngineStateError,
-    GenerateRequest,
-    GenerateResult,
     PromptTooLongError,
     RolloutConfigError,
-    RolloutEngine,
     RolloutRequestError,
     RolloutTypeError,
-    SamplingParams,
-    ToyEngine,
-    ToyEngineConfig,
     WeightLoadError,
-    WeightUpdate,
     WeightVersionError,
 )
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 
 pytestmark = pytest.mark.timeout(30)
 

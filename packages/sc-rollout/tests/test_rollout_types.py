@@ -12,18 +12,15 @@ import pytest
 from _rollout_helpers import PROPERTY
 from hypothesis import given
 from hypothesis import strategies as st
-from sc_rollout import (
-    EngineHealth,
-    GenerateRequest,
-    GenerateResult,
+from sc_rollout import GenerateRequest, GenerateResult, SamplingParams, WeightUpdate
+from sc_rollout.engines import EngineHealth
+from sc_rollout.errors import (
     RolloutRequestError,
     RolloutServerError,
     RolloutTypeError,
-    SamplingParams,
-    WeightUpdate,
     WeightVersionError,
 )
-from sc_rollout._wire import (
+from sc_rollout.serving._wire import (
     completion_body,
     health_body,
     health_from_body,

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 import sc_rollout
-from sc_rollout import (
+from sc_rollout import ServerProcess, VLLMEngineConfig
+from sc_rollout.engines._safetensors import check_same_tensors, read_shapes
+from sc_rollout.engines._vllm_config import vllm_argv, vllm_env_vars
+from sc_rollout.engines._vllm_env import CREATE_COMMAND
+from sc_rollout.errors import (
     EngineNotInstalledError,
     RolloutConfigError,
-    ServerProcess,
-    VLLMEngineConfig,
     WeightLoadError,
     WeightMismatchError,
 )
-from sc_rollout._safetensors import check_same_tensors, read_shapes
-from sc_rollout._vllm_config import vllm_argv, vllm_env_vars
-from sc_rollout._vllm_env import CREATE_COMMAND
 
 
 def _model(tmp_path: Path) -> str:
@@ -76,7 +75,7 @@ def test_a_missing_environment_names_the_command_that_makes_it(
 ) -> None:
     monkeypatch.setenv("SC_ROLLOUT_VLLM_ENV", str(tmp_path / "nowhere"))
     with pytest.raises(EngineNotInstalledError, match="is missing") as info:
-        sc_rollout.find_vllm_env("cpu")
+        sc_rollout.engines.find_vllm_env("cpu")
     assert CREATE_COMMAND in str(info.value)
     assert isinstance(info.value, ImportError)
     with pytest.raises(EngineNotInstalledError, match="vllm-env create"):
@@ -91,18 +90,18 @@ def test_an_environment_is_ready_only_with_the_marker_of_its_pin(
     (folder / "bin").mkdir(parents=True)
     (folder / "bin" / "python").symlink_to(sys.executable)
     with pytest.raises(EngineNotInstalledError, match="not complete or has an old pin"):
-        sc_rollout.find_vllm_env("cpu")
+        sc_rollout.engines.find_vllm_env("cpu")
     with pytest.raises(RolloutConfigError, match="flavor must be 'cpu' or 'gpu'"):
-        sc_rollout.find_vllm_env("tpu")  # type: ignore[arg-type]
+        sc_rollout.engines.find_vllm_env("tpu")  # type: ignore[arg-type]
     (folder / "sc-vllm-env.json").write_text(json.dumps({"digest": "an-old-pin"}))
     with pytest.raises(EngineNotInstalledError, match="old pin"):
-        sc_rollout.find_vllm_env("cpu")
+        sc_rollout.engines.find_vllm_env("cpu")
     # the digest of the current pin: what create_vllm_env writes once everything installed
-    from sc_rollout._vllm_env import _env_for
+    from sc_rollout.engines._vllm_env import _env_for
 
     env, _, _ = _env_for("cpu")
     (folder / "sc-vllm-env.json").write_text(json.dumps({"digest": env.digest}))
-    found = sc_rollout.find_vllm_env("cpu")
+    found = sc_rollout.engines.find_vllm_env("cpu")
     assert found.path == folder
     assert found.python == folder / "bin" / "python"
     _, files, _ = _env_for("cpu")

@@ -19,13 +19,12 @@ from sc_rollout import (
     AgentOutcome,
     AgentSession,
     AgentTask,
-    AppendedTokens,
     GenerateRequest,
     GenerateResult,
     SamplingParams,
-    ToyEngine,
-    ToyEngineConfig,
 )
+from sc_rollout.agents import AppendedTokens
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 from sc_trainer.agents import agent_token_scores, build_agent_batch
 from sc_trainer.config import TaskError
 from sc_trainer.rollout import RolloutInputError, RouterSampling

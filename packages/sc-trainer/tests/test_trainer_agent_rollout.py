@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from sc_rollout import RolloutServer, Router, ToyEngine, ToyEngineConfig, WeightUpdate
+from sc_rollout import RolloutServer, Router, WeightUpdate
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 from sc_trainer import TrainerConfigError
 from sc_trainer.agents import AgentRollout, AgentRolloutError
 from sc_trainer.tasks import TOOL_CALC_CHARS, ToolCalcTask, build_char_tokenizer

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from sc_protocol import DataProto
-from sc_rollout import ToyEngineConfig
-from sc_rollout._cli import toy_argv
+from sc_rollout.serving._cli import toy_argv
+from sc_rollout.testing import ToyEngineConfig
 from sc_trainer.rollout import (
     PartialRollout,
     PendingBatch,

@@ -25,14 +25,10 @@ import sc_trainer.rollout._publisher as publisher_module
 import torch
 from sc_core import ClassWithInitArgs, LocalWorkerGroup, ResourcePool
 from sc_protocol import DataProto
-from sc_rollout import (
-    GenerateRequest,
-    RolloutClient,
-    SamplingParams,
-    ServerState,
-    ToyEngineConfig,
-)
-from sc_rollout._cli import toy_argv
+from sc_rollout import GenerateRequest, RolloutClient, SamplingParams
+from sc_rollout.routing import ServerState
+from sc_rollout.serving._cli import toy_argv
+from sc_rollout.testing import ToyEngineConfig
 from sc_trainer.rollout import (
     RolloutFleetError,
     RolloutInputError,

@@ -32,19 +32,21 @@ else:
 
 from _workers_rollout_helpers import build_tiny_gpt2
 from sc_rollout import (
-    EngineStateError,
     GenerateRequest,
     GenerateResult,
-    PromptTooLongError,
     RolloutClient,
     RolloutEngine,
-    RolloutRequestError,
-    RolloutTypeError,
     SamplingParams,
     ServerProcess,
+    WeightUpdate,
+)
+from sc_rollout.errors import (
+    EngineStateError,
+    PromptTooLongError,
+    RolloutRequestError,
+    RolloutTypeError,
     WeightLoadError,
     WeightMismatchError,
-    WeightUpdate,
     WeightVersionError,
 )
 from sc_workers import ConfigError, TorchRolloutEngine, TorchRolloutEngineConfig

@@ -20,7 +20,8 @@ else:
     pytest.importorskip("transformers")
 
 from _workers_rollout_helpers import build_tiny_gpt2
-from sc_rollout import AgentSession, AppendedTokens, SamplingParams, Turn
+from sc_rollout import AgentSession, SamplingParams, Turn
+from sc_rollout.agents import AppendedTokens
 from sc_workers import TorchRolloutEngine, TorchRolloutEngineConfig
 
 transformers: Any = importlib.import_module("transformers")

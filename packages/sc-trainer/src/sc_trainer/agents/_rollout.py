@@ -21,13 +21,7 @@ from typing import Any
 
 import numpy as np
 from sc_protocol import DataProto
-from sc_rollout import (
-    AgentLoop,
-    AgentLoopConfig,
-    AgentOutcome,
-    Router,
-    SamplingParams,
-)
+from sc_rollout import AgentLoop, AgentLoopConfig, AgentOutcome, Router, SamplingParams
 
 from .._errors import AgentRolloutError, TrainerConfigError
 from ..rollout import EngineServers, RolloutSnapshot, Stage

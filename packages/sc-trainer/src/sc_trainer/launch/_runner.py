@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sc_core import SpanRecorder
-from sc_rollout import find_vllm_env
+from sc_rollout.engines import find_vllm_env
 from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker
 
 from .._errors import MissingExtraError

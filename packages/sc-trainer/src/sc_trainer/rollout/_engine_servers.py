@@ -36,16 +36,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from sc_core import WorkerGroup
 from sc_protocol import DataProto
-from sc_rollout import (
-    RolloutClient,
-    Router,
-    ScRolloutError,
-    VLLMEngineConfig,
-    WeightUpdate,
-    find_vllm_env,
-    vllm_argv,
-    vllm_env_vars,
-)
+from sc_rollout import RolloutClient, Router, ScRolloutError, VLLMEngineConfig, WeightUpdate
+from sc_rollout.engines import find_vllm_env, vllm_argv, vllm_env_vars
 from sc_workers import ActorRolloutRefWorker
 from sc_workers.rollout import TorchRolloutEngineConfig, torch_engine_argv
 

@@ -29,7 +29,8 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sc_rollout import Router, ServerStatus
+from sc_rollout import Router
+from sc_rollout.routing import ServerStatus
 
 from .._errors import RolloutFleetError
 from ._fleet_ray import BundlePlace, RemoteActor, bundle_places, cpu_pool

@@ -4,7 +4,7 @@ process on its node.
 This module imports only the standard library and sc-rollout (Ray on first use, in the
 actor): the fleet ships it to the actor by value (see ``_fleet_ray``), so that the actor's
 process starts a server without importing sc_trainer (torch, the trainer). Its errors
-are sc-rollout's :class:`~sc_rollout.RolloutServerError`; the fleet turns them into a
+are sc-rollout's :class:`~sc_rollout.errors.RolloutServerError`; the fleet turns them into a
 :class:`~sc_trainer.rollout.RolloutFleetError` on the driver.
 """
 
@@ -17,14 +17,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sc_core.backend import free_port
-from sc_rollout import RolloutServerError, ServerProcess
+from sc_rollout import ServerProcess
+from sc_rollout.errors import RolloutServerError
 
 __all__ = ["ArgvFactory", "RolloutServerActor"]
 
 logger = logging.getLogger(__name__)
 
 #: the command line of one server process, given the address to bind and a free port there;
-#: the process prints the ready line of ``python -m sc_rollout`` (see ``sc_rollout.serve``)
+#: the process prints the ready line of ``python -m sc_rollout`` (see ``sc_rollout.serving.serve``)
 ArgvFactory = Callable[[str, int], Sequence[str]]
 
 

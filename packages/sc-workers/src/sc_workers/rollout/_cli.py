@@ -1,5 +1,5 @@
 """``python -m sc_workers.rollout --model DIR ...``: the built-in engine in a rollout server
-process of its own (:func:`sc_rollout.serve`: it prints the ready line that
+process of its own (:func:`sc_rollout.serving.serve`: it prints the ready line that
 :class:`sc_rollout.ServerProcess` waits for, and closes the engine at shutdown)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sc_rollout import RolloutTypeError, serve
+from sc_rollout.errors import RolloutTypeError
+from sc_rollout.serving import serve
 
 from ._config import DTYPES, TorchRolloutEngineConfig
 from ._engine import TorchRolloutEngine

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from sc_rollout import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from sc_rollout import GenerateRequest, GenerateResult, SamplingParams
+from sc_rollout.engines import FinishReason
 from torch import Tensor, nn
 
 from ..workers._sampling import filter_logits

@@ -25,17 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sc_rollout import (
-    EngineHealth,
+from sc_rollout import GenerateRequest, GenerateResult, WeightUpdate
+from sc_rollout.engines import EngineHealth, FinishReason
+from sc_rollout.errors import (
     EngineStateError,
-    FinishReason,
-    GenerateRequest,
-    GenerateResult,
     PromptTooLongError,
     RolloutRequestError,
     RolloutTypeError,
     WeightLoadError,
-    WeightUpdate,
     WeightVersionError,
 )
 from torch import Tensor
@@ -72,7 +69,7 @@ class TorchRolloutEngine:
       ``log_softmax`` of the raw logits at that token, float32, as a trainer recomputes it.
     * :meth:`load_weights` reads a safetensors file or a directory of them (names as
       ``save_pretrained`` writes them), checks every name and shape before it changes
-      anything (a :class:`sc_rollout.WeightMismatchError` lists what does not fit, and the
+      anything (a :class:`sc_rollout.errors.WeightMismatchError` lists what does not fit, and the
       engine keeps its weights), and applies them between two decoding steps.
     * :meth:`sleep` level 1 keeps a CPU copy of the weights and frees the model's tensors;
       level 2 drops them, and :meth:`wake_up` reads the current version's path again (the
@@ -285,8 +282,8 @@ class TorchRolloutEngine:
         """Take the weights at ``update.path`` (a safetensors file, or a Hugging Face
         directory of ``*.safetensors``) as ``update.version``; requests in flight continue on
         them from their next token. Every name and shape is checked first: what does not fit
-        is a :class:`sc_rollout.WeightMismatchError` and the engine keeps its weights. Returns
-        the version now held."""
+        is a :class:`sc_rollout.errors.WeightMismatchError` and the engine keeps its weights.
+        Returns the version now held."""
         if not isinstance(update, WeightUpdate):
             raise RolloutTypeError(
                 f"{self._name}: load_weights() takes a WeightUpdate, got {type(update).__name__}"
@@ -387,7 +384,7 @@ class TorchRolloutEngine:
     def wake_up(self) -> None:
         """Leave sleep with the current version's weights (from the CPU copy, or read again
         from their path). A path that cannot be read any more is a
-        :class:`sc_rollout.WeightLoadError`, and the engine stays asleep."""
+        :class:`sc_rollout.errors.WeightLoadError`, and the engine stays asleep."""
         with self._model_lock:
             with self._cond:
                 level, path, version = self._sleep_level, self._weights_path, self._version
@@ -417,7 +414,7 @@ class TorchRolloutEngine:
 
     def close(self) -> None:
         """Stop the scheduler thread; requests still in flight end as aborted (their tokens
-        so far), later calls of :meth:`generate` are an :class:`sc_rollout.EngineStateError`.
+        so far), later calls of :meth:`generate` are an :class:`sc_rollout.errors.EngineStateError`.
         Idempotent."""
         with self._cond:
             if self._closed:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sc_rollout import WeightLoadError, WeightMismatchError
+from sc_rollout.errors import WeightLoadError, WeightMismatchError
 from torch import Tensor, nn
 
 from .._errors import OptionalDependencyError

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._errors import (
+from .._errors import (
     EngineStateError,
     PromptTooLongError,
     RolloutConfigError,

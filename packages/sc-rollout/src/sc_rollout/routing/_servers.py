@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ._client import RolloutClient
-from ._errors import ScRolloutError
+from .._errors import ScRolloutError
+from ..serving._client import RolloutClient
 
 __all__ = ["RestartHook", "ServerEntry", "ServerState", "ServerStatus", "WAITING", "broadcast"]
 

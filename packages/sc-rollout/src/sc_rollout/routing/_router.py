@@ -7,20 +7,18 @@ in flight finish) at any time. A server that fails a request (refused, reset) an
 health check, or that fails a periodic health check, is out: its requests in flight are cut
 and sent again to a live server, so every request is answered once; the owner's restart hook
 brings it back, and it takes requests again only once it holds the current weight version.
+That health and restart state machine is :class:`~._health.ServerHealth`, which shares a
+:class:`~._health.RouterState` (the lock, the servers, the current weights) with the router.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
-from ._affinity import AffinityMap, least_loaded
-from ._client import RolloutClient, check_timeout
-from ._errors import (
+from .._errors import (
     DuplicateServerError,
     NoLiveServerError,
     RolloutConfigError,
@@ -34,6 +32,11 @@ from ._errors import (
     UnknownServerError,
     WeightVersionError,
 )
+from .._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
+from ..engines._types import GenerateRequest, GenerateResult, WeightUpdate, check_int
+from ..serving._client import RolloutClient, check_timeout
+from ._affinity import AffinityMap, least_loaded
+from ._health import RouterState, ServerHealth
 from ._servers import (
     WAITING,
     RestartHook,
@@ -42,13 +45,10 @@ from ._servers import (
     ServerStatus,
     broadcast,
 )
-from ._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT, START_TIMEOUT
-from ._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate, check_int
 
 __all__ = ["RestartHook", "Router", "ServerState", "ServerStatus"]
 
 _log = logging.getLogger("sc_rollout.router")
-_T = TypeVar("_T")
 
 
 class Router:
@@ -82,13 +82,12 @@ class Router:
     ) -> None:
         if restart is not None and not callable(restart):
             raise RolloutTypeError(f"Router(restart=...) must be callable, got {restart!r}")
-        self._restart = restart
         self._affinity = AffinityMap(session_capacity)
         self._max_attempts = check_int(max_attempts, "Router max_attempts", 1, RolloutConfigError)
-        self._request_timeout = check_timeout(
+        request_timeout = check_timeout(
             request_timeout_s, REQUEST_TIMEOUT.get(), "Router request_timeout_s"
         )
-        self._health_timeout = check_timeout(
+        health_timeout = check_timeout(
             health_timeout_s, HEALTH_TIMEOUT.get(), "Router health_timeout_s"
         )
         self._start_timeout = check_timeout(
@@ -97,21 +96,21 @@ class Router:
         interval = None
         if health_interval_s is not None:
             interval = check_timeout(health_interval_s, 0.0, "Router health_interval_s")
-        self._cond = threading.Condition()
-        self._servers: dict[str, ServerEntry] = {}
+        self._state = RouterState()
+        self._cond = self._state.cond
+        self._health = ServerHealth(
+            self._state,
+            restart=restart,
+            request_timeout=request_timeout,
+            health_timeout=health_timeout,
+            start_timeout=self._start_timeout,
+        )
         self._where: dict[str, ServerEntry] = {}
-        self._update: WeightUpdate | None = None
         self._picks = 0
-        self._closed = False
-        self._workers: set[threading.Thread] = set()
-        self._monitor: threading.Thread | None = None
         for url in urls:
             self.add_server(url)
         if interval is not None:
-            self._monitor = threading.Thread(
-                target=self._watch, args=(interval,), name="sc-rollout-health", daemon=True
-            )
-            self._monitor.start()
+            self._health.watch(interval, self.check_health)
 
     # --- servers ----------------------------------------------------------------------------
 
@@ -124,20 +123,20 @@ class Router:
         name = url if name is None else name
         if not isinstance(name, str) or not name:
             raise RolloutTypeError(f"Router.add_server: name must be a non-empty str, got {name!r}")
-        entry = ServerEntry(name, url, self._client(url))
+        entry = ServerEntry(name, url, self._health.client(url))
         with self._cond:
             self._check_open()
-            if name in self._servers:
+            if name in self._state.servers:
                 raise DuplicateServerError(
                     f"Router.add_server({url!r}): a server named {name!r} is already held "
-                    f"(at {self._servers[name].url})"
+                    f"(at {self._state.servers[name].url})"
                 )
-            self._servers[name] = entry
+            self._state.servers[name] = entry
         try:
-            up = self._bring_up(entry, 0)
+            up = self._health.bring_up(entry, 0)
         except BaseException:
             with self._cond:
-                self._drop(entry)
+                self._state.drop(entry)
             raise
         if not up:
             with self._cond:
@@ -154,13 +153,13 @@ class Router:
         with self._cond:
             entry = self._entry(name, "remove_server")
             if entry.in_flight == 0 or entry.state not in (ServerState.LIVE, ServerState.DRAINING):
-                self._drop(entry)
+                self._state.drop(entry)
             elif entry.state is ServerState.LIVE:
                 entry.state = ServerState.DRAINING
                 _log.info("server %s draining (%d in flight)", name, entry.in_flight)
             self._cond.notify_all()
             if wait and not self._cond.wait_for(
-                lambda: self._servers.get(name) is not entry, timeout_s
+                lambda: self._state.servers.get(name) is not entry, timeout_s
             ):
                 raise RolloutTimeoutError(
                     f"Router.remove_server({name!r}): {entry.in_flight} request(s) still in "
@@ -170,7 +169,7 @@ class Router:
     def servers(self) -> list[ServerStatus]:
         """Every server held, in the order they were added."""
         with self._cond:
-            return [entry.status() for entry in self._servers.values()]
+            return [entry.status() for entry in self._state.servers.values()]
 
     def session_server(self, session_id: str) -> str | None:
         """The server session ``session_id`` sticks to, if the router remembers it."""
@@ -181,7 +180,7 @@ class Router:
     def weight_version(self) -> int | None:
         """The version of the last weights pushed (``None``: none yet)."""
         with self._cond:
-            return None if self._update is None else self._update.version
+            return None if self._state.update is None else self._state.update.version
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -206,7 +205,7 @@ class Router:
             except ServerUnavailableError as exc:
                 self._release(entry, request.request_id, served=False)
                 failures.append(f"{entry.name}: {exc}")
-                self._suspect(entry, client, incarnation, failures[-1])
+                self._health.suspect(entry, client, incarnation, failures[-1])
                 continue
             except RolloutServerError as exc:  # an answer that is no result: name the server
                 self._release(entry, request.request_id, served=False)
@@ -240,19 +239,19 @@ class Router:
         with self._cond:
             while True:
                 self._check_open()
-                live = {n: e for n, e in self._servers.items() if e.state is ServerState.LIVE}
+                live = {n: e for n, e in self._state.servers.items() if e.state is ServerState.LIVE}
                 if live:
                     break
-                if not any(e.state in WAITING for e in self._servers.values()):
+                if not any(e.state in WAITING for e in self._state.servers.values()):
                     raise NoLiveServerError(
-                        f"Router.generate(request {rid}): no live server ({self._states()})"
+                        f"Router.generate(request {rid}): no live server ({self._state.states()})"
                     )
                 deadline = deadline or time.monotonic() + self._start_timeout
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise NoLiveServerError(
                         f"Router.generate(request {rid}): no server came back within "
-                        f"{self._start_timeout:g} s ({self._states()})"
+                        f"{self._start_timeout:g} s ({self._state.states()})"
                     )
                 self._cond.wait(left)
             if rid in self._where:
@@ -279,7 +278,7 @@ class Router:
                 entry.served += 1
             self._where.pop(request_id, None)
             if entry.state is ServerState.DRAINING and entry.in_flight == 0:
-                self._drop(entry)
+                self._state.drop(entry)
             self._cond.notify_all()
 
     # --- weights ----------------------------------------------------------------------------
@@ -300,20 +299,20 @@ class Router:
             )
         with self._cond:
             self._check_open()
-            previous = self._update
+            previous = self._state.update
             if previous is not None and update.version < previous.version:
                 raise WeightVersionError(
                     f"Router.push_weights(version={update.version}) is below the current "
                     f"version, {previous.version}"
                 )
-            self._update = update
-            targets = self._targets()
+            self._state.update = update
+            targets = self._state.targets()
         outcomes = broadcast([c for _, c, _ in targets], lambda client: client.load_weights(update))
         refused: list[tuple[ServerEntry, int, ScRolloutError]] = []
         loaded = 0
         for (entry, client, incarnation), outcome in zip(targets, outcomes, strict=True):
             if isinstance(outcome, (ServerUnavailableError, RolloutTimeoutError)):
-                self._suspect(
+                self._health.suspect(
                     entry, client, incarnation, f"weights version {update.version}: {outcome}"
                 )
             elif isinstance(outcome, ScRolloutError):
@@ -325,11 +324,13 @@ class Router:
                         entry.weight_version = update.version
         if refused and not loaded:
             with self._cond:
-                if self._update is update:
-                    self._update = previous
+                if self._state.update is update:
+                    self._state.update = previous
             raise refused[0][2]
         for entry, incarnation, exc in refused:
-            self._mark_dead(entry, incarnation, f"refused weights version {update.version}: {exc}")
+            self._health.mark_dead(
+                entry, incarnation, f"refused weights version {update.version}: {exc}"
+            )
         _log.info("weights version %d pushed to %d server(s)", update.version, loaded)
         return update.version
 
@@ -340,220 +341,31 @@ class Router:
         deadline): a failed check takes the server out (and restarts it); a server that
         reports another weight version than the current one is re-synced before it takes
         requests again. Returns :meth:`servers`."""
-        with self._cond:
-            targets = self._targets()
-        outcomes = broadcast([c for _, c, _ in targets], lambda client: client.health())
-        for (entry, _client, incarnation), outcome in zip(targets, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                self._mark_dead(entry, incarnation, f"health check failed: {outcome}")
-                continue
-            with self._cond:
-                if entry.incarnation != incarnation:
-                    continue
-                entry.weight_version = outcome.weight_version
-                current = self._update
-                if (
-                    entry.state is ServerState.LIVE
-                    and current is not None
-                    and outcome.weight_version != current.version
-                ):
-                    _log.warning(
-                        "server %s holds weights version %d, not %d: re-syncing it",
-                        entry.name,
-                        outcome.weight_version,
-                        current.version,
-                    )
-                    entry.state = ServerState.SYNCING
-                    self._spawn(self._resync, entry, incarnation)
+        self._health.check()
         return self.servers()
-
-    def _suspect(
-        self, entry: ServerEntry, client: RolloutClient, incarnation: int, reason: str
-    ) -> None:
-        """A call to ``entry`` failed: check its health, and take it out if that fails too."""
-        try:
-            client.health()
-        except ScRolloutError as exc:
-            self._mark_dead(entry, incarnation, f"{reason}; then its health check: {exc}")
-
-    def _mark_dead(self, entry: ServerEntry, incarnation: int, reason: str) -> None:
-        """Take ``entry`` out (once per incarnation): cut its calls in flight, and restart it
-        if there is a restart hook (a draining server is just forgotten)."""
-        with self._cond:
-            if entry.incarnation != incarnation or self._servers.get(entry.name) is not entry:
-                return
-            client = entry.client
-            entry.error = reason
-            if entry.state is ServerState.DRAINING:
-                self._drop(entry)
-            else:
-                entry.incarnation += 1
-                if self._restart is not None and not self._closed:
-                    entry.state = ServerState.RESTARTING
-                    self._spawn(self._recover, entry, entry.incarnation)
-                else:
-                    entry.state = ServerState.DEAD
-            self._cond.notify_all()
-        _log.warning("server %s (%s) is out: %s", entry.name, entry.url, reason)
-        client.close_connections()
-
-    def _recover(self, entry: ServerEntry, incarnation: int) -> None:
-        """Restart ``entry`` through the hook, then bring it up (a restarting thread)."""
-        hook = self._restart
-        if hook is None:
-            return
-        try:
-            url = hook(entry.name)
-            if not isinstance(url, str):
-                raise RolloutTypeError(
-                    f"the restart hook returned {url!r} for server {entry.name!r}; it must "
-                    "return the URL of the restarted server"
-                )
-            client = self._client(url)
-            with self._cond:
-                if entry.incarnation != incarnation:
-                    return
-                entry.url = url
-                entry.client = client
-                entry.restarts += 1
-                entry.state = ServerState.SYNCING
-            if self._bring_up(entry, incarnation):
-                _log.info("server %s restarted at %s", entry.name, url)
-        except Exception as exc:
-            self._fail(entry, incarnation, f"restart failed: {type(exc).__name__}: {exc}")
-
-    def _resync(self, entry: ServerEntry, incarnation: int) -> None:
-        """Bring a live server that holds the wrong weights up again (a syncing thread)."""
-        try:
-            self._bring_up(entry, incarnation)
-        except Exception as exc:
-            self._fail(entry, incarnation, f"re-sync failed: {type(exc).__name__}: {exc}")
-
-    def _fail(self, entry: ServerEntry, incarnation: int, reason: str) -> None:
-        _log.error("server %s stays out: %s", entry.name, reason)
-        with self._cond:
-            if entry.incarnation == incarnation and self._servers.get(entry.name) is entry:
-                entry.state = ServerState.DEAD
-                entry.error = reason
-                self._cond.notify_all()
-
-    def _bring_up(self, entry: ServerEntry, incarnation: int) -> bool:
-        """Wait until ``entry`` is healthy, give it the current weights until it holds the
-        version that is current when it is done, and make it live. ``False`` if the entry
-        was superseded meanwhile (removed, found dead again, the router closed)."""
-        client = entry.client
-        health = self._wait_healthy(entry, client)
-        version = health.weight_version
-        pushed: WeightUpdate | None = None
-        while True:
-            with self._cond:
-                if (
-                    self._closed
-                    or entry.incarnation != incarnation
-                    or self._servers.get(entry.name) is not entry
-                ):
-                    return False
-                if self._update is pushed:
-                    entry.weight_version = version
-                    entry.state = ServerState.LIVE
-                    self._cond.notify_all()
-                    return True
-                pushed = self._update
-            if pushed is not None:
-                version = client.load_weights(pushed)
-
-    def _wait_healthy(self, entry: ServerEntry, client: RolloutClient) -> EngineHealth:
-        deadline = time.monotonic() + self._start_timeout
-        pause = 0.02
-        while True:
-            try:
-                return client.health()
-            except (ServerUnavailableError, RolloutTimeoutError) as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RolloutTimeoutError(
-                        f"server {entry.name!r} at {client.url} was not healthy within "
-                        f"{self._start_timeout:g} s: {exc}"
-                    ) from None
-                with self._cond:
-                    if self._cond.wait_for(lambda: self._closed, min(pause, left)):
-                        raise RouterClosedError(
-                            f"Router closed while {entry.name!r} started"
-                        ) from None
-                pause = min(pause * 2, 0.5)
 
     # --- plumbing ---------------------------------------------------------------------------
 
-    def _client(self, url: str) -> RolloutClient:
-        return RolloutClient(
-            url, timeout_s=self._request_timeout, health_timeout_s=self._health_timeout
-        )
-
     def _check_open(self) -> None:
-        if self._closed:
+        if self._state.closed:
             raise RouterClosedError("the router is closed")
 
     def _entry(self, name: str, method: str) -> ServerEntry:
-        entry = self._servers.get(name)
+        entry = self._state.servers.get(name)
         if entry is None:
             raise UnknownServerError(
                 f"Router.{method}({name!r}): no such server; the router holds "
-                f"{sorted(self._servers)}"
+                f"{sorted(self._state.servers)}"
             )
         return entry
-
-    def _drop(self, entry: ServerEntry) -> None:
-        """Forget ``entry`` (under the lock); a sync of it in progress stops."""
-        if self._servers.get(entry.name) is not entry:
-            return
-        del self._servers[entry.name]
-        entry.incarnation += 1
-        _log.info("server %s removed", entry.name)
-
-    def _states(self) -> str:
-        return ", ".join(f"{n}: {e.state.value}" for n, e in self._servers.items()) or "none"
-
-    def _targets(self) -> list[tuple[ServerEntry, RolloutClient, int]]:
-        """The servers a broadcast goes to (under the lock): live and draining ones."""
-        return [
-            (e, e.client, e.incarnation)
-            for e in self._servers.values()
-            if e.state in (ServerState.LIVE, ServerState.DRAINING)
-        ]
-
-    def _spawn(
-        self, target: Callable[[ServerEntry, int], None], entry: ServerEntry, incarnation: int
-    ) -> None:
-        """Run ``target(entry, incarnation)`` on a thread the router joins at close."""
-
-        def run() -> None:
-            try:
-                target(entry, incarnation)
-            finally:
-                with self._cond:
-                    self._workers.discard(threading.current_thread())
-
-        thread = threading.Thread(target=run, name=f"sc-rollout-{entry.name}", daemon=True)
-        self._workers.add(thread)
-        thread.start()
-
-    def _watch(self, interval: float) -> None:
-        while True:
-            with self._cond:
-                if self._cond.wait_for(lambda: self._closed, interval):
-                    return
-            try:
-                self.check_health()
-            except Exception:
-                _log.exception("the periodic health check failed")
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop checking and restarting servers; later calls raise
         :class:`RouterClosedError` (requests in flight still finish)."""
         with self._cond:
-            self._closed = True
+            self._state.closed = True
             self._cond.notify_all()
-            threads = [*self._workers, *([self._monitor] if self._monitor else [])]
+            threads = self._health.threads()
         for thread in threads:
             thread.join(timeout_s)
 
@@ -564,4 +376,4 @@ class Router:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Router({self._states()})"
+        return f"Router({self._state.states()})"

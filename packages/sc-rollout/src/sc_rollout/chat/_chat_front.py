@@ -19,6 +19,19 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from .._errors import (
+    ChatHistoryError,
+    ChatTemplateError,
+    RolloutConfigError,
+    RolloutRequestError,
+    RolloutTypeError,
+    SessionStateError,
+    UnknownSessionError,
+)
+from ..agents._session import AgentSession
+from ..engines._engine import RolloutEngine
+from ..engines._types import SamplingParams
+from ..routing._router import Router
 from ._chat import (
     ChatTemplate,
     HermesToolCallParser,
@@ -36,19 +49,6 @@ from ._chat_messages import (
     sampling_of,
     session_id_of,
 )
-from ._engine import RolloutEngine
-from ._errors import (
-    ChatHistoryError,
-    ChatTemplateError,
-    RolloutConfigError,
-    RolloutRequestError,
-    RolloutTypeError,
-    SessionStateError,
-    UnknownSessionError,
-)
-from ._router import Router
-from ._session import AgentSession
-from ._types import SamplingParams
 
 __all__ = ["ChatFront"]
 

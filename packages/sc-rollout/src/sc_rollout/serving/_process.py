@@ -11,14 +11,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from .._errors import RolloutServerError, RolloutTimeoutError, RolloutTypeError, ScRolloutError
+from .._settings import START_TIMEOUT, VLLM_START_TIMEOUT
+from ..engines._toy import ToyEngineConfig
+from ..engines._vllm_config import VLLMEngineConfig, vllm_argv, vllm_env_vars
+from ..engines._vllm_env import Flavor, find_vllm_env
 from ._cli import ERROR_KEY, READY_KEY, toy_argv
 from ._client import check_timeout
-from ._errors import RolloutServerError, RolloutTimeoutError, RolloutTypeError, ScRolloutError
-from ._server import check_host
-from ._settings import START_TIMEOUT, VLLM_START_TIMEOUT
-from ._toy import ToyEngineConfig
-from ._vllm_config import VLLMEngineConfig, vllm_argv, vllm_env_vars
-from ._vllm_env import Flavor, find_vllm_env
+from ._http import check_host
 from ._wire import ERROR_CLASSES
 
 __all__ = ["ServerProcess"]

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ._errors import RolloutRequestError, RolloutTypeError, WeightVersionError
+from .._errors import RolloutRequestError, RolloutTypeError, WeightVersionError
 
 __all__ = [
     "FINISH_REASONS",

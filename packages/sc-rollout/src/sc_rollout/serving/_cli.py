@@ -22,13 +22,13 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from ._engine import RolloutEngine
-from ._errors import ScRolloutError
+from .._errors import ScRolloutError
+from ..engines._engine import RolloutEngine
+from ..engines._toy import ToyEngine, ToyEngineConfig
+from ..engines._vllm import VLLMEngine
+from ..engines._vllm_config import VLLMEngineConfig
+from ..engines._vllm_env import create_vllm_env, find_vllm_env
 from ._server import RolloutServer
-from ._toy import ToyEngine, ToyEngineConfig
-from ._vllm import VLLMEngine
-from ._vllm_config import VLLMEngineConfig
-from ._vllm_env import create_vllm_env, find_vllm_env
 
 __all__ = ["ERROR_KEY", "READY_KEY", "main", "serve", "toy_argv"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from ._errors import RolloutConfigError
-from ._types import check_int
+from .._errors import RolloutConfigError
+from ..engines._types import check_int
 
 __all__ = ["AffinityMap", "least_loaded"]
 

@@ -17,7 +17,7 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._errors import (
+from .._errors import (
     RolloutConfigError,
     RolloutServerError,
     RolloutTimeoutError,
@@ -25,8 +25,8 @@ from ._errors import (
     ScRolloutError,
     ServerUnavailableError,
 )
-from ._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT
-from ._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate
+from .._settings import HEALTH_TIMEOUT, REQUEST_TIMEOUT
+from ..engines._types import EngineHealth, GenerateRequest, GenerateResult, WeightUpdate
 from ._wire import (
     ERROR_CLASSES,
     decode_body,

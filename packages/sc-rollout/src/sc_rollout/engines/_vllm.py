@@ -30,7 +30,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._errors import (
+from .._errors import (
     EngineNotInstalledError,
     EngineStateError,
     PromptTooLongError,
@@ -182,7 +182,7 @@ class VLLMEngine:
             generation_config="vllm",
             enable_sleep_mode=self._sleep_mode,
             disable_log_stats=True,
-            worker_extension_cls="sc_rollout._vllm_worker.ScWorkerExtension",
+            worker_extension_cls="sc_rollout.engines._vllm_worker.ScWorkerExtension",
         )
         return self._vllm["AsyncLLM"].from_engine_args(args)
 

@@ -23,9 +23,16 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+from .._errors import RolloutConfigError, RolloutTypeError
+from ..serving._http import (
+    Answer,
+    JsonHandler,
+    JsonHTTPServer,
+    ServingThread,
+    check_host,
+    server_url,
+)
 from ._chat_front import ChatFront
-from ._errors import RolloutConfigError, RolloutTypeError
-from ._server import Answer, JsonHandler, JsonHTTPServer, ServingThread, check_host, server_url
 
 __all__ = ["ChatServer"]
 

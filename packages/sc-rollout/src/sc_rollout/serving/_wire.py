@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import _errors
-from ._errors import (
+from .. import _errors
+from .._errors import (
     EngineStateError,
     RolloutRequestError,
     RolloutServerError,
@@ -29,7 +29,7 @@ from ._errors import (
     WeightMismatchError,
     WeightVersionError,
 )
-from ._types import (
+from ..engines._types import (
     FINISH_REASONS,
     EngineHealth,
     GenerateRequest,

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import RolloutRequestError, RolloutTypeError, ScRolloutError
+from ..engines._types import SamplingParams
 from ._chat import ToolCall
-from ._errors import RolloutRequestError, RolloutTypeError, ScRolloutError
-from ._types import SamplingParams
 
 __all__ = [
     "ChatMessage",

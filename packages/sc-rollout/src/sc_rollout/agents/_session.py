@@ -22,15 +22,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ._engine import RolloutEngine
-from ._errors import (
+from .._errors import (
     PromptTooLongError,
     RolloutRequestError,
     RolloutTypeError,
     SessionStateError,
 )
-from ._router import Router
-from ._types import FinishReason, GenerateRequest, GenerateResult, SamplingParams, check_int
+from ..engines._engine import RolloutEngine
+from ..engines._types import (
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    check_int,
+)
+from ..routing._router import Router
 
 __all__ = ["AgentSession", "AppendedTokens", "Turn"]
 

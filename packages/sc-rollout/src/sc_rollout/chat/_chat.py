@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ._errors import ChatTemplateError, RolloutRequestError, RolloutTypeError
+from .._errors import ChatTemplateError, RolloutRequestError, RolloutTypeError
 
 __all__ = [
     "ChatTemplate",

@@ -7,7 +7,7 @@ import json
 import struct
 from pathlib import Path
 
-from ._errors import WeightLoadError, WeightMismatchError
+from .._errors import WeightLoadError, WeightMismatchError
 
 __all__ = ["check_same_tensors", "read_shapes", "weight_files"]
 

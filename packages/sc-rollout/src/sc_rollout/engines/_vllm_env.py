@@ -35,8 +35,8 @@ from typing import Literal
 
 import sc_dispatch
 
-from ._errors import EngineNotInstalledError, RolloutConfigError, RolloutServerError
-from ._settings import VLLM_ENV
+from .._errors import EngineNotInstalledError, RolloutConfigError, RolloutServerError
+from .._settings import VLLM_ENV
 
 __all__ = [
     "CREATE_COMMAND",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import RolloutConfigError, RolloutTypeError
+from .._errors import RolloutConfigError, RolloutTypeError
 from ._types import check_int
 
 __all__ = ["VLLMEngineConfig", "model_facts", "vllm_argv", "vllm_env_vars"]
