@@ -53,6 +53,7 @@ def test_tool_sessions_train_with_the_engines_tokens_and_log_probs(tmp_path: Pat
     assert (tmp_path / "run" / "model" / "tokenizer.json").is_file()
 
 
+@pytest.mark.extended
 def test_with_a_staleness_bound_every_batch_stays_within_it(tmp_path: Path) -> None:
     result = run(_config(tmp_path, async_staleness=1, agent_extra_groups=4))
     steps = [r for r in result.history if "train/reward" in r]

@@ -50,6 +50,7 @@ class Runner(TaskRunner):
         return mapping
 
 
+@pytest.mark.extended
 def test_pipelined_actor_syncs_to_a_tensor_parallel_rollout(
     ray_cluster: None, tmp_path: Path
 ) -> None:

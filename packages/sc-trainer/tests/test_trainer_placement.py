@@ -46,6 +46,7 @@ def test_separate_local_rollout_gives_the_colocated_numbers(tmp_path: Path) -> N
     )
 
 
+@pytest.mark.extended
 def test_separate_tp2_rollout_on_ray(ray_cluster: None, tmp_path: Path) -> None:
     """Actor FSDP dp=2 -> rollout TP=2 over gloo: training runs, every step samples with the
     weights of the update before it, and greedy generation equals the actor's own."""

@@ -119,6 +119,7 @@ def _tp_config() -> Any:
     )
 
 
+@pytest.mark.extended
 def test_tp2_dp2_actor_mesh_returns_one_row_per_input_row(ray_cluster: None) -> None:
     from sc_protocol import DataProto
     from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup

@@ -42,6 +42,7 @@ def test_the_servers_sample_each_step_with_the_weights_of_the_update_before(
     assert (tmp_path / "run" / "model" / "config.json").is_file(), "the tiny GPT-2 it built"
 
 
+@pytest.mark.extended
 def test_a_server_rollout_run_is_reproducible(tmp_path: Path) -> None:
     """The requests of step s are named s<step>-<row>, which seeds their sampling."""
     first = run(_config(tmp_path / "a", steps=3, val_every=3, save_every=3))
@@ -49,6 +50,7 @@ def test_a_server_rollout_run_is_reproducible(tmp_path: Path) -> None:
     assert_same_metrics(first.history, second.history)
 
 
+@pytest.mark.extended
 def test_partial_rollout_keeps_every_batch_within_the_staleness_bound(tmp_path: Path) -> None:
     result = run(_config(tmp_path, async_staleness=1))
     steps = [r for r in result.history if "train/reward" in r]
