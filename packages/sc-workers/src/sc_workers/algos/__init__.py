@@ -1,4 +1,5 @@
-"""RL math: advantage estimators, PPO losses, KL penalties and masked statistics."""
+"""RL math: advantage estimators, PPO losses, KL penalties, masked statistics and the
+rollout-training mismatch (metrics and corrections)."""
 
 from sc_dispatch import _public
 
@@ -20,9 +21,22 @@ from ._core import (
     masked_var,
     masked_whiten,
 )
+from ._rollout_corr import (
+    ROLLOUT_IS_MODES,
+    ROLLOUT_RS_MODES,
+    SAFETY_BOUND,
+    RolloutCorrection,
+    check_rollout_correction,
+    compute_rollout_correction,
+    rollout_mismatch_metrics,
+)
 
 __all__ = [
+    "ROLLOUT_IS_MODES",
+    "ROLLOUT_RS_MODES",
+    "SAFETY_BOUND",
     "AdaptiveKLController",
+    "RolloutCorrection",
     "FixedKLController",
     "agg_loss",
     "agg_loss_denominator",
@@ -38,6 +52,9 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "check_rollout_correction",
+    "compute_rollout_correction",
+    "rollout_mismatch_metrics",
 ]
 
 _public.publish(globals())
