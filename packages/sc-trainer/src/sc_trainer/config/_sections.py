@@ -15,14 +15,14 @@ from sc_workers.algos import check_rollout_correction
 from .._errors import TrainerConfigError
 
 __all__ = [
+    "DataConfig",
     "LOGGERS",
     "ON_REWARD_ERROR",
-    "TRUNCATIONS",
-    "DataConfig",
     "OnRewardError",
     "ROLLOUT_CORRECTION_KEY",
     "RewardConfig",
     "RolloutCorrectionConfig",
+    "TRUNCATIONS",
     "TrackingConfig",
     "Truncation",
 ]

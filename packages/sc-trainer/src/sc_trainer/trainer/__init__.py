@@ -67,8 +67,8 @@ __all__ = [
     "registered_method_names",
     "response_metrics",
     "role_classes",
-    "rollout_mismatch",
     "role_group",
+    "rollout_mismatch",
     "shard_token_sums",
     "worker_configs",
 ]

@@ -27,10 +27,10 @@ from ..tasks import Task
 from ._balance import balanced_order, shard_token_sums
 
 __all__ = [
-    "TIMING_PREFIXES",
     "StageTimer",
-    "balance_batch",
+    "TIMING_PREFIXES",
     "apply_rollout_correction",
+    "balance_batch",
     "check_finite",
     "compute_advantage",
     "compute_reward",

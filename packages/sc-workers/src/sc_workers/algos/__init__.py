@@ -32,18 +32,20 @@ from ._rollout_corr import (
 )
 
 __all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
     "ROLLOUT_IS_MODES",
     "ROLLOUT_RS_MODES",
-    "SAFETY_BOUND",
-    "AdaptiveKLController",
     "RolloutCorrection",
-    "FixedKLController",
+    "SAFETY_BOUND",
     "agg_loss",
     "agg_loss_denominator",
+    "check_rollout_correction",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_policy_loss",
     "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_rollout_correction",
     "compute_value_loss",
     "entropy_from_logits",
     "kl_penalty",
@@ -52,8 +54,6 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "check_rollout_correction",
-    "compute_rollout_correction",
     "rollout_mismatch_metrics",
 ]
 

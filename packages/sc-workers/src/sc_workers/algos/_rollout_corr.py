@@ -30,8 +30,8 @@ from .._errors import BatchError, ConfigError
 __all__ = [
     "ROLLOUT_IS_MODES",
     "ROLLOUT_RS_MODES",
-    "SAFETY_BOUND",
     "RolloutCorrection",
+    "SAFETY_BOUND",
     "check_rollout_correction",
     "compute_rollout_correction",
     "rollout_mismatch_metrics",
