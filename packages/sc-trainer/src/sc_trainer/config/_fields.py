@@ -367,7 +367,7 @@ class TrainerFields:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    #: corrections for the sampler-trainer mismatch (verl's algorithm.rollout_correction)
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     #: a detached run on a standing Ray cluster, that a new driver can re-attach to
     run: RunConfig = field(default_factory=RunConfig)
+    #: corrections for the sampler-trainer mismatch (verl's algorithm.rollout_correction)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
