@@ -2,7 +2,8 @@
 
 :class:`TrainerConfig` holds every setting of one training run (its defaults are the
 ``sc-demo`` run): :class:`DataConfig` (the user's dataset), :class:`RewardConfig` (its reward
-function), :class:`TrackingConfig` (experiment trackers), :class:`TaskConfig` (the built-in
+function), :class:`TrackingConfig` (experiment trackers), :class:`RolloutCorrectionConfig` (the
+rollout-training mismatch corrections), :class:`TaskConfig` (the built-in
 task, without data) and :class:`RunConfig` (a detached run on a standing Ray cluster). A
 field declared with :func:`option` is also an ``sc-demo`` flag (:func:`add_options`,
 :func:`config_kwargs`). A config file uses verl's keys (:data:`KEYS`):
@@ -47,6 +48,7 @@ from ._sections import (
     DataConfig,
     OnRewardError,
     RewardConfig,
+    RolloutCorrectionConfig,
     TrackingConfig,
     Truncation,
 )
@@ -75,6 +77,7 @@ __all__ = [
     "RUN_ID_PATTERN",
     "ResumeMode",
     "RewardConfig",
+    "RolloutCorrectionConfig",
     "RolloutEngineName",
     "RunConfig",
     "TASK_MODES",

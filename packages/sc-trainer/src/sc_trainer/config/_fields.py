@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 from ._options import option
 from ._run import RunConfig
-from ._sections import DataConfig, RewardConfig, TrackingConfig
+from ._sections import DataConfig, RewardConfig, RolloutCorrectionConfig, TrackingConfig
 from ._task import TaskConfig
 
 __all__ = [
@@ -369,3 +369,5 @@ class TrainerFields:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     #: a detached run on a standing Ray cluster, that a new driver can re-attach to
     run: RunConfig = field(default_factory=RunConfig)
+    #: corrections for the sampler-trainer mismatch (verl's algorithm.rollout_correction)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)

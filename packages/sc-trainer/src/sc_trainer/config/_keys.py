@@ -187,6 +187,31 @@ KEYS: tuple[Key, ...] = (
     _key("algorithm.gamma", "gamma", "GAE discount"),
     _key("algorithm.lam", "lam", "GAE lambda"),
     _key(
+        "algorithm.rollout_correction.rollout_is",
+        "rollout_correction.rollout_is",
+        "truncated importance weights: token, sequence or null (off)",
+    ),
+    _key(
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "rollout_correction.rollout_is_threshold",
+        "the weights' cap C (and the default rejection bound)",
+    ),
+    _key(
+        "algorithm.rollout_correction.rollout_rs",
+        "rollout_correction.rollout_rs",
+        "rejection of tokens or sequences out of bounds: token, sequence or null (off)",
+    ),
+    _key(
+        "algorithm.rollout_correction.rollout_rs_threshold",
+        "rollout_correction.rollout_rs_threshold",
+        "the ratio's upper bound (null: rollout_is_threshold)",
+    ),
+    _key(
+        "algorithm.rollout_correction.rollout_rs_threshold_lower",
+        "rollout_correction.rollout_rs_threshold_lower",
+        "the ratio's lower bound (null: 1 / the upper)",
+    ),
+    _key(
         "custom_reward_function.path",
         "reward.path",
         "a Python file with the reward function (null: a built-in)",

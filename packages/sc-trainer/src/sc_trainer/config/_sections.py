@@ -1,6 +1,7 @@
 """The sections of a run's configuration that describe the user's own task: the data
-(:class:`DataConfig`), the reward function (:class:`RewardConfig`) and where the metrics go
-(:class:`TrackingConfig`). Their keys in a config file are verl's (``data.*``,
+(:class:`DataConfig`), the reward function (:class:`RewardConfig`), where the metrics go
+(:class:`TrackingConfig`), and the rollout correction (:class:`RolloutCorrectionConfig`). Their
+keys in a config file are verl's (``data.*``,
 ``custom_reward_function.*``, ``trainer.logger``, ...; see ``_keys.py``)."""
 
 from __future__ import annotations
@@ -8,15 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from sc_workers import ConfigError
+from sc_workers.algos import check_rollout_correction
+
 from .._errors import TrainerConfigError
 
 __all__ = [
+    "DataConfig",
     "LOGGERS",
     "ON_REWARD_ERROR",
-    "TRUNCATIONS",
-    "DataConfig",
     "OnRewardError",
+    "ROLLOUT_CORRECTION_KEY",
     "RewardConfig",
+    "RolloutCorrectionConfig",
+    "TRUNCATIONS",
     "TrackingConfig",
     "Truncation",
 ]
@@ -158,3 +164,58 @@ class TrackingConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise TrainerConfigError(f"{owner}.{name} must be a non-empty str, got {value!r}")
+
+
+#: where :class:`RolloutCorrectionConfig`'s settings live in a config file (verl's section)
+ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """Corrections for the mismatch between the sampler and the trainer (verl's
+    ``algorithm.rollout_correction``); all off by default.
+
+    ``rollout_is`` ("token", "sequence" or None) weights each token's policy-gradient loss by
+    the truncated importance ratio ``min(pi_train / pi_rollout, rollout_is_threshold)``: the
+    token's own ratio, or its sequence's product of ratios. ``rollout_rs`` ("token",
+    "sequence" or None) drops from the loss the tokens, or whole sequences, whose ratio is
+    outside ``[rollout_rs_threshold_lower, rollout_rs_threshold]`` (defaults:
+    ``1 / upper`` and ``rollout_is_threshold``). Those bounds also count the out-of-bounds
+    fractions of the mismatch metrics (``rollout_corr/*``), which are logged either way."""
+
+    rollout_is: Literal["token", "sequence"] | None = None
+    rollout_is_threshold: float = 2.0
+    rollout_rs: Literal["token", "sequence"] | None = None
+    rollout_rs_threshold: float | None = None
+    rollout_rs_threshold_lower: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            check_rollout_correction(
+                self.rollout_is,
+                self.rollout_is_threshold,
+                self.rollout_rs,
+                self.rollout_rs_threshold,
+                self.rollout_rs_threshold_lower,
+                where=ROLLOUT_CORRECTION_KEY,
+            )
+        except ConfigError as err:
+            raise TrainerConfigError(str(err)) from None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the update is corrected (IS weights or rejection), not only measured."""
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """``(lower, upper)`` on the ratio pi_train / pi_rollout: rejection's and the
+        metrics' bounds."""
+        return check_rollout_correction(
+            self.rollout_is,
+            self.rollout_is_threshold,
+            self.rollout_rs,
+            self.rollout_rs_threshold,
+            self.rollout_rs_threshold_lower,
+            where=ROLLOUT_CORRECTION_KEY,
+        )

@@ -149,6 +149,12 @@ class TrainerConfig(TrainerFields):
                     f"{owner}: rollout_engine={self.rollout_engine!r} places its servers with "
                     f"Ray; it needs backend='ray', got {self.backend!r}"
                 )
+        if self.rollout_correction.enabled and self.temperature != 1.0:
+            raise TrainerConfigError(
+                f"{owner}: algorithm.rollout_correction compares the sampler's log-probs with "
+                "the actor's, and the engines report theirs before temperature; temperature "
+                f"must be 1.0, got {self.temperature}"
+            )
         if self.device not in DEVICES:
             raise TrainerConfigError(
                 f"{owner}.device must be one of {DEVICES}, got {self.device!r}"

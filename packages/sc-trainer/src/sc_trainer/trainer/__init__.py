@@ -27,6 +27,7 @@ from ._sources import make_rollout_source
 from ._stages import (
     TIMING_PREFIXES,
     StageTimer,
+    apply_rollout_correction,
     balance_batch,
     check_finite,
     compute_advantage,
@@ -34,6 +35,7 @@ from ._stages import (
     log_prob_gap,
     metrics_of,
     response_metrics,
+    rollout_mismatch,
 )
 from ._trainer import RayPPOTrainer
 
@@ -51,6 +53,7 @@ __all__ = [
     "TrainerStateError",
     "TrainingDivergedError",
     "WorkerOutputError",
+    "apply_rollout_correction",
     "balance_batch",
     "balanced_order",
     "build_worker_groups",
@@ -65,6 +68,7 @@ __all__ = [
     "response_metrics",
     "role_classes",
     "role_group",
+    "rollout_mismatch",
     "shard_token_sums",
     "worker_configs",
 ]

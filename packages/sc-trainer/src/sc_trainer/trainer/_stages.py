@@ -16,17 +16,20 @@ from sc_protocol import DataProto
 from sc_workers.algos import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
+    compute_rollout_correction,
     masked_mean,
+    rollout_mismatch_metrics,
 )
 
 from .._errors import TrainingDivergedError, WorkerOutputError
-from ..config import TrainerConfig
+from ..config import RolloutCorrectionConfig, TrainerConfig
 from ..tasks import Task
 from ._balance import balanced_order, shard_token_sums
 
 __all__ = [
-    "TIMING_PREFIXES",
     "StageTimer",
+    "TIMING_PREFIXES",
+    "apply_rollout_correction",
     "balance_batch",
     "check_finite",
     "compute_advantage",
@@ -34,6 +37,7 @@ __all__ = [
     "log_prob_gap",
     "metrics_of",
     "response_metrics",
+    "rollout_mismatch",
     "tensors_for",
 ]
 
@@ -137,6 +141,7 @@ _NEEDED = {
     "advantages": ("token_level_rewards", "response_mask", "old_log_probs", "ref_log_prob"),
     "validate": ("responses", "response_mask"),
     "off_policy": ("rollout_log_probs",),
+    "rollout_correction": ("old_log_probs", "rollout_log_probs", "response_mask"),
 }
 
 
@@ -164,6 +169,51 @@ def log_prob_gap(batch: DataProto, metrics: dict[str, Any]) -> None:
     gap = (td["old_log_probs"].float() - td["rollout_log_probs"].float()).abs()[mask]
     metrics["rollout/log_prob_diff_mean"] = float(gap.mean())
     metrics["rollout/log_prob_diff_max"] = float(gap.max())
+
+
+def rollout_mismatch(
+    batch: DataProto, metrics: dict[str, Any], config: RolloutCorrectionConfig
+) -> None:
+    """The ``rollout_corr/*`` mismatch metrics of the batch (sc_workers.algos'
+    ``rollout_mismatch_metrics``: KL estimates, sequence log-ratios, out-of-bounds fractions
+    for ``config.bounds``), when it has both the sampler's and the actor's log-probs."""
+    td = batch.batch
+    if td is None or "rollout_log_probs" not in td or "old_log_probs" not in td:
+        return
+    metrics.update(
+        rollout_mismatch_metrics(
+            td["old_log_probs"], td["rollout_log_probs"], td["response_mask"], config.bounds
+        )
+    )
+
+
+def apply_rollout_correction(
+    batch: DataProto, config: RolloutCorrectionConfig, metrics: dict[str, Any]
+) -> DataProto:
+    """The batch the actor's update takes: with ``config.rollout_is``, a ``rollout_is_weights``
+    column (the truncated importance weights the policy loss multiplies by); with
+    ``config.rollout_rs``, ``response_mask`` with the rejected tokens zeroed. Unchanged when
+    the correction is off. Runs after the advantages and the critic's update, which keep the
+    full mask."""
+    if not config.enabled:
+        return batch
+    td = tensors_for(batch, "rollout_correction")
+    lower, upper = config.bounds
+    corr = compute_rollout_correction(
+        td["old_log_probs"],
+        td["rollout_log_probs"],
+        td["response_mask"],
+        rollout_is=config.rollout_is,
+        rollout_is_threshold=config.rollout_is_threshold,
+        rollout_rs=config.rollout_rs,
+        rollout_rs_threshold=upper,
+        rollout_rs_threshold_lower=lower,
+    )
+    if corr.rollout_is_weights is not None:
+        td["rollout_is_weights"] = corr.rollout_is_weights
+    td["response_mask"] = corr.response_mask
+    metrics.update(corr.metrics)
+    return batch
 
 
 def metrics_of(out: DataProto) -> dict[str, float]:

@@ -46,6 +46,7 @@ from ._roles import Role, TrainerGroups, build_worker_groups, role_classes, work
 from ._sources import make_rollout_source
 from ._stages import (
     StageTimer,
+    apply_rollout_correction,
     balance_batch,
     check_finite,
     compute_advantage,
@@ -53,6 +54,7 @@ from ._stages import (
     log_prob_gap,
     metrics_of,
     response_metrics,
+    rollout_mismatch,
     tensors_for,
 )
 
@@ -217,7 +219,7 @@ class RayPPOTrainer:
             batch = balance_batch(batch, self.dp_size, m)
         with t("reward"):
             batch = compute_reward(self.task, batch, m)
-        batch = self._old_log_prob(batch, rollout.on_policy, t, m)
+        batch, measured = self._old_log_prob(batch, rollout.on_policy, t, m)
         with t("ref_log_prob"):
             batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
         if self.use_critic:
@@ -229,6 +231,8 @@ class RayPPOTrainer:
             with t("update_critic"):
                 m.update(metrics_of(self.critic_wg.update_critic(batch)))
         with t("update_actor"):
+            if measured:
+                batch = apply_rollout_correction(batch, self.config.rollout_correction, m)
             m.update(metrics_of(self.actor_rollout_wg.update_actor(batch)))
         # the sampler gets these weights ("sync_weights")
         m.update(rollout.after_update(step, t, validates=self._validates(step)))
@@ -241,18 +245,24 @@ class RayPPOTrainer:
 
     def _old_log_prob(
         self, batch: DataProto, on_policy: bool, t: StageTimer, m: dict[str, Any]
-    ) -> DataProto:
+    ) -> tuple[DataProto, bool]:
         """The PPO ratio's old log-probs: the actor's own, recomputed, when the batch was
-        sampled with its current weights; else the sampling policy's (``rollout_log_probs``)."""
-        if not on_policy:
+        sampled with its current weights, or when a rollout correction is on (it weighs the
+        sampler's log-probs, token by token, against them); else the sampling policy's
+        (``rollout_log_probs``). Also whether the mismatch between the two was measured
+        (``rollout/log_prob_diff_*``, ``rollout_corr/*``)."""
+        corrected = self.config.rollout_correction.enabled
+        if not on_policy and not corrected:
             td = tensors_for(batch, "off_policy")
             td["old_log_probs"] = td["rollout_log_probs"]
-            return batch
+            return batch, False
         with t("old_log_prob"):
             batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
-        if self.config.temperature == 1.0:  # engines report log-probs before temperature
-            log_prob_gap(batch, m)
-        return batch
+        if self.config.temperature != 1.0:  # engines report log-probs before temperature
+            return batch, False
+        log_prob_gap(batch, m)
+        rollout_mismatch(batch, m, self.config.rollout_correction)
+        return batch, True
 
     def validate(self) -> float:
         """Mean reward of greedy responses to the held-out prompts."""

@@ -264,6 +264,7 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     denominator: float | Tensor | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """PPO clipped surrogate with dual clip for negative advantages.
 
@@ -273,6 +274,10 @@ def compute_policy_loss(
     pg_clipfrac_lower)``: the aggregated loss, the fraction of tokens where the upper
     clip was active, the mean approximate KL(old || new) and the fraction where the dual
     clip was active.
+
+    ``rollout_is_weights`` (``[batch, length]``, see :func:`compute_rollout_correction`)
+    multiply the per-token loss after the clipping, detached (they carry no gradient): the
+    rollout-correction importance weights. ``None`` leaves the loss as it was.
     """
     _same_shape(
         "compute_policy_loss",
@@ -298,6 +303,11 @@ def compute_policy_loss(
         (torch.gt(clip_max, dual) & (advantages < 0)).float(), response_mask
     )
     pg_losses = torch.where(advantages < 0, clip_min, clip_max)
+    if rollout_is_weights is not None:
+        _same_shape(
+            "compute_policy_loss", pg_losses=pg_losses, rollout_is_weights=rollout_is_weights
+        )
+        pg_losses = pg_losses * rollout_is_weights.detach().to(pg_losses.dtype)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, denominator)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 

@@ -245,10 +245,12 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
 
         Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``,
         ``old_log_probs``, ``advantages`` (and ``ref_log_prob`` with ``use_kl_loss``);
-        ``response_mask`` defaults to the response part of ``attention_mask``. Metrics:
-        ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``,
-        ``actor/pg_clipfrac_lower``, ``actor/entropy``, ``actor/grad_norm``, ``actor/lr``
-        (the rate used), and ``actor/kl_loss``, ``actor/kl_coef`` with the KL loss.
+        ``response_mask`` defaults to the response part of ``attention_mask``; a
+        ``rollout_is_weights`` column (the rollout correction's importance weights)
+        multiplies the per-token policy-gradient loss. Metrics: ``actor/pg_loss``,
+        ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``,
+        ``actor/entropy``, ``actor/grad_norm``, ``actor/lr`` (the rate used), and
+        ``actor/kl_loss``, ``actor/kl_coef`` with the KL loss.
         """
         where = self._where("update_actor")
         engine = self._actor("update_actor")
@@ -258,7 +260,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
             keys.append("ref_log_prob")
         if not engine.layout.reads_batch:
             keys = []
-        t = gather_tensors(data, keys, ("response_mask",), where)
+        t = gather_tensors(data, keys, ("response_mask", "rollout_is_weights"), where)
         temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
         )

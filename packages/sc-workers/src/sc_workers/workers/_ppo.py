@@ -133,10 +133,12 @@ def policy_loss(
     meter: Meter,
 ) -> Tensor:
     """One micro-batch's PPO loss (its share of the mini-batch's, by ``denominator``);
-    its metrics go to ``meter``."""
+    its metrics go to ``meter``. A ``rollout_is_weights`` column (the rollout correction's
+    importance weights) multiplies the per-token policy-gradient loss."""
     dev = log_prob.device
     mode = config.loss_agg_mode
     mask = response_mask_of(micro).to(dev).float()
+    is_weights = micro.get("rollout_is_weights")
     pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
         micro["old_log_probs"].to(dev).float(),
         log_prob,
@@ -148,6 +150,7 @@ def policy_loss(
         clip_ratio_c=config.clip_ratio_c,
         loss_agg_mode=mode,
         denominator=denominator,
+        rollout_is_weights=None if is_weights is None else is_weights.to(dev).float(),
     )
     loss = pg_loss
     entropy = agg_loss(entropy_tokens, mask, mode, denominator)
