@@ -75,7 +75,8 @@ MIDDLE_PYTHONS_SKIP = frozenset({"sc-protocol", "sc-ray", "sc-workers", "sc-trai
 #: Ray clusters) the cluster-free module and two tests of calls and their errors on actors;
 #: for sc-workers all but the checkpoint module that kills a child process at every
 #: filesystem step of a save; for sc-trainer the modules that need no Ray cluster and train
-#: for at most a few steps in this process, and the trackers' (their extras' floors).
+#: for at most a few steps in this process (not the injected driver and node faults, which
+#: tests(sc-trainer) runs), and the trackers' (their extras' floors).
 QUICK_TESTS: dict[str, list[str]] = {
     "sc-ray": [
         "test_ray_unit.py",
@@ -86,8 +87,6 @@ QUICK_TESTS: dict[str, list[str]] = {
     "sc-trainer": [
         "test_trainer_task.py",
         "test_trainer_attached_driver.py",
-        "test_trainer_driver_faults.py",
-        "test_trainer_node_faults.py",
         "test_trainer_agent_batch.py",
         "test_trainer_local.py",
         "test_trainer_loggers.py",

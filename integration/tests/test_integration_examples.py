@@ -35,7 +35,7 @@ def _run(args: list[str], cwd: Path) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("name", ["digits", "max_digit"])
+@pytest.mark.parametrize("name", ["digits", pytest.param("max_digit", marks=pytest.mark.extended)])
 def test_an_example_runs_as_its_guide_says(name: str, tmp_path: Path) -> None:
     folder = tmp_path / name
     shutil.copytree(

@@ -218,6 +218,7 @@ def test_a_lost_node_is_recovered_on_the_surviving_node_bit_identical(
     )
 
 
+@pytest.mark.fault_matrix  # sc-ray's tests lose a node in the default run
 def test_a_lost_node_without_room_for_its_ranks_stops_the_run_with_a_clear_error(
     head: StandingCluster, node: ClusterNode, tmp_path: Path
 ) -> None:

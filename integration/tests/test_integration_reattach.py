@@ -102,9 +102,10 @@ CASES = [
     Case("driver@step=2:sync_weights+0.02", "servers"),  # inside the push to the servers
     Case("driver@step=2:validate+0.02", "servers"),  # after the push: the servers are ahead
 ]
-#: the cases the default integration session runs (inside an update; inside the push to
-#: engine servers, a weight sync across processes); the rest run in the faults session
-DEFAULT = {2, 11}
+#: the case the default integration session runs (a driver killed inside an update); the
+#: rest (the push to engine servers, weight syncs across processes, async, a critic pool)
+#: run in the faults session
+DEFAULT = {2}
 
 
 class _Cluster:
@@ -363,6 +364,7 @@ def _teardown(cluster: _Cluster, run_id: str) -> subprocess.CompletedProcess[str
     )
 
 
+@pytest.mark.fault_matrix
 def test_a_second_driver_is_refused_while_the_first_lives_and_teardown_releases_all(
     cluster: _Cluster, tmp_path: Path
 ) -> None:
@@ -402,6 +404,7 @@ def test_unknown_run_ids_are_errors(cluster: _Cluster, tmp_path: Path) -> None:
     assert _left(cluster, "no-such-run") == {"actors": [], "placement_groups": []}
 
 
+@pytest.mark.fault_matrix
 def test_a_driver_with_another_configuration_is_refused_and_changes_nothing(
     cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -423,6 +426,7 @@ def test_a_driver_with_another_configuration_is_refused_and_changes_nothing(
     assert drivers[-1]["workers"] == drivers[0]["workers"]
 
 
+@pytest.mark.fault_matrix
 def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
     cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -444,6 +448,7 @@ def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
     assert [r["step"] for r in history] == list(range(STEPS + 1))
 
 
+@pytest.mark.fault_matrix
 def test_an_abandoned_run_releases_itself(cluster: _Cluster, tmp_path: Path) -> None:
     run_id = cluster.run_id()
     options = {**BASE, "run": {"id": run_id, "abandon_s": 4.0}}

@@ -115,6 +115,7 @@ def test_a_lost_nodes_rank_is_replaced_where_ray_places_its_bundle_again(
         wg.wait_for_standby(timeout=120)
 
 
+@pytest.mark.extended
 def test_no_room_for_a_lost_nodes_rank_is_a_placement_error_naming_it(
     ray_cluster: rapi.SimulatedCluster,
 ) -> None:

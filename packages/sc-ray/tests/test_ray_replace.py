@@ -123,6 +123,7 @@ def test_a_killed_actor_is_replaced_in_place(ray_cluster: None) -> None:
         assert wg.alive_ranks() == [0, 1, 2]
 
 
+@pytest.mark.extended
 def test_several_ranks_and_a_second_replacement(ray_cluster: None) -> None:
     with _group("replace2") as wg:
         for rank in (0, 2):  # ray.kill returns before the cluster sees the actor dead

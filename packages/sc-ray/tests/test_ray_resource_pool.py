@@ -295,6 +295,7 @@ class Where(Worker):
         )
 
 
+@pytest.mark.extended
 def test_groups_on_a_merged_pool_and_on_its_parts_share_the_bundles() -> None:
     # The parts hold 3 of the 8 GPUs; a merged pool reserving bundles of its own would get
     # other devices. max_colocate_count=2: two groups per bundle.

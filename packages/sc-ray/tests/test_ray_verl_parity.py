@@ -229,6 +229,7 @@ class Rank(Worker):
         return self._rank
 
 
+@pytest.mark.extended
 def test_splitting_a_split_pool_keeps_bundle_indices_relative_to_the_root(
     ray_cluster: None,
 ) -> None:
