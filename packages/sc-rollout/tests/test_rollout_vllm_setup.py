@@ -5,6 +5,8 @@ coming back as its own class. (The engine itself is tested by the vllm nox sessi
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import struct
 import sys
@@ -15,7 +17,7 @@ import sc_rollout
 from sc_rollout import ServerProcess, VLLMEngineConfig
 from sc_rollout.engines._safetensors import check_same_tensors, read_shapes
 from sc_rollout.engines._vllm_config import vllm_argv, vllm_env_vars
-from sc_rollout.engines._vllm_env import CREATE_COMMAND
+from sc_rollout.engines._vllm_env import CREATE_COMMAND, _sources
 from sc_rollout.errors import (
     EngineNotInstalledError,
     RolloutConfigError,
@@ -159,3 +161,16 @@ def test_a_stop_timeout_must_be_positive() -> None:
     argv = [sys.executable, "-m", "sc_rollout", "toy"]
     with pytest.raises(RolloutConfigError, match="stop_timeout_s must be a finite number"):
         ServerProcess(argv, stop_timeout_s=0)
+
+
+def test_the_environment_installs_this_checkouts_sc_dispatch_and_sc_rollout() -> None:
+    # from a checkout (an editable install: src/<package> in the distribution's folder) each
+    # is its distribution's folder, whatever subpackage the installer itself lives in; from
+    # a wheel's install, name==version
+    for name, requirement in _sources():
+        package = Path(str(importlib.import_module(name.replace("-", "_")).__file__)).parent
+        checkout = package.resolve().parent.parent
+        if (checkout / "pyproject.toml").is_file() and checkout.parent.name != "site-packages":
+            assert requirement == str(checkout), (name, requirement)
+        else:
+            assert requirement == f"{name}=={importlib.metadata.version(name)}"

@@ -100,8 +100,14 @@ def _sources() -> list[tuple[str, str]]:
     """How sc-dispatch and sc-rollout go into the environment: ``(name, requirement)``, a
     checkout's source folder (installed editable) or ``name==version``."""
     found: list[tuple[str, str]] = []
-    for name, module_file in (("sc-dispatch", sc_dispatch.__file__), ("sc-rollout", __file__)):
-        root = Path(str(module_file)).resolve().parent.parent.parent
+    # each import package's folder (this module is sc_rollout/engines/_vllm_env.py); a
+    # checkout's is src/<package> inside the distribution's folder
+    packages = (
+        ("sc-dispatch", Path(str(sc_dispatch.__file__)).resolve().parent),
+        ("sc-rollout", Path(__file__).resolve().parents[1]),
+    )
+    for name, package in packages:
+        root = package.parent.parent
         if root.parent.name != "site-packages" and (root / "pyproject.toml").is_file():
             found.append((name, str(root)))
         else:
