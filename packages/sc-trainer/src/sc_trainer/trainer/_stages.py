@@ -155,20 +155,30 @@ def tensors_for(batch: DataProto, stage: str) -> Any:
     return td
 
 
+def _mismatch(batch: DataProto, bounds: tuple[float, float]) -> dict[str, float]:
+    """``rollout_mismatch_metrics`` of the batch, plus ``rollout/log_prob_diff_mean|max``
+    (the same absolute differences under their older names); ``{}`` without both the
+    sampler's and the actor's log-probs, or without response tokens."""
+    td = batch.batch
+    if td is None or "rollout_log_probs" not in td or "old_log_probs" not in td:
+        return {}
+    found = rollout_mismatch_metrics(
+        td["old_log_probs"], td["rollout_log_probs"], td["response_mask"], bounds
+    )
+    if found:
+        found["rollout/log_prob_diff_mean"] = found["rollout_corr/log_prob_abs_diff_mean"]
+        found["rollout/log_prob_diff_max"] = found["rollout_corr/log_prob_abs_diff_max"]
+    return found
+
+
 def log_prob_gap(batch: DataProto, metrics: dict[str, Any]) -> None:
     """How far the sampler's log-probs (``rollout_log_probs``) are from the actor's own
     (``old_log_probs``) on the response tokens: ``rollout/log_prob_diff_mean`` and ``_max``
     (absolute, in nats). Near zero when the rollout samples the actor's policy; a gap means
-    the rollout's weights or numerics differ from the actor's."""
-    td = batch.batch
-    if td is None or "rollout_log_probs" not in td or "old_log_probs" not in td:
-        return
-    mask = td["response_mask"].bool()
-    if not bool(mask.any()):
-        return
-    gap = (td["old_log_probs"].float() - td["rollout_log_probs"].float()).abs()[mask]
-    metrics["rollout/log_prob_diff_mean"] = float(gap.mean())
-    metrics["rollout/log_prob_diff_max"] = float(gap.max())
+    the rollout's weights or numerics differ from the actor's. :func:`rollout_mismatch`
+    writes these too, with the rest of the mismatch metrics."""
+    found = _mismatch(batch, RolloutCorrectionConfig().bounds)
+    metrics.update({k: v for k, v in found.items() if k.startswith("rollout/")})
 
 
 def rollout_mismatch(
@@ -176,15 +186,9 @@ def rollout_mismatch(
 ) -> None:
     """The ``rollout_corr/*`` mismatch metrics of the batch (sc_workers.algos'
     ``rollout_mismatch_metrics``: KL estimates, sequence log-ratios, out-of-bounds fractions
-    for ``config.bounds``), when it has both the sampler's and the actor's log-probs."""
-    td = batch.batch
-    if td is None or "rollout_log_probs" not in td or "old_log_probs" not in td:
-        return
-    metrics.update(
-        rollout_mismatch_metrics(
-            td["old_log_probs"], td["rollout_log_probs"], td["response_mask"], config.bounds
-        )
-    )
+    for ``config.bounds``) and ``rollout/log_prob_diff_mean|max``, when it has both the
+    sampler's and the actor's log-probs."""
+    metrics.update(_mismatch(batch, config.bounds))
 
 
 def apply_rollout_correction(

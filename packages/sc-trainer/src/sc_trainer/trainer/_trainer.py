@@ -51,7 +51,6 @@ from ._stages import (
     check_finite,
     compute_advantage,
     compute_reward,
-    log_prob_gap,
     metrics_of,
     response_metrics,
     rollout_mismatch,
@@ -260,7 +259,6 @@ class RayPPOTrainer:
             batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
         if self.config.temperature != 1.0:  # engines report log-probs before temperature
             return batch, False
-        log_prob_gap(batch, m)
         rollout_mismatch(batch, m, self.config.rollout_correction)
         return batch, True
 
