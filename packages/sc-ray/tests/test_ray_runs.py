@@ -21,6 +21,7 @@ from typing import IO, Any
 import pytest
 import ray
 from sc_core import CallIds, InvalidConfigError, WorkerDiedError
+from sc_core.backend import free_port
 from sc_ray import (
     RayClassWithInitArgs,
     RayRun,
@@ -79,12 +80,12 @@ def cluster() -> Iterator[str]:
     if rapi.is_initialized():
         rapi.shutdown()
     temp = tempfile.mkdtemp(prefix="scrun", dir="/tmp")
-    port = rapi.find_free_port()
+    port = free_port()
     ray_bin = str(Path(sys.executable).parent / "ray")
     command = [
         ray_bin, "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}",
         "--num-cpus=8", "--include-dashboard=false", "--node-ip-address=127.0.0.1",
-        f"--dashboard-agent-listen-port={rapi.find_free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
     ]  # fmt: skip
     log = Path(temp) / "ray-start.log"
     with log.open("w") as out:

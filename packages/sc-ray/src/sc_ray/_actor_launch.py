@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sc_core import InvalidConfigError
+from sc_core.backend import free_port
 
 from . import _ray_api as rapi
 from ._actor_class import CONTROL_GROUP, CONTROL_THREADS, STANDBY_KWARG
@@ -98,10 +99,10 @@ def _discover_master(
         master_addr = node.ip if node is not None else rapi.node_ip_address()
     if master_port is None:
         if node_id == rapi.current_node_id():
-            master_port = rapi.find_free_port()
+            master_port = free_port()
         else:
             ref = rapi.run_task(
-                rapi.find_free_port,
+                free_port,
                 {"num_cpus": 0, "scheduling_strategy": rapi.node_affinity(node_id)},
             )
             master_port = int(rapi.get([ref], timeout_s=timeout)[0])

@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sc_core.backend import free_port
-
 from ._base import _cluster_utils, _constants, ray
 
 # --- cluster state -----------------------------------------------------------------------
@@ -68,11 +66,6 @@ def node_ip_address() -> str:
 def gpu_ids() -> list[str]:
     """The accelerator ids Ray assigned to the calling worker, as strings."""
     return [str(g) for g in ray.get_gpu_ids()]
-
-
-def find_free_port() -> int:
-    """A TCP port that was free on this host when asked (:func:`sc_core.backend.free_port`)."""
-    return free_port()
 
 
 # --- starting and stopping clusters (tests, benchmarks, scripts) -------------------------
