@@ -47,10 +47,6 @@ K = "algorithm.rollout_correction."
             },
             r"rollout_rs_threshold_lower \(1.5\) must be below rollout_rs_threshold \(1.5\)",
         ),
-        (
-            {f"{K}rollout_is": "token", "actor_rollout_ref.rollout.temperature": 0.7},
-            "temperature must be 1.0, got 0.7",
-        ),
     ],
 )
 def test_bad_settings_are_config_errors_naming_the_key(

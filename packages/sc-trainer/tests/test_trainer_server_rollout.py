@@ -69,8 +69,6 @@ def test_server_rollout_refuses_what_it_cannot_do(tmp_path: Path) -> None:
         _config(tmp_path, placement="separate")
     with pytest.raises(TrainerConfigError, match="needs backend='ray'"):
         _config(tmp_path, backend="local")
-    with pytest.raises(TrainerConfigError, match=r"temperature must be 1\.0"):
-        _config(tmp_path, async_staleness=1, temperature=0.7)
     with pytest.raises(TrainerConfigError, match="rollout_servers must be"):
         _config(tmp_path, rollout_servers=0)
 

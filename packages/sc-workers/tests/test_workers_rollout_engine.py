@@ -50,6 +50,7 @@ from sc_rollout.errors import (
     WeightVersionError,
 )
 from sc_workers import ConfigError, TorchRolloutEngine, TorchRolloutEngineConfig
+from sc_workers.models import load_hf_model, window_forward, window_row
 from sc_workers.rollout import torch_engine_argv
 
 transformers: Any = importlib.import_module("transformers")
@@ -106,10 +107,13 @@ def plain_greedy(model: Any, prompt: Sequence[int], n: int) -> tuple[int, ...]:
 
 
 @torch.no_grad()
-def recomputed(model: Any, prompt: Sequence[int], tokens: Sequence[int]) -> list[float]:
-    """Each token's log-prob as a trainer recomputes it: one forward over prompt + tokens."""
+def recomputed(
+    model: Any, prompt: Sequence[int], tokens: Sequence[int], temperature: float = 1.0
+) -> list[float]:
+    """Each token's log-prob as a trainer recomputes it: one forward over prompt + tokens,
+    the logits divided by the temperature."""
     logits = model(torch.tensor([[*prompt, *tokens]])).logits[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
     return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
 
 
@@ -202,7 +206,7 @@ def test_greedy_equals_plain_transformers_and_logprobs_the_recomputation(
         )
 
 
-def test_seeded_sampling_repeats_and_its_logprobs_are_the_raw_model_s(
+def test_seeded_sampling_repeats_and_its_logprobs_are_the_tempered_model_s(
     engine: TorchRolloutEngine, plain: Any
 ) -> None:
     first = engine.generate(sampled(PROMPTS[0], seed=7, n=24))
@@ -210,10 +214,12 @@ def test_seeded_sampling_repeats_and_its_logprobs_are_the_raw_model_s(
     other = engine.generate(sampled(PROMPTS[0], seed=8, n=24))
     assert (first.token_ids, first.logprobs) == (again.token_ids, again.logprobs)
     assert other.token_ids != first.token_ids
-    # before temperature and top-p: what the trainer recomputes
+    # after temperature (1.3), before top-p: what the trainer recomputes
     for result in (first, other):
-        expected = recomputed(plain, PROMPTS[0], result.token_ids)
+        expected = recomputed(plain, PROMPTS[0], result.token_ids, 1.3)
         assert result.logprobs == pytest.approx(expected, abs=1e-5)
+        raw = recomputed(plain, PROMPTS[0], result.token_ids)
+        assert result.logprobs != pytest.approx(raw, abs=1e-3)
     unseeded = {engine.generate(sampled(PROMPTS[1], None)).token_ids for _ in range(3)}
     assert len(unseeded) > 1
 
@@ -518,3 +524,33 @@ def test_a_server_process_answers_as_the_engine_does(
         assert (health.model, health.context_length, health.weight_version) == ("served", 64, 0)
         with pytest.raises(PromptTooLongError, match="the context length is 64"):
             client.generate(greedy(range(10), 60))
+
+
+def test_the_exact_mode_reports_the_actors_log_probs_bit_for_bit(
+    own: Callable[..., TorchRolloutEngine], model_dir: str
+) -> None:
+    """With ``exact_window`` the engine's log-probs of concurrent, batched requests equal an
+    actor's recomputation in the same window (``window_forward``), exactly."""
+    window = 40
+    engine = own(exact_window=window, max_batch_size=3)
+    requests = [
+        GenerateRequest(prompt, SamplingParams(max_tokens=10, temperature=0.8, seed=i))
+        for i, prompt in enumerate([*PROMPTS, *PROMPTS])
+    ]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(engine.generate, requests))
+    actor = load_hf_model(model_dir, False, torch.float32)
+    for request, result in zip(requests, results, strict=True):
+        tokens = [*request.prompt_ids, *result.token_ids]
+        ids, mask, positions = (t[:, : len(tokens)] for t in window_row(tokens, window, "test"))
+        with torch.no_grad():
+            logits = window_forward(actor, ids, mask, positions, window, "test")[0].float()
+        logprobs = torch.log_softmax(logits / 0.8, dim=-1)
+        prompt = len(request.prompt_ids)
+        expected = [float(logprobs[prompt - 1 + i, t]) for i, t in enumerate(result.token_ids)]
+        assert list(result.logprobs) == expected
+    with pytest.raises(ConfigError, match="exact_window must be >= 0, got -1"):
+        TorchRolloutEngineConfig(model_dir, exact_window=-1)
+    assert "--exact-window" in torch_engine_argv(
+        TorchRolloutEngineConfig(model_dir, exact_window=9)
+    )

@@ -18,6 +18,8 @@ means, so callers may catch either::
     │                                               another shape (workers per role, model
     │                                               size, ...) or already at the last step
     ├── TrainingDivergedError (RuntimeError)        a loss or reward that is not finite
+    ├── ExactModeMismatchError (RuntimeError)       with exact_check, a response token whose
+    │                                               sampled log-prob differs from the actor's
     ├── WorkerOutputError (RuntimeError)            a worker group returned a batch without
     │                                               the columns the next stage reads (or a
     │                                               rollout server more tokens than asked)
@@ -69,6 +71,7 @@ __all__ = [
     "ClusterConnectError",
     "DatasetError",
     "DatasetNotFoundError",
+    "ExactModeMismatchError",
     "MissingExtraError",
     "RewardFunctionError",
     "RewardNotFoundError",
@@ -109,6 +112,12 @@ class CheckpointMismatchError(ScTrainerError, ValueError):
 
 class TrainingDivergedError(ScTrainerError, RuntimeError):
     """A loss or reward that is not finite."""
+
+
+class ExactModeMismatchError(ScTrainerError, RuntimeError):
+    """The exact mode's check (``exact_check``) found a response token whose log-prob, as the
+    sampler reported it, differs from the actor's recomputation: the message names the step,
+    the row, the position, the token and both values."""
 
 
 class WorkerOutputError(ScTrainerError, RuntimeError):

@@ -138,23 +138,12 @@ class TrainerConfig(TrainerFields):
                     f"{owner}: rollout_engine={self.rollout_engine!r} generates on servers of "
                     f"its own; placement must stay 'colocated' (got {self.placement!r})"
                 )
-            if self.async_staleness > 0 and self.temperature != 1.0:
-                raise TrainerConfigError(
-                    f"{owner}: rollout_engine={self.rollout_engine!r} with async_staleness="
-                    f"{self.async_staleness} trains on the engines' log-probs, which are taken "
-                    f"before temperature; temperature must be 1.0, got {self.temperature}"
-                )
             if self.backend != "ray":
                 raise TrainerConfigError(
                     f"{owner}: rollout_engine={self.rollout_engine!r} places its servers with "
                     f"Ray; it needs backend='ray', got {self.backend!r}"
                 )
-        if self.rollout_correction.enabled and self.temperature != 1.0:
-            raise TrainerConfigError(
-                f"{owner}: algorithm.rollout_correction compares the sampler's log-probs with "
-                "the actor's, and the engines report theirs before temperature; temperature "
-                f"must be 1.0, got {self.temperature}"
-            )
+        self._check_exact_mode(owner)
         if self.device not in DEVICES:
             raise TrainerConfigError(
                 f"{owner}.device must be one of {DEVICES}, got {self.device!r}"
@@ -328,6 +317,32 @@ class TrainerConfig(TrainerFields):
             resume_from=self.resume_from,
             inject_fault=self.inject_fault,
         )
+
+    def _check_exact_mode(self, owner: str) -> None:
+        """``exact_window`` and ``exact_check`` (the exact mode, see the trainer guide)."""
+        window = self.exact_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise TrainerConfigError(f"{owner}.exact_window must be an int >= 0, got {window!r}")
+        if window and self.rollout_engine == "vllm":
+            raise TrainerConfigError(
+                f"{owner}: exact_window={window} is a mode of the worker groups' sampler and "
+                "the built-in engine (rollout_engine 'workers' or 'builtin'); vLLM has none "
+                "here (see the trainer guide for its batch-invariant mode)"
+            )
+        if not isinstance(self.exact_check, bool):
+            raise TrainerConfigError(
+                f"{owner}.exact_check must be a bool, got {self.exact_check!r}"
+            )
+        if self.exact_check and not window:
+            raise TrainerConfigError(
+                f"{owner}: exact_check stops at the first token whose log-probs differ, which "
+                "without the exact mode is nearly every step; set exact_window too"
+            )
+        if self.exact_check and self.async_staleness > 0:
+            raise TrainerConfigError(
+                f"{owner}: exact_check compares the sampler's log-probs with the actor's current "
+                f"ones; with async_staleness={self.async_staleness} they come from older weights"
+            )
 
     def _check_agent_task(self, owner: str) -> None:
         """The tool task runs agent sessions on engine servers, synchronously or with a

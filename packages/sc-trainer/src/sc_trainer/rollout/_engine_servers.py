@@ -66,7 +66,7 @@ _DRAIN_POLL_S = 0.1
 
 
 def _argv_factory(
-    engine: ServerEngine, model: str, seed: int, device: str
+    engine: ServerEngine, model: str, seed: int, device: str, exact_window: int
 ) -> tuple[ArgvFactory, dict[str, str]]:
     """How to start one server of ``engine``, and what its environment adds."""
     if engine == "vllm":
@@ -76,12 +76,14 @@ def _argv_factory(
         return (lambda host, port: vllm_argv(config, python, host, port)), env
     # the built-in engine on the GPU Ray gives the server's actor (its only visible one)
     torch_device = "cuda" if device == "cuda" else "cpu"
-    torch_config = TorchRolloutEngineConfig(model=model, seed=seed, device=torch_device)
+    torch_config = TorchRolloutEngineConfig(
+        model=model, seed=seed, device=torch_device, exact_window=exact_window
+    )
     return (lambda host, port: torch_engine_argv(torch_config, host, port)), {}
 
 
 def _fleet_spec(
-    engine: str, model: str, seed: int, device: str, num_servers: int
+    engine: str, model: str, seed: int, device: str, num_servers: int, exact_window: int
 ) -> dict[str, Any]:
     """What a detached run records of its fleet, and a re-attaching driver must repeat."""
     return {
@@ -90,6 +92,7 @@ def _fleet_spec(
         "seed": seed,
         "device": device,
         "servers": num_servers,
+        **({"exact_window": exact_window} if exact_window else {}),
     }
 
 
@@ -100,7 +103,7 @@ class EngineServers:
     ``run``: a detached run's (sc-ray's ``RayRun``): the fleet is the run's, created and
     recorded, or adopted when the run has it already (see the module's documentation);
     a re-attaching driver whose fleet differs (engine, model, seed, device, number of
-    servers) is refused with a :class:`RolloutFleetError` naming what differs."""
+    servers, exact window) is refused with a :class:`RolloutFleetError` naming what differs."""
 
     def __init__(
         self,
@@ -114,8 +117,9 @@ class EngineServers:
         device: str = "cpu",
         start_timeout_s: float = 900.0,
         run: RayRun | None = None,
+        exact_window: int = 0,
     ) -> None:
-        factory, env = _argv_factory(engine, model, seed, device)
+        factory, env = _argv_factory(engine, model, seed, device, exact_window)
         self.engine = engine
         self.actor = actor
         self.weights_dir = Path(run_dir) / "weights"
@@ -138,7 +142,7 @@ class EngineServers:
                 name_prefix=engine,
             )
         else:
-            spec = _fleet_spec(engine, model, seed, device, num_servers)
+            spec = _fleet_spec(engine, model, seed, device, num_servers, exact_window)
             self.fleet = _run_fleet(run, spec, factory, env, start_timeout_s)
         logger.info(
             "%d %s rollout server(s) up in %.0f s%s",

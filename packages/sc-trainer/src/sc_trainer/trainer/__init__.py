@@ -8,7 +8,12 @@ that run on the driver (balancing, reward, advantages) are plain functions of a 
 
 from sc_dispatch import _public
 
-from .._errors import TrainerStateError, TrainingDivergedError, WorkerOutputError
+from .._errors import (
+    ExactModeMismatchError,
+    TrainerStateError,
+    TrainingDivergedError,
+    WorkerOutputError,
+)
 from ._balance import balanced_order, shard_token_sums
 from ._launcher import Launcher
 from ._result import MetricsSink, ProgressFn, RunResult
@@ -29,6 +34,7 @@ from ._stages import (
     StageTimer,
     apply_rollout_correction,
     balance_batch,
+    check_exact,
     check_finite,
     compute_advantage,
     compute_reward,
@@ -40,6 +46,7 @@ from ._stages import (
 from ._trainer import RayPPOTrainer
 
 __all__ = [
+    "ExactModeMismatchError",
     "Launcher",
     "MetricsSink",
     "ProgressFn",
@@ -57,6 +64,7 @@ __all__ = [
     "balance_batch",
     "balanced_order",
     "build_worker_groups",
+    "check_exact",
     "check_finite",
     "compute_advantage",
     "compute_reward",

@@ -147,6 +147,7 @@ def worker_configs(config: TrainerConfig, task: Task) -> tuple[ActorRolloutRefCo
             log_prob_micro_batch_size_per_gpu=rows_per_rank,
             seed=config.seed,
             tensor_model_parallel_size=config.rollout_tp,
+            exact_window=config.exact_window,
         ),
         ref=RefConfig(
             log_prob_micro_batch_size_per_gpu=rows_per_rank,

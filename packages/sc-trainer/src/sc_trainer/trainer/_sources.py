@@ -55,6 +55,7 @@ def make_rollout_source(
             seed=config.seed,
             device=config.device,
             run=run,
+            exact_window=config.exact_window,
         )
         try:
             return _server_source(config, task, servers, worker_config), servers

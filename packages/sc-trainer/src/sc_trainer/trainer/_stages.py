@@ -21,7 +21,7 @@ from sc_workers.algos import (
     rollout_mismatch_metrics,
 )
 
-from .._errors import TrainingDivergedError, WorkerOutputError
+from .._errors import ExactModeMismatchError, TrainingDivergedError, WorkerOutputError
 from ..config import RolloutCorrectionConfig, TrainerConfig
 from ..tasks import Task
 from ._balance import balanced_order, shard_token_sums
@@ -142,6 +142,7 @@ _NEEDED = {
     "validate": ("responses", "response_mask"),
     "off_policy": ("rollout_log_probs",),
     "rollout_correction": ("old_log_probs", "rollout_log_probs", "response_mask"),
+    "exact_check": ("old_log_probs", "rollout_log_probs", "response_mask", "responses"),
 }
 
 
@@ -189,6 +190,29 @@ def rollout_mismatch(
     for ``config.bounds``) and ``rollout/log_prob_diff_mean|max``, when it has both the
     sampler's and the actor's log-probs."""
     metrics.update(_mismatch(batch, config.bounds))
+
+
+def check_exact(batch: DataProto, step: int) -> None:
+    """The exact mode's check (``exact_check``): every response token's log-prob as the
+    sampler reported it (``rollout_log_probs``) equals the actor's recomputation
+    (``old_log_probs``) bit for bit, else :class:`ExactModeMismatchError` naming the first
+    token that differs (row-major), both values and how many differ."""
+    td = tensors_for(batch, "exact_check")
+    sampled, actor = td["rollout_log_probs"], td["old_log_probs"]
+    differs = (sampled != actor) & td["response_mask"].bool()
+    count = int(differs.sum())
+    if not count:
+        return
+    row, position = (int(i) for i in differs.nonzero()[0])
+    token = int(td["responses"][row, position])
+    a, b = float(sampled[row, position]), float(actor[row, position])
+    raise ExactModeMismatchError(
+        f"RayPPOTrainer step {step}: response token {position} of row {row} (token id "
+        f"{token}) was sampled with log-prob {a!r}, the actor computes {b!r} (difference "
+        f"{a - b:.3g}); {count} of {int(td['response_mask'].sum())} response tokens differ. "
+        "The exact mode (exact_window) makes them equal on one device type and dtype: do the "
+        "sampler and the actor run the same weights, dtype and exact_window?"
+    )
 
 
 def apply_rollout_correction(

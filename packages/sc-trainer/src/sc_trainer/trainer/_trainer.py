@@ -48,6 +48,7 @@ from ._stages import (
     StageTimer,
     apply_rollout_correction,
     balance_batch,
+    check_exact,
     check_finite,
     compute_advantage,
     compute_reward,
@@ -257,9 +258,9 @@ class RayPPOTrainer:
             return batch, False
         with t("old_log_prob"):
             batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
-        if self.config.temperature != 1.0:  # engines report log-probs before temperature
-            return batch, False
         rollout_mismatch(batch, m, self.config.rollout_correction)
+        if self.config.exact_check:
+            check_exact(batch, m["step"])
         return batch, True
 
     def validate(self) -> float:

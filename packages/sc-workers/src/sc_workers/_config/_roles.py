@@ -227,6 +227,13 @@ class RolloutConfig(ConfigBase):
     mini-batches. ``tensor_model_parallel_size`` is the tensor-parallel size of a separately
     placed :class:`~sc_workers.RolloutWorker` group (its other ranks are replicas); the
     hybrid actor samples with the actor's own layout.
+
+    ``exact_window`` > 0 turns on the exact mode: sampling, ``compute_log_prob`` and
+    ``update_actor`` run each sequence alone, left-aligned in a row of ``exact_window``
+    tokens (:func:`~sc_workers.models.window_forward`), so the log-probs the sampler reports
+    equal the actor's recomputation bit for bit and the first PPO ratio of an update is
+    exactly 1 (on one device type and dtype; slower: no batching, no key/value cache). It
+    must be at least the prompt width plus ``response_length``; 0 (the default) is off.
     """
 
     _section: ClassVar[str] = "rollout"
@@ -240,9 +247,14 @@ class RolloutConfig(ConfigBase):
     log_prob_micro_batch_size_per_gpu: int = 2
     seed: int = 0
     tensor_model_parallel_size: int = 1
+    exact_window: int = 0
 
     def __post_init__(self) -> None:
         o = self._section
+        if isinstance(self.exact_window, bool) or self.exact_window < 0:
+            raise ConfigError(
+                f"{o}.exact_window must be an int >= 0 (0: off), got {self.exact_window!r}"
+            )
         positive(
             o,
             tensor_model_parallel_size=self.tensor_model_parallel_size,
@@ -304,6 +316,12 @@ class ActorRolloutRefConfig(ConfigBase):
             raise ConfigError(
                 f"{self._section}: the actor's parallel sizes {actor} differ from the ref's "
                 f"{ref}; one worker has one mesh layout"
+            )
+        if self.rollout.exact_window and (actor.pp > 1 or actor.sp > 1):
+            raise ConfigError(
+                f"{self._section}: rollout.exact_window runs each sequence alone through the "
+                f"whole model; it is not combined with pipeline or sequence parallelism "
+                f"(actor parallel sizes {actor})"
             )
         check_model_fits(self._section, self.model, actor)
 

@@ -15,6 +15,7 @@ from ._hf import (
 from ._hf_stage import HFStage, HFStageSplit
 from ._stage import ModelStage, TinyStage, split_layers
 from ._transformer import KVCache, TinyCausalLM
+from ._window import window_forward, window_row
 
 __all__ = [
     "HFCache",
@@ -32,6 +33,8 @@ __all__ = [
     "load_hf_tokenizer",
     "save_hf_model",
     "split_layers",
+    "window_forward",
+    "window_row",
 ]
 
 _public.publish(globals())

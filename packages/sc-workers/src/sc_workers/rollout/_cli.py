@@ -35,6 +35,7 @@ def torch_engine_argv(
         *("--port", str(port), "--device", config.device, "--dtype", config.dtype),
         *("--seed", str(config.seed), "--max-batch-size", str(config.max_batch_size)),
         *("--step-delay-s", repr(config.step_delay_s)),
+        *("--exact-window", str(config.exact_window)),
     ]
     if config.name is not None:
         argv += ["--name", config.name]
@@ -56,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-size", type=int, default=defaults.max_batch_size)
     parser.add_argument("--step-delay-s", type=float, default=defaults.step_delay_s)
     parser.add_argument("--name", default=None, help="model name reported (default: dir name)")
+    parser.add_argument(
+        "--exact-window",
+        type=int,
+        default=defaults.exact_window,
+        help="the exact mode's window in tokens (0: off): each request alone per step",
+    )
     return parser
 
 
@@ -71,5 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_batch_size=args.max_batch_size,
         step_delay_s=args.step_delay_s,
         name=args.name,
+        exact_window=args.exact_window,
     )
     return serve(TorchRolloutEngine(config), host=args.host, port=args.port)

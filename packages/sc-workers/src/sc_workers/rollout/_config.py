@@ -42,6 +42,10 @@ class TorchRolloutEngineConfig:
       a slow server on demand (tests of routers and weight updates during a request).
     * ``name``: the model name :meth:`~sc_workers.rollout.TorchRolloutEngine.health`
       reports (``None``: the directory's name).
+    * ``exact_window``: > 0 turns on the exact mode: each decoding step runs each request
+      alone, left-aligned in a row of this many tokens, as an actor with the same
+      ``rollout.exact_window`` recomputes it, so the reported log-probs equal the actor's bit
+      for bit (slower: no batching). At least the prompt plus the response; 0: off.
     """
 
     model: str
@@ -51,6 +55,7 @@ class TorchRolloutEngineConfig:
     max_batch_size: int = 8
     step_delay_s: float = 0.0
     name: str | None = None
+    exact_window: int = 0
 
     def __post_init__(self) -> None:
         owner = "TorchRolloutEngineConfig"
@@ -72,6 +77,7 @@ class TorchRolloutEngineConfig:
             raise ConfigError(f"{owner}.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         _check_int(owner, "seed", self.seed, None)
         _check_int(owner, "max_batch_size", self.max_batch_size, 1)
+        _check_int(owner, "exact_window", self.exact_window, 0)
         delay: object = self.step_delay_s
         if isinstance(delay, bool) or not isinstance(delay, (int, float)):
             raise ConfigError(f"{owner}.step_delay_s must be a number, got {delay!r}")

@@ -13,6 +13,7 @@ from sc_rollout import GenerateRequest, GenerateResult, SamplingParams
 from sc_rollout.engines import FinishReason
 from torch import Tensor, nn
 
+from ..models import window_row
 from ..workers._sampling import filter_logits
 
 __all__ = ["Flight", "next_logits", "pick"]
@@ -90,11 +91,24 @@ class Flight:
 
 @torch.no_grad()
 def next_logits(
-    model: nn.Module, sequences: Sequence[Sequence[int]], device: torch.device
+    model: nn.Module,
+    sequences: Sequence[Sequence[int]],
+    device: torch.device,
+    exact_window: int = 0,
 ) -> Tensor:
     """The raw next-token logits of each sequence, ``[batch, vocab]`` float32: one forward
     of ``model`` (``forward(input_ids, attention_mask, position_ids)``) over the sequences
-    left-padded to the longest, positions counted from each one's first real token."""
+    left-padded to the longest, positions counted from each one's first real token. In the
+    exact mode (``exact_window`` > 0) one forward per sequence instead, alone in a row of
+    ``exact_window`` tokens (:func:`~sc_workers.models.window_row`), as the actor recomputes
+    it then (:func:`~sc_workers.models.window_forward`)."""
+    if exact_window:
+        rows = []
+        for sequence in sequences:
+            ids, mask, positions = window_row(sequence, exact_window, "TorchRolloutEngine")
+            out: Tensor = model(ids.to(device), mask.to(device), positions.to(device))
+            rows.append(out[:, len(sequence) - 1, :])
+        return torch.cat(rows).float()
     width = max(len(s) for s in sequences)
     ids = torch.zeros((len(sequences), width), dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -109,10 +123,12 @@ def next_logits(
 @torch.no_grad()
 def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
     """One request's next token from its raw ``logits`` ``[vocab]`` and that token's
-    log-probability under them (``log_softmax`` before temperature and top-p, float32: what
-    a trainer recomputes). Temperature 0 is greedy (the first most likely token); otherwise
-    the token is drawn with ``generator`` from ``softmax(logits / temperature)`` kept to
-    the nucleus ``top_p``. Banned tokens (``sampling.banned_token_ids``) are never picked."""
+    log-probability under them (``log_softmax`` of the logits divided by the temperature,
+    before top-p, float32: what the actor's ``compute_log_prob`` recomputes; greedy
+    requests, temperature 0, report the raw logits' ``log_softmax``). Temperature 0 is
+    greedy (the first most likely token); otherwise the token is drawn with ``generator``
+    from ``softmax(logits / temperature)`` kept to the nucleus ``top_p``. Banned tokens
+    (``sampling.banned_token_ids``) are never picked."""
     logits = logits.float()
     allowed = logits
     if sampling.banned_token_ids:  # never sampled; the log-prob below stays the model's
@@ -126,5 +142,6 @@ def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -
         kept = filter_logits(scaled, 0, sampling.top_p)
         probs = F.softmax(kept, dim=-1)
         token = int(torch.multinomial(probs, 1, generator=generator).item())
-    logprob = float(F.log_softmax(logits, dim=-1)[token].item())
+    tempered = logits / sampling.temperature if sampling.temperature > 0 else logits
+    logprob = float(F.log_softmax(tempered[None], dim=-1)[0, token].item())
     return token, logprob

@@ -268,7 +268,9 @@ class TorchRolloutEngine:
     def _step(self, batch: list[Flight]) -> None:
         with self._model_lock:
             version = self._version
-            logits = next_logits(self._model, [f.sequence for f in batch], self._device)
+            logits = next_logits(
+                self._model, [f.sequence for f in batch], self._device, self._config.exact_window
+            )
         picks = [pick(logits[i], f.request.sampling, f.generator) for i, f in enumerate(batch)]
         with self._cond:
             for flight, (token, logprob) in zip(batch, picks, strict=True):

@@ -179,7 +179,9 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         """``old_log_probs`` and ``entropys`` ``[batch, response_length]`` under the actor.
 
         Needs ``input_ids``, ``attention_mask``, ``position_ids`` and ``responses``; the
-        logits are divided by ``meta_info["temperature"]`` (default: the rollout's).
+        logits are divided by ``meta_info["temperature"]`` (default: the rollout's). In the
+        exact mode (``rollout.exact_window``) each row runs alone in its window, as the
+        sampler's do, so these equal the sampler's ``rollout_log_probs`` bit for bit.
         """
         where = self._where("compute_log_prob")
         engine = self._actor("compute_log_prob")
@@ -188,7 +190,11 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         )
         with engine.on_device():
             log_prob, entropy = self._log_prob(
-                engine, data, temperature, self.config.rollout.log_prob_micro_batch_size_per_gpu
+                engine,
+                data,
+                temperature,
+                self.config.rollout.log_prob_micro_batch_size_per_gpu,
+                exact_window=self.config.rollout.exact_window,
             )
         return DataProto.from_dict(
             tensors={"old_log_probs": log_prob, "entropys": entropy},
@@ -227,6 +233,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         temperature: float,
         micro_batch_size: int,
         calculate_entropy: bool = True,
+        exact_window: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         where = self._where("compute_log_prob")
         t = gather_tensors(data, _MODEL_INPUTS if engine.layout.reads_batch else (), (), where)
@@ -235,7 +242,9 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
             if "responses" in t:
                 length = int(t["responses"].shape[1])
             return pipelined_log_prob(engine, t, len(data), length, temperature, micro_batch_size)
-        return compute_log_prob(engine, t, temperature, micro_batch_size, calculate_entropy)
+        return compute_log_prob(
+            engine, t, temperature, micro_batch_size, calculate_entropy, exact_window
+        )
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -249,8 +258,12 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         ``rollout_is_weights`` column (the rollout correction's importance weights)
         multiplies the per-token policy-gradient loss. Metrics: ``actor/pg_loss``,
         ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``,
-        ``actor/entropy``, ``actor/grad_norm``, ``actor/lr`` (the rate used), and
-        ``actor/kl_loss``, ``actor/kl_coef`` with the KL loss.
+        ``actor/entropy``, ``actor/grad_norm``, ``actor/lr`` (the rate used),
+        ``actor/ppo_ratio_first_dev_max`` (the largest ``|ratio - 1|`` of the first
+        mini-batch, before any optimizer step: 0.0 when the training forward reproduces the
+        ``old_log_probs`` bit for bit, as in the exact mode), and ``actor/kl_loss``,
+        ``actor/kl_coef`` with the KL loss. In the exact mode (``rollout.exact_window``)
+        each row's forward runs alone in its window.
         """
         where = self._where("update_actor")
         engine = self._actor("update_actor")
@@ -277,7 +290,16 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         else:
 
             def step(seed: int) -> dict[str, float]:
-                return update_policy(engine, t, cfg, sizes, temperature, seed, where)
+                return update_policy(
+                    engine,
+                    t,
+                    cfg,
+                    sizes,
+                    temperature,
+                    seed,
+                    where,
+                    self.config.rollout.exact_window,
+                )
 
         return self._run_update(engine, "actor", cfg.data_loader_seed, step)
 

@@ -51,6 +51,7 @@ def sampling_params(
         do_sample=bool(meta.get("do_sample", rc.do_sample)),
         eos_token_ids=eos_tuple(eos),
         pad_token_id=int(pad),
+        exact_window=rc.exact_window,
     )
 
 

@@ -20,6 +20,7 @@ from ..algos import (
     logprobs_from_logits,
 )
 from ..engine import Engine
+from ..models import window_forward
 from ._ppo_loop import Accumulate, Meter, MiniBatch, Role, micro_slices, response_mask_of, run_ppo
 
 __all__ = [
@@ -54,8 +55,19 @@ def gather_tensors(
     return out
 
 
-def _response_logits(engine: Engine, t: dict[str, Tensor], temperature: float) -> Tensor:
-    logits = engine.forward(t["input_ids"], t["attention_mask"], t["position_ids"])
+def _forward(engine: Engine, t: dict[str, Tensor], exact_window: int, where: str) -> Tensor:
+    """The engine's forward over a micro-batch: batched, or in the exact mode
+    (``exact_window`` > 0) each row alone in its window (:func:`window_forward`)."""
+    ids, mask, positions = t["input_ids"], t["attention_mask"], t["position_ids"]
+    if exact_window:
+        return window_forward(engine.forward, ids, mask, positions, exact_window, where)
+    return engine.forward(ids, mask, positions)
+
+
+def _response_logits(
+    engine: Engine, t: dict[str, Tensor], temperature: float, exact_window: int
+) -> Tensor:
+    logits = _forward(engine, t, exact_window, "compute_log_prob")
     length = t["responses"].shape[1]
     return logits[:, -length - 1 : -1, :].float() / temperature
 
@@ -88,8 +100,10 @@ def compute_log_prob(
     temperature: float,
     micro_batch_size: int,
     calculate_entropy: bool = True,
+    exact_window: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Log-probabilities and entropies of the response tokens, ``[batch, response_length]``."""
+    """Log-probabilities and entropies of the response tokens, ``[batch, response_length]``
+    (``exact_window``: the exact mode, see :func:`window_forward`)."""
     engine.eval_mode()
     total = tensors["input_ids"].shape[0]
     log_probs: list[Tensor] = []
@@ -97,7 +111,7 @@ def compute_log_prob(
     with torch.no_grad():
         for sl in micro_slices(total, micro_batch_size):
             micro = {k: v[sl] for k, v in tensors.items()}
-            logits = _response_logits(engine, micro, temperature)
+            logits = _response_logits(engine, micro, temperature, exact_window)
             labels = micro["responses"].to(logits.device)
             log_probs.append(logprobs_from_logits(logits, labels).cpu())
             if calculate_entropy:
@@ -162,6 +176,9 @@ def policy_loss(
         loss = loss + config.kl_loss_coef * kl_loss
         meter.add("actor/kl_loss", kl_loss)
     n_tok = mask.sum()
+    old_log_prob = micro["old_log_probs"].to(dev).float()
+    ratio_dev = (torch.exp(log_prob.detach() - old_log_prob) - 1.0).abs() * mask
+    meter.peak("actor/ppo_ratio_first_dev_max", ratio_dev.max() if ratio_dev.numel() else n_tok * 0)
     meter.add("actor/pg_loss", pg_loss)
     meter.add("actor/entropy", entropy)
     meter.add("actor/pg_clipfrac", clipfrac * n_tok)
@@ -228,12 +245,13 @@ def value_role(config: CriticConfig) -> Role:
     )
 
 
-def micro_batch_steps(engine: Engine) -> Accumulate:
-    """One forward and backward per micro-batch on an unpipelined engine."""
+def micro_batch_steps(engine: Engine, exact_window: int = 0) -> Accumulate:
+    """One forward and backward per micro-batch on an unpipelined engine (in the exact
+    mode, ``exact_window`` > 0, the forward runs each row alone in its window)."""
 
     def accumulate(mb: MiniBatch, role: Role, meter: Meter, grad_scale: float) -> None:
         for micro in mb.micro_batches:
-            out = engine.forward(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
+            out = _forward(engine, micro, exact_window, "update")
             loss = role.loss(role.head(micro)(out), micro, mb.denominator, meter)
             torch.autograd.backward(loss * grad_scale)
 
@@ -248,14 +266,14 @@ def update_policy(
     temperature: float,
     seed: int,
     where: str,
+    exact_window: int = 0,
 ) -> dict[str, float]:
     """PPO epochs over mini-batches with gradient accumulation over micro-batches
-    (:func:`run_ppo`)."""
+    (:func:`run_ppo`; ``exact_window``: the exact mode)."""
     total = tensors["input_ids"].shape[0]
     role = policy_role(config, temperature)
-    return run_ppo(
-        engine, tensors, total, config, sizes, seed, where, role, micro_batch_steps(engine)
-    )
+    steps = micro_batch_steps(engine, exact_window)
+    return run_ppo(engine, tensors, total, config, sizes, seed, where, role, steps)
 
 
 def update_critic(

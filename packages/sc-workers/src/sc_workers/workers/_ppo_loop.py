@@ -59,21 +59,32 @@ def _orders(total: int, epochs: int, shuffle: bool, seed: int) -> Iterator[Tenso
 
 
 class Meter:
-    """Sums of metrics per mini-batch, reduced over the dp group, averaged over steps."""
+    """Sums of metrics per mini-batch, reduced over the dp group, averaged over steps; and
+    peaks (:meth:`peak`), reduced by their maximum, of which the first mini-batch's is kept."""
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
         self.steps: dict[str, list[float]] = defaultdict(list)
+        self.first_peaks: dict[str, float] = {}
         self._sums: dict[str, Tensor] = {}
+        self._peaks: dict[str, Tensor] = {}
 
     def add(self, name: str, value: Tensor) -> None:
         v = value.detach().double().cpu()
         self._sums[name] = self._sums.get(name, torch.zeros((), dtype=torch.float64)) + v
 
+    def peak(self, name: str, value: Tensor) -> None:
+        """Keep the largest ``value`` of the current step under ``name``; the result reports
+        the first step's (the first mini-batch's, taken before any optimizer step)."""
+        v = value.detach().double().cpu()
+        self._peaks[name] = torch.maximum(self._peaks[name], v) if name in self._peaks else v
+
     def merge(self, other: Meter) -> None:
-        """Add ``other``'s sums (of the current step) to this meter's."""
+        """Add ``other``'s sums (of the current step) to this meter's, and its peaks."""
         for name, value in other._sums.items():
             self.add(name, value)
+        for name, value in other._peaks.items():
+            self.peak(name, value)
 
     def close_step(self, weights: dict[str, float], extra: dict[str, float]) -> None:
         """All-reduce the sums over dp; each metric is divided by its weight."""
@@ -84,12 +95,21 @@ class Meter:
                 dist.all_reduce(packed, group=self.group)
             for n, v in zip(names, packed.tolist(), strict=True):
                 self.steps[n].append(v / weights.get(n, 1.0))
+        peaks = sorted(self._peaks)
+        if peaks:
+            packed = torch.stack([self._peaks[n] for n in peaks])
+            if dist.get_world_size(self.group) > 1:
+                dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=self.group)
+            for n, v in zip(peaks, packed.tolist(), strict=True):
+                self.first_peaks.setdefault(n, v)
         for n, v in extra.items():
             self.steps[n].append(v)
         self._sums = {}
+        self._peaks = {}
 
     def result(self) -> dict[str, float]:
-        return {k: sum(v) / len(v) for k, v in self.steps.items() if v}
+        averaged = {k: sum(v) / len(v) for k, v in self.steps.items() if v}
+        return {**averaged, **self.first_peaks}
 
 
 def _global_count(count: Tensor, group: dist.ProcessGroup) -> float:

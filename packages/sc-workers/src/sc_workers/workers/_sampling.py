@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..engine import Engine
+from ..models import window_forward
 
 __all__ = ["BatchSampling", "filter_logits", "generate"]
 
@@ -28,6 +29,8 @@ class BatchSampling:
     do_sample: bool
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
+    #: the exact mode's window (``RolloutConfig.exact_window``); 0: off
+    exact_window: int = 0
 
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -86,7 +89,10 @@ def generate(
     one of them in each forward; replicas of a rollout step independently).
     With ``use_cache`` and a model that has one (the built-in model, a Hugging Face causal
     LM), each step feeds only the new token through the key/value cache; otherwise each
-    step recomputes the whole sequence.
+    step recomputes the whole sequence. In the exact mode (``params.exact_window``) each step
+    recomputes each sequence alone in its window (:func:`~sc_workers.models.window_forward`),
+    as the actor's ``compute_log_prob`` and ``update_actor`` do then, so the log-probs are
+    theirs bit for bit.
     """
     device = engine.device
     ids = input_ids.to(device)
@@ -99,8 +105,19 @@ def generate(
     log_probs = torch.zeros((batch, length), dtype=torch.float32, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     eos = torch.tensor(list(params.eos_token_ids), dtype=ids.dtype, device=device)
-    cache = engine.new_cache() if use_cache else None
-    logits = engine.forward(ids, mask, pos, cache)[:, -1, :]
+    window = params.exact_window
+    cache = engine.new_cache() if use_cache and not window else None
+
+    def last_logits(ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+        if window:
+            return window_forward(engine.forward, ids, mask, pos, window, "generate")[:, -1, :]
+        return engine.forward(ids, mask, pos)[:, -1, :]
+
+    logits = (
+        last_logits(ids, mask, pos)
+        if cache is None
+        else engine.forward(ids, mask, pos, cache)[:, -1, :]
+    )
     all_ids, all_mask, all_pos = ids, mask, pos
     last_pos = pos[:, -1]
     for t in range(length):
@@ -122,7 +139,7 @@ def generate(
         if cache is not None:
             logits = engine.forward(token[:, None], all_mask, last_pos[:, None], cache)[:, -1, :]
         else:
-            logits = engine.forward(all_ids, all_mask, all_pos)[:, -1, :]
+            logits = last_logits(all_ids, all_mask, all_pos)
     return responses, response_mask, log_probs
 
 
