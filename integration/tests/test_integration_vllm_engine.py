@@ -156,15 +156,18 @@ def test_greedy_outputs_equal_the_trainer_models_after_three_weight_pushes(
     assert len({json.dumps(s) for s in seen}) == 4, "every push changed the greedy outputs"
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_log_probs_match_the_trainers_recomputation(
-    client: RolloutClient, trainer_model: Any
+    client: RolloutClient, trainer_model: Any, temperature: float
 ) -> None:
+    """The engine reports log-probs after temperature (vLLM's processed log-probs), as the
+    actor recomputes them: ``log_softmax(logits / temperature)``."""
     diffs: list[float] = []
     for i, prompt in enumerate(PROMPTS):
-        sampling = SamplingParams(max_tokens=12, temperature=1.0, seed=100 + i)
+        sampling = SamplingParams(max_tokens=12, temperature=temperature, seed=100 + i)
         result = client.generate(GenerateRequest(prompt_ids=prompt, sampling=sampling))
         logits = _logits(trainer_model, prompt + list(result.token_ids))
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits / temperature, dim=-1)
         for j, (token, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
             diffs.append(abs(float(logp[len(prompt) - 1 + j, token]) - lp))
     mean, worst = sum(diffs) / len(diffs), max(diffs)

@@ -109,6 +109,15 @@ def _log_softmax(row: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(x - log_total for x in row)
 
 
+def _token_logprob(weights: _Weights, previous: int, token: int, temperature: float) -> float:
+    """``token``'s log-prob after ``previous``, the logits divided by ``temperature`` (> 0;
+    greedy requests report the raw distribution's), as the contract says."""
+    if temperature in (0, 1):
+        return weights.logprobs[previous][token]
+    row = weights.logits[previous]
+    return _log_softmax(tuple(x / temperature for x in row))[token]
+
+
 def _sample(logits: tuple[float, ...], sampling: SamplingParams, rng: random.Random) -> int:
     """One token from ``logits`` with the temperature and top-p of ``sampling``."""
     banned = frozenset(sampling.banned_token_ids)
@@ -251,7 +260,7 @@ class ToyEngine:
             weights, version = step
             token = _sample(weights.logits[previous], sampling, rng)
             tokens.append(token)
-            logprobs.append(weights.logprobs[previous][token])
+            logprobs.append(_token_logprob(weights, previous, token, sampling.temperature))
             versions.append(version)
             previous = token
             if token in stops:

@@ -150,7 +150,8 @@ class GenerateRequest:
 @dataclass(frozen=True)
 class GenerateResult:
     """The tokens an engine generated for one request, each with its log-probability under
-    the model (before temperature and top-p: what a trainer recomputes), and why it ended.
+    the model (after temperature, before top-p: ``log_softmax(logits / temperature)``, what
+    a trainer recomputes; greedy requests report the raw logits'), and why it ended.
 
     ``weight_version`` is the version of the weights the last token was sampled with (the
     engine's version when the request ended, if it produced none); ``min_weight_version``

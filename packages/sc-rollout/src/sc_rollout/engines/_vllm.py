@@ -5,7 +5,8 @@ vLLM's asynchronous engine (``AsyncLLM``) runs on an asyncio loop in a thread of
 each contract call from a server thread is one coroutine on that loop. Token in, token
 out: vLLM is started without its tokenizer, stop tokens come from the request only (the
 model's eos is ignored, as the built-in sampler does), and each token's log-probability is
-vLLM's raw one (before temperature and top-p), what a trainer recomputes.
+vLLM's processed one (after temperature, ``logprobs_mode="processed_logprobs"``), what a
+trainer recomputes; with top-p below 1 vLLM's is over the nucleus, the trainer's is not.
 
 A weight update pauses the scheduler with requests kept in place, reloads the weights in the
 workers from the pushed safetensors (vLLM's ``reload_weights``, which repacks them for its
@@ -182,6 +183,8 @@ class VLLMEngine:
             generation_config="vllm",
             enable_sleep_mode=self._sleep_mode,
             disable_log_stats=True,
+            # log-probs after temperature (and the ban's bias), as the trainer recomputes them
+            logprobs_mode="processed_logprobs",
             worker_extension_cls="sc_rollout.engines._vllm_worker.ScWorkerExtension",
         )
         return self._vllm["AsyncLLM"].from_engine_args(args)
@@ -239,7 +242,7 @@ class VLLMEngine:
             top_p=sampling.top_p,
             seed=sampling.seed,
             stop_token_ids=list(sampling.stop_token_ids),
-            # a bias of -100 (the OpenAI bound vLLM keeps) is a ban; log-probs stay raw
+            # a bias of -100 (the OpenAI bound vLLM keeps) is a ban
             logit_bias={t: -100.0 for t in sampling.banned_token_ids} or None,
             ignore_eos=True,
             logprobs=0,

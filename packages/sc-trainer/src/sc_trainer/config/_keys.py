@@ -164,6 +164,16 @@ KEYS: tuple[Key, ...] = (
     _key(f"{R}n", "responses_per_prompt", "samples per prompt (the GRPO group size)"),
     _key(f"{R}temperature", "temperature", "sampling temperature"),
     _key(
+        f"{R}exact_window",
+        "exact_window",
+        "the exact mode: each sequence alone in an N-token window; 0: off (sc)",
+    ),
+    _key(
+        f"{R}exact_check",
+        "exact_check",
+        "stop at the first token whose sampled log-prob differs from the actor's (sc)",
+    ),
+    _key(
         f"{R}tensor_model_parallel_size", "rollout_tp", "tensor parallelism of a separate rollout"
     ),
     _key(f"{R}placement", "placement", "colocated with the actor, or separate (sc)"),

@@ -11,9 +11,9 @@ padding), rows in input order; plus the non-tensor columns ``weight_version_min`
 ``weight_version_max`` (the weight versions of each row's first and last token) and
 ``meta_info["weight_version"]``, the oldest version of any row.
 
-One difference: ``rollout_log_probs`` are what the engine reports; the rollout-engine
-contract makes them the model's log-probabilities before temperature (the worker's sampler
-divides its logits by the temperature first).
+``rollout_log_probs`` are what the engine reports; the rollout-engine contract makes them
+the model's log-probabilities after temperature, as the worker's sampler and the actor's
+``compute_log_prob`` compute them.
 
 Each request's id is ``<batch id>-<row>`` (``-r<k>`` added when a row is generated again), so
 a request the router sends again to another server, after the first one died, is still one

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,17 +26,7 @@ from sc_workers import ActorRolloutRefWorker, CriticWorker, RolloutWorker, Weigh
 
 from .._errors import TrainerRecoveryError, TrainerStateError
 from ..config import TrainerConfig
-from ..faults import (
-    ArmedLoss,
-    DriverFault,
-    DriverFaults,
-    FaultSpec,
-    NodeFault,
-    NodeFaults,
-    Recovery,
-    RewardFaults,
-    inject_due,
-)
+from ..faults import InjectedFaults, Recovery
 from ..rollout import EngineServers, RolloutSource
 from ..runs import Checkpointer, DetachedRun, RunOutput, RunState, latest_checkpoint
 from ..tasks import Task, data_state
@@ -98,11 +88,8 @@ class RayPPOTrainer:
         self.history: list[dict[str, Any]] = []
         #: recovery in place after a worker's death (at most ``config.max_recoveries``)
         self.recovery = Recovery(config.max_recoveries)
-        self._faults: list[FaultSpec] = list(config.faults)  # each injected once
-        #: faults that kill this driver (a detached run's re-attach tests)
-        self._driver_faults = DriverFaults(DriverFault.parse_all(config.inject_fault))
-        #: faults that lose a whole node of the run (recovery from a lost node)
-        self._node_faults = NodeFaults(config.node_faults)
+        #: the faults injected on purpose: workers', the driver's, nodes', rewards'
+        self.faults = InjectedFaults(config.faults, config.inject_fault, config.node_faults)
         #: a detached run's call ids, scopes and run state (None: not detached)
         driver = launcher.driver
         self.detached = None if driver is None else DetachedRun(driver)
@@ -397,7 +384,7 @@ class RayPPOTrainer:
             recovering=recovering,
         )
         if not recovering:
-            self._driver_faults.at(step, "start")
+            self.faults.at_start(step)
 
     def _take_over(self, state: RunState) -> None:
         """Continue where the previous driver of this detached run was when ``state`` was
@@ -410,39 +397,15 @@ class RayPPOTrainer:
         self.recovery.count = state.recoveries
 
     # ------------------------------------------------------------ recovery
-    @contextlib.contextmanager
-    def _phase(self, step: int, phase: str) -> Iterator[None]:
+    def _phase(self, step: int, phase: str) -> contextlib.AbstractContextManager[None]:
         """Phase ``phase`` of step ``step``: where an injected fault loses a node or kills
         the driver (each fires once)."""
-        with self._driver_faults.phase(step, phase), self._node_faults.phase(step, phase):
-            yield
+        return self.faults.phase(step, phase)
 
     def _inject_fault(self, step: int) -> None:
-        """Inject the faults of ``config.inject_fault`` whose step begins (each once); arm
-        the step's node faults (and lose the node of those that name no phase) and its
-        reward faults."""
-        self._node_faults.arm(step, self._arm_node_loss)
-        reward_faults = getattr(self.task, "reward_faults", None)
-        if isinstance(reward_faults, RewardFaults):
-            reward_faults.arm(step)
-        if any(f.step == step for f in self._faults):
-            servers = None if self.servers is None else self.servers.fleet
-            self._faults = inject_due(self._workers("inject_fault"), self._faults, step, servers)
-
-    def _arm_node_loss(self, fault: NodeFault) -> ArmedLoss:
-        """Arm ``fault``: sc-ray's ``NodeLoss`` on the node of its actor rank."""
-        from sc_ray import NodeLoss, NodeLossError, RayWorkerGroup
-
-        group = self._workers("inject_fault").actor_rollout
-        if not isinstance(group, RayWorkerGroup):
-            raise TrainerStateError(
-                f"inject_fault {fault}: losing a node needs the Ray backend's worker groups, "
-                f"not {type(group).__name__}"
-            )
-        try:
-            return NodeLoss.of_rank(group, fault.rank)
-        except NodeLossError as exc:
-            raise TrainerStateError(f"inject_fault {fault}: {exc}") from exc
+        """Inject the faults of the run whose step begins (:class:`InjectedFaults`)."""
+        servers = None if self.servers is None else self.servers.fleet
+        self.faults.inject(step, self._workers("inject_fault"), self.task, servers)
 
     def _recover(self, step: int, error: BaseException | None) -> dict[str, Any]:
         """Bring the workers back after ``error`` (a death during ``step``, or ``None``: one
@@ -480,7 +443,7 @@ class RayPPOTrainer:
         """Stop the rollout source and every worker (spawned role groups share the workers
         of the groups owned here); ``detach``: a detached run's driver that stops leaves its
         workers to the next driver, only the driver-side threads end."""
-        self._node_faults.close()  # losses armed and never fired
+        self.faults.close()  # node losses armed and never fired
         rollout, self.rollout, self.servers = self.rollout, None, None
         self.checkpointer = None
         groups, self._groups = self._groups, None
