@@ -257,24 +257,6 @@ class TrainerFields:
     gamma: float = 1.0
     lam: float = 1.0
     temperature: float = 1.0
-    exact_window: int = field(
-        default=0,
-        metadata=option(
-            group="training",
-            metavar="N",
-            help="the exact mode: sampling and the actor's log-probs run each sequence alone in "
-            "an N-token window, so they agree bit for bit and the first PPO ratio of each step "
-            "is exactly 1 (slower; worker groups or --rollout builtin); 0: off",
-        ),
-    )
-    exact_check: bool = field(
-        default=False,
-        metadata=option(
-            group="training",
-            help="with --exact-window: stop the run at the first response token whose sampled "
-            "log-prob differs from the actor's, naming it",
-        ),
-    )
     # model: the built-in tiny causal transformer of sc-workers, or a local Hugging Face
     # causal-LM directory (model_path; its config then sets the shape, not the three below)
     hidden_size: int = 64
@@ -389,3 +371,22 @@ class TrainerFields:
     run: RunConfig = field(default_factory=RunConfig)
     #: corrections for the sampler-trainer mismatch (verl's algorithm.rollout_correction)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    #: the exact mode (the trainer guide): each sequence alone in an N-token window; 0: off
+    exact_window: int = field(
+        default=0,
+        metadata=option(
+            group="training",
+            metavar="N",
+            help="the exact mode: sampling and the actor's log-probs run each sequence alone in "
+            "an N-token window, so they agree bit for bit and the first PPO ratio of each step "
+            "is exactly 1 (slower; worker groups or --rollout builtin); 0: off",
+        ),
+    )
+    exact_check: bool = field(
+        default=False,
+        metadata=option(
+            group="training",
+            help="with --exact-window: stop the run at the first response token whose sampled "
+            "log-prob differs from the actor's, naming it",
+        ),
+    )
