@@ -110,12 +110,14 @@ def _log_softmax(row: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def _token_logprob(weights: _Weights, previous: int, token: int, temperature: float) -> float:
-    """``token``'s log-prob after ``previous``, the logits divided by ``temperature`` (> 0;
-    greedy requests report the raw distribution's), as the contract says."""
-    if temperature in (0, 1):
-        return weights.logprobs[previous][token]
+    """``token``'s log-prob after ``previous``, the logits divided by ``temperature``, as the
+    contract says; greedy requests, and a temperature so small that the divided logits
+    overflow (sampled greedily too), report the raw distribution's."""
     row = weights.logits[previous]
-    return _log_softmax(tuple(x / temperature for x in row))[token]
+    scaled = tuple(x / temperature for x in row) if temperature not in (0, 1) else ()
+    if not scaled or not all(math.isfinite(x) for x in scaled):
+        return weights.logprobs[previous][token]
+    return _log_softmax(scaled)[token]
 
 
 def _sample(logits: tuple[float, ...], sampling: SamplingParams, rng: random.Random) -> int:

@@ -125,7 +125,8 @@ def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -
     """One request's next token from its raw ``logits`` ``[vocab]`` and that token's
     log-probability under them (``log_softmax`` of the logits divided by the temperature,
     before top-p, float32: what the actor's ``compute_log_prob`` recomputes; greedy
-    requests, temperature 0, report the raw logits' ``log_softmax``). Temperature 0 is
+    requests, and a temperature so small that the divided logits overflow, report the raw
+    logits' ``log_softmax``). Temperature 0 is
     greedy (the first most likely token); otherwise the token is drawn with ``generator``
     from ``softmax(logits / temperature)`` kept to the nucleus ``top_p``. Banned tokens
     (``sampling.banned_token_ids``) are never picked."""
@@ -143,5 +144,7 @@ def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -
         probs = F.softmax(kept, dim=-1)
         token = int(torch.multinomial(probs, 1, generator=generator).item())
     tempered = logits / sampling.temperature if sampling.temperature > 0 else logits
+    if not bool(torch.isfinite(tempered).all()):  # sampled greedily: the raw distribution's
+        tempered = logits
     logprob = float(F.log_softmax(tempered[None], dim=-1)[0, token].item())
     return token, logprob
