@@ -109,6 +109,15 @@ def _log_softmax(row: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(x - log_total for x in row)
 
 
+def _banned_logprob(row: tuple[float, ...], token: int, banned: frozenset[int]) -> float:
+    """``token``'s log-prob under ``row`` (log-probs) renormalised over the tokens not in
+    ``banned``: what the sampler drew from, and what a trainer that bans the same tokens
+    recomputes."""
+    allowed = [x for i, x in enumerate(row) if i not in banned]
+    top = max(allowed)
+    return row[token] - (top + math.log(sum(math.exp(x - top) for x in allowed)))
+
+
 def _sample(logits: tuple[float, ...], sampling: SamplingParams, rng: random.Random) -> int:
     """One token from ``logits`` with the temperature and top-p of ``sampling``."""
     banned = frozenset(sampling.banned_token_ids)
@@ -238,6 +247,7 @@ class ToyEngine:
         sampling = request.sampling
         rng = random.Random(sampling.seed)  # seed None: fresh randomness from the OS
         stops = frozenset(sampling.stop_token_ids)
+        banned = frozenset(sampling.banned_token_ids)
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -251,7 +261,8 @@ class ToyEngine:
             weights, version = step
             token = _sample(weights.logits[previous], sampling, rng)
             tokens.append(token)
-            logprobs.append(weights.logprobs[previous][token])
+            row = weights.logprobs[previous]
+            logprobs.append(_banned_logprob(row, token, banned) if banned else row[token])
             versions.append(version)
             previous = token
             if token in stops:

@@ -239,7 +239,9 @@ class VLLMEngine:
             top_p=sampling.top_p,
             seed=sampling.seed,
             stop_token_ids=list(sampling.stop_token_ids),
-            # a bias of -100 (the OpenAI bound vLLM keeps) is a ban; log-probs stay raw
+            # a bias of -100 (the OpenAI bound vLLM keeps) is a ban; vLLM's log-probs are
+            # the raw model's (not renormalised over the allowed tokens, unlike the toy
+            # and built-in engines): the banned mass shows as a rollout-training gap
             logit_bias={t: -100.0 for t in sampling.banned_token_ids} or None,
             ignore_eos=True,
             logprobs=0,
