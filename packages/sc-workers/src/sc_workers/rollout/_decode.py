@@ -112,10 +112,14 @@ def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -
     log-probability under them (``log_softmax`` before temperature and top-p, float32: what
     a trainer recomputes). Temperature 0 is greedy (the first most likely token); otherwise
     the token is drawn with ``generator`` from ``softmax(logits / temperature)`` kept to
-    the nucleus ``top_p``. Banned tokens (``sampling.banned_token_ids``) are never picked."""
+    the nucleus ``top_p``. Banned tokens (``sampling.banned_token_ids``) are never picked,
+    and the log-probability is then under the model's distribution renormalised over the
+    allowed tokens (``log_softmax`` with the banned logits at ``-inf``): the distribution
+    sampled from, which the actor recomputes from the rollout's ``banned_token_ids``
+    column."""
     logits = logits.float()
     allowed = logits
-    if sampling.banned_token_ids:  # never sampled; the log-prob below stays the model's
+    if sampling.banned_token_ids:  # never sampled, and out of the log-prob's normaliser
         allowed = logits.clone()
         allowed[list(sampling.banned_token_ids)] = float("-inf")
     scaled = allowed / sampling.temperature if sampling.temperature > 0 else allowed
@@ -126,5 +130,5 @@ def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -
         kept = filter_logits(scaled, 0, sampling.top_p)
         probs = F.softmax(kept, dim=-1)
         token = int(torch.multinomial(probs, 1, generator=generator).item())
-    logprob = float(F.log_softmax(logits, dim=-1)[token].item())
+    logprob = float(F.log_softmax(allowed, dim=-1)[token].item())
     return token, logprob
