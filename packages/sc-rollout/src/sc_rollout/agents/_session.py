@@ -352,7 +352,7 @@ class AgentSession:
         call = functools.partial(self.generate, max_tokens, sampling)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
-    def _record(self, index: int, result: GenerateResult, banned: tuple[int, ...] = ()) -> Turn:
+    def _record(self, index: int, result: GenerateResult, banned: Iterable[int] = ()) -> Turn:
         with self._lock:
             low = result.min_weight_version
             turn = Turn(
