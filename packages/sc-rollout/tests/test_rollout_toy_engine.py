@@ -3,6 +3,7 @@ stop tokens, abort, pause and resume, versioned weights, sleep and wake up, clea
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -88,13 +89,22 @@ def test_greedy_is_the_most_likely_token_and_top_p_near_zero_is_greedy() -> None
     assert len({r.token_ids[0] for r in first}) > 1
 
 
-def test_banned_tokens_are_never_sampled_and_log_probs_stay_the_models() -> None:
+def test_banned_tokens_are_never_sampled_and_log_probs_are_renormalised() -> None:
     engine = ToyEngine()
     greedy = _sample(engine, temperature=0.0, max_tokens=1)
     first = greedy.token_ids[0]
     other = _sample(engine, temperature=0.0, max_tokens=1, banned_token_ids=[first])
     assert other.token_ids[0] != first  # greedy takes the best token left
-    assert other.logprobs[0] < greedy.logprobs[0]  # the model's own log-prob, not renormalised
+    # the log-prob is renormalised over the allowed tokens: log p(x) - log(1 - p(banned)),
+    # p(x) the model's own, as an unbanned draw of the same token reports it
+    second = next(
+        r
+        for r in (_sample(engine, max_tokens=1, seed=s) for s in range(200))
+        if r.token_ids == other.token_ids
+    )
+    expected = second.logprobs[0] - math.log1p(-math.exp(greedy.logprobs[0]))
+    assert other.logprobs[0] == pytest.approx(expected, abs=1e-12)
+    assert other.logprobs[0] > second.logprobs[0]
     banned = list(range(0, 16, 2))
     for seed in range(30):
         result = _sample(engine, max_tokens=8, seed=seed, banned_token_ids=banned)

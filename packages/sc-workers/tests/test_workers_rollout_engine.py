@@ -52,6 +52,7 @@ from sc_rollout.errors import (
 from sc_workers import ConfigError, TorchRolloutEngine, TorchRolloutEngineConfig
 from sc_workers.models import load_hf_model, window_forward, window_row
 from sc_workers.rollout import torch_engine_argv
+from sc_workers.workers._ppo import response_head
 
 transformers: Any = importlib.import_module("transformers")
 safetensors_torch: Any = importlib.import_module("safetensors.torch")
@@ -235,7 +236,7 @@ def test_a_stop_token_ends_the_completion_and_is_kept(engine: TorchRolloutEngine
     assert stopped.finish_reason == "stop"
 
 
-def test_banned_tokens_are_never_sampled_and_log_probs_stay_the_models(
+def test_banned_tokens_are_never_sampled_and_log_probs_are_the_actors_renormalised(
     engine: TorchRolloutEngine, plain: Any
 ) -> None:
     free = engine.generate(greedy(PROMPTS[0], 8))
@@ -245,8 +246,17 @@ def test_banned_tokens_are_never_sampled_and_log_probs_stay_the_models(
         request = GenerateRequest(PROMPTS[0], dataclasses.replace(params, banned_token_ids=banned))
         result = engine.generate(request)
         assert not set(result.token_ids) & set(banned)
-        expected = recomputed(plain, PROMPTS[0], result.token_ids)
-        assert result.logprobs == pytest.approx(expected, abs=1e-5)  # not renormalised
+        # the actor's head, given the same bans as a banned_token_ids column, recomputes
+        # the engine's log-probs: both renormalise over the allowed tokens
+        tokens = torch.tensor([result.token_ids])
+        column = torch.tensor(banned).expand(1, len(result.token_ids), len(banned))
+        with torch.no_grad():
+            logits = plain(torch.tensor([[*PROMPTS[0], *result.token_ids]])).logits
+            actor, _ = response_head(tokens, 1.0, column.contiguous())(logits)
+        assert result.logprobs == pytest.approx(actor[0].tolist(), abs=1e-5)
+        # and that is not the model's own log-prob: the banned tokens' mass is gone
+        own = recomputed(plain, PROMPTS[0], result.token_ids)
+        assert all(a > b + 1e-4 for a, b in zip(result.logprobs, own, strict=True))
 
 
 def test_concurrent_requests_each_end_once_as_they_would_alone(engine: TorchRolloutEngine) -> None:

@@ -51,7 +51,9 @@ class Turn:
     ``index`` counts the session's model turns from 0 (the request id is
     ``<session_id>-t<index>``); ``start`` is the turn's offset in the session's
     ``response_ids``. An aborted turn (``finish_reason == "abort"``) keeps the tokens it
-    produced and says so in :attr:`aborted`.
+    produced and says so in :attr:`aborted`. ``banned_token_ids`` are the tokens its
+    sampling banned (``SamplingParams.banned_token_ids``): the policy it sampled is the
+    model's renormalised over the other tokens, which a trainer recomputes.
     """
 
     index: int
@@ -63,6 +65,7 @@ class Turn:
     min_weight_version: int
     weight_version: int
     server: str | None = None
+    banned_token_ids: tuple[int, ...] = ()
 
     @property
     def aborted(self) -> bool:
@@ -82,6 +85,7 @@ class Turn:
             "min_weight_version": self.min_weight_version,
             "weight_version": self.weight_version,
             "server": self.server,
+            "banned_token_ids": list(self.banned_token_ids),
         }
 
 
@@ -337,7 +341,7 @@ class AgentSession:
         finally:
             with self._lock:
                 self._in_flight = None
-        return self._record(index, result)
+        return self._record(index, result, sampling.banned_token_ids)
 
     async def agenerate(
         self, max_tokens: int | None = None, sampling: SamplingParams | None = None
@@ -348,7 +352,7 @@ class AgentSession:
         call = functools.partial(self.generate, max_tokens, sampling)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
-    def _record(self, index: int, result: GenerateResult) -> Turn:
+    def _record(self, index: int, result: GenerateResult, banned: Iterable[int] = ()) -> Turn:
         with self._lock:
             low = result.min_weight_version
             turn = Turn(
@@ -361,6 +365,7 @@ class AgentSession:
                 min_weight_version=result.weight_version if low is None else low,
                 weight_version=result.weight_version,
                 server=result.server,
+                banned_token_ids=tuple(banned),
             )
             self._response.extend(turn.token_ids)
             self._mask.extend([1] * len(turn.token_ids))

@@ -109,15 +109,23 @@ def _log_softmax(row: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(x - log_total for x in row)
 
 
-def _token_logprob(weights: _Weights, previous: int, token: int, temperature: float) -> float:
-    """``token``'s log-prob after ``previous``, the logits divided by ``temperature``, as the
-    contract says; greedy requests, and a temperature so small that the divided logits
-    overflow (sampled greedily too), report the raw distribution's."""
+def _token_logprob(
+    weights: _Weights, previous: int, token: int, temperature: float, banned: frozenset[int]
+) -> float:
+    """``token``'s log-prob after ``previous``, as the contract says: the logits divided by
+    ``temperature`` (greedy requests, and a temperature so small that the divided logits
+    overflow, sampled greedily too: the raw ones), renormalised over the tokens not in
+    ``banned`` (what the sampler drew from, and what a trainer that bans the same tokens
+    recomputes)."""
     row = weights.logits[previous]
-    scaled = tuple(x / temperature for x in row) if temperature not in (0, 1) else ()
-    if not scaled or not all(math.isfinite(x) for x in scaled):
+    scaled = tuple(x / temperature for x in row) if temperature not in (0, 1) else row
+    if not all(math.isfinite(x) for x in scaled):
+        scaled = row
+    if not banned and scaled is row:
         return weights.logprobs[previous][token]
-    return _log_softmax(scaled)[token]
+    allowed = [x for i, x in enumerate(scaled) if i not in banned]
+    top = max(allowed)
+    return scaled[token] - (top + math.log(sum(math.exp(x - top) for x in allowed)))
 
 
 def _sample(logits: tuple[float, ...], sampling: SamplingParams, rng: random.Random) -> int:
@@ -249,6 +257,7 @@ class ToyEngine:
         sampling = request.sampling
         rng = random.Random(sampling.seed)  # seed None: fresh randomness from the OS
         stops = frozenset(sampling.stop_token_ids)
+        banned = frozenset(sampling.banned_token_ids)
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -262,7 +271,7 @@ class ToyEngine:
             weights, version = step
             token = _sample(weights.logits[previous], sampling, rng)
             tokens.append(token)
-            logprobs.append(_token_logprob(weights, previous, token, sampling.temperature))
+            logprobs.append(_token_logprob(weights, previous, token, sampling.temperature, banned))
             versions.append(version)
             previous = token
             if token in stops:

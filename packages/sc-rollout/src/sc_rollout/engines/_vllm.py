@@ -242,7 +242,8 @@ class VLLMEngine:
             top_p=sampling.top_p,
             seed=sampling.seed,
             stop_token_ids=list(sampling.stop_token_ids),
-            # a bias of -100 (the OpenAI bound vLLM keeps) is a ban
+            # a bias of -100 (the OpenAI bound vLLM keeps) is a ban; the processed log-probs
+            # include it, so they are about those renormalised over the allowed tokens
             logit_bias={t: -100.0 for t in sampling.banned_token_ids} or None,
             ignore_eos=True,
             logprobs=0,

@@ -13,6 +13,13 @@ row, with no response tokens and ``response_mask`` all 0: it contributes nothing
 and its ``uid`` is its own, so it does not shift its group's GRPO mean. Its status is the
 non-tensor column ``agent_status``; ``agent_reward`` holds each session's reward (0.0 when
 dropped), which :func:`agent_token_scores` pays on the row's last model token.
+
+When some kept session's turn banned tokens (``SamplingParams.banned_token_ids``, e.g. a
+tool budget), the batch also has ``banned_token_ids``, int64 ``[rows, response_length, K]``
+(``K``: the most ids any turn banned): each model token of such a turn holds its turn's
+banned ids, padded with -1; every other position is all -1. The actor renormalises its
+log-probs over the allowed tokens there, as the sampler did. Without a ban the column is
+absent.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ def build_agent_batch(
     response_mask = torch.zeros((rows, response_length), dtype=torch.long)
     log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
     status, uid, text, rewards, turns = [], [], [], [], []
+    kept_rows: list[int] = []
     low = np.zeros(rows, dtype=np.int64)
     high = np.zeros(rows, dtype=np.int64)
     for row, outcome in enumerate(outcomes):
@@ -92,6 +100,7 @@ def build_agent_batch(
         high[row] = -1 if versions[1] is None else versions[1]
         if not kept:
             continue
+        kept_rows.append(row)
         ids = rollout["response_ids"]
         count = len(ids)
         responses[row, :count] = torch.tensor(ids, dtype=torch.long)
@@ -117,10 +126,34 @@ def build_agent_batch(
         "weight_version_min": low,
         "weight_version_max": high,
     }
+    banned = _banned_column(outcomes, kept_rows, response_length)
+    if banned is not None:
+        tensors["banned_token_ids"] = banned
     kept_versions = low[np.array([s == "done" for s in status])]
     meta = dict(meta_info or {})
     meta["weight_version"] = int(kept_versions.min()) if len(kept_versions) else int(low.max())
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+
+def _banned_column(
+    outcomes: Sequence[AgentOutcome], kept_rows: Sequence[int], response_length: int
+) -> torch.Tensor | None:
+    """``banned_token_ids`` of the kept rows' model turns (see the module's documentation);
+    ``None`` when no turn banned a token."""
+    bans: list[tuple[int, int, int, list[int]]] = []  # row, start, end, ids
+    for row in kept_rows:
+        for segment in outcomes[row].rollout["segments"]:
+            ids = [int(i) for i in segment.get("banned_token_ids", ())]
+            if segment["kind"] == "model" and ids and segment["token_ids"]:
+                start = int(segment["start"])
+                bans.append((row, start, start + len(segment["token_ids"]), ids))
+    if not bans:
+        return None
+    width = max(len(ids) for *_, ids in bans)
+    column = torch.full((len(outcomes), response_length, width), -1, dtype=torch.long)
+    for row, start, end, ids in bans:
+        column[row, start:end, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return column
 
 
 def agent_token_scores(batch: DataProto) -> torch.Tensor:

@@ -25,6 +25,7 @@ __all__ = [
     "FixedKLController",
     "agg_loss",
     "agg_loss_denominator",
+    "ban_logits_",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_policy_loss",
@@ -86,6 +87,54 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tens
     if not shift_mean:
         whitened = whitened + mean
     return whitened
+
+
+def ban_logits_(logits: Tensor, banned_token_ids: Tensor, labels: Tensor | None = None) -> Tensor:
+    """Ban tokens in place: ``logits`` ``[..., vocab]`` (floating point) take their dtype's
+    lowest finite value at every id of ``banned_token_ids`` ``[..., K]`` (int64, padded with
+    -1; a position whose ids are all -1 bans nothing). Returns ``logits``.
+
+    A softmax of the result is the model's distribution renormalised over the allowed
+    tokens, what a sampler that never draws the banned ones samples from: the banned
+    tokens' ``exp`` underflows to exactly 0, so the allowed tokens' log-probs are those of
+    ``-inf`` logits, while their ``p * log p`` terms are ``0 * finite`` (an entropy, not
+    NaN) and no gradient reaches them. The cost is one write per banned id, no
+    ``[..., vocab]`` mask. ``labels`` ``[...]`` (the tokens whose log-probs are wanted) must
+    not be banned at their own position: a :class:`BatchError` says where one is.
+    """
+    if not logits.is_floating_point():
+        raise BatchError(f"ban_logits_: logits must be floating point, got {logits.dtype}")
+    if banned_token_ids.dtype != torch.int64:
+        raise BatchError(
+            f"ban_logits_: banned_token_ids must be int64, got {banned_token_ids.dtype}"
+        )
+    if banned_token_ids.dim() != logits.dim() or banned_token_ids.shape[:-1] != logits.shape[:-1]:
+        raise BatchError(
+            f"ban_logits_: banned_token_ids {tuple(banned_token_ids.shape)} must be "
+            f"logits' {tuple(logits.shape)} with the vocabulary replaced by K"
+        )
+    banned = banned_token_ids.to(logits.device)
+    valid = banned >= 0
+    if not bool(valid.any()):
+        return logits
+    vocab = logits.shape[-1]
+    bad = banned[(banned < -1) | (banned >= vocab)]
+    if bad.numel():
+        raise BatchError(
+            f"ban_logits_: banned_token_ids hold {bad[:4].tolist()}, outside -1 (padding) "
+            f"and 0..{vocab - 1}"
+        )
+    if labels is not None:
+        own = (banned == labels.to(banned.device).unsqueeze(-1)).any(dim=-1)
+        if bool(own.any()):
+            where = own.nonzero()[0].tolist()
+            raise BatchError(
+                f"ban_logits_: the token at position {where} is one its own sampling banned "
+                f"({int(labels[tuple(where)])}); a sampler never draws a banned token"
+            )
+    index = valid.nonzero(as_tuple=True)
+    logits[(*index[:-1], banned[index])] = torch.finfo(logits.dtype).min
+    return logits
 
 
 def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:

@@ -126,25 +126,26 @@ def pick(logits: Tensor, sampling: SamplingParams, generator: torch.Generator) -
     log-probability under them (``log_softmax`` of the logits divided by the temperature,
     before top-p, float32: what the actor's ``compute_log_prob`` recomputes; greedy
     requests, and a temperature so small that the divided logits overflow, report the raw
-    logits' ``log_softmax``). Temperature 0 is
-    greedy (the first most likely token); otherwise the token is drawn with ``generator``
-    from ``softmax(logits / temperature)`` kept to the nucleus ``top_p``. Banned tokens
-    (``sampling.banned_token_ids``) are never picked."""
+    logits' ``log_softmax``). Temperature 0 is greedy (the first most likely token);
+    otherwise the token is drawn with ``generator`` from ``softmax(logits / temperature)``
+    kept to the nucleus ``top_p``. Banned tokens (``sampling.banned_token_ids``) are never
+    picked, and the log-probability is then under the distribution renormalised over the
+    allowed tokens (the banned logits at ``-inf``): the distribution sampled from, which the
+    actor recomputes from the rollout's ``banned_token_ids`` column."""
     logits = logits.float()
     allowed = logits
-    if sampling.banned_token_ids:  # never sampled; the log-prob below stays the model's
+    if sampling.banned_token_ids:  # never sampled, and out of the log-prob's normaliser
         allowed = logits.clone()
         allowed[list(sampling.banned_token_ids)] = float("-inf")
     scaled = allowed / sampling.temperature if sampling.temperature > 0 else allowed
-    if sampling.temperature == 0 or not bool(torch.isfinite(scaled[torch.isfinite(allowed)]).all()):
+    overflow = not bool(torch.isfinite(scaled[torch.isfinite(allowed)]).all())
+    if sampling.temperature == 0 or overflow:
         # greedy; also for a temperature so small that the scaled logits overflow
         token = int(allowed.argmax().item())
     else:
         kept = filter_logits(scaled, 0, sampling.top_p)
         probs = F.softmax(kept, dim=-1)
         token = int(torch.multinomial(probs, 1, generator=generator).item())
-    tempered = logits / sampling.temperature if sampling.temperature > 0 else logits
-    if not bool(torch.isfinite(tempered).all()):  # sampled greedily: the raw distribution's
-        tempered = logits
+    tempered = allowed if overflow else scaled  # overflowing: the untempered distribution's
     logprob = float(F.log_softmax(tempered[None], dim=-1)[0, token].item())
     return token, logprob

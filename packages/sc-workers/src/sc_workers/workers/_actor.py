@@ -16,7 +16,7 @@ from ..engine import Engine, PipelineEngine, make_engine
 from ._collective import collective, collective_setup
 from ._common import KeptState, WorkerBase
 from ._generation import generate_batch, meta_float, sampling_params
-from ._ppo import compute_log_prob, gather_tensors, update_policy
+from ._ppo import BANNED, check_banned, compute_log_prob, gather_tensors, update_policy
 from ._ppo_pipeline import pipelined_log_prob, pipelined_update_policy
 from ._sync import WeightSyncEndpoint
 
@@ -181,7 +181,10 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         Needs ``input_ids``, ``attention_mask``, ``position_ids`` and ``responses``; the
         logits are divided by ``meta_info["temperature"]`` (default: the rollout's). In the
         exact mode (``rollout.exact_window``) each row runs alone in its window, as the
-        sampler's do, so these equal the sampler's ``rollout_log_probs`` bit for bit.
+        sampler's do, so these equal the sampler's ``rollout_log_probs`` bit for bit. With a
+        ``banned_token_ids`` column (int64 ``[batch, response_length, K]``, -1 pads: the
+        tokens each response token's sampling banned), both are those of the distribution
+        renormalised over the allowed tokens, the one the sampler drew from.
         """
         where = self._where("compute_log_prob")
         engine = self._actor("compute_log_prob")
@@ -204,7 +207,9 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
     @collective
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` ``[batch, response_length]`` under the frozen reference model."""
+        """``ref_log_prob`` ``[batch, response_length]`` under the frozen reference model
+        (renormalised over the allowed tokens, like the actor's, with a
+        ``banned_token_ids`` column)."""
         where = self._where("compute_ref_log_prob")
         if not self._is_ref:
             raise NotInitializedError(f"{where}: role {self.role!r} has no ref")
@@ -236,7 +241,10 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         exact_window: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         where = self._where("compute_log_prob")
-        t = gather_tensors(data, _MODEL_INPUTS if engine.layout.reads_batch else (), (), where)
+        t = gather_tensors(
+            data, _MODEL_INPUTS if engine.layout.reads_batch else (), (BANNED,), where
+        )
+        check_banned(t, where)
         if isinstance(engine, PipelineEngine):
             length = self.config.rollout.response_length
             if "responses" in t:
@@ -256,7 +264,9 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         ``old_log_probs``, ``advantages`` (and ``ref_log_prob`` with ``use_kl_loss``);
         ``response_mask`` defaults to the response part of ``attention_mask``; a
         ``rollout_is_weights`` column (the rollout correction's importance weights)
-        multiplies the per-token policy-gradient loss. Metrics: ``actor/pg_loss``,
+        multiplies the per-token policy-gradient loss; a ``banned_token_ids`` column
+        renormalises the log-probs and entropies over the allowed tokens
+        (:meth:`compute_log_prob`). Metrics: ``actor/pg_loss``,
         ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``,
         ``actor/entropy``, ``actor/grad_norm``, ``actor/lr`` (the rate used),
         ``actor/ppo_ratio_first_dev_max`` (the largest ``|ratio - 1|`` of the first
@@ -273,7 +283,8 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
             keys.append("ref_log_prob")
         if not engine.layout.reads_batch:
             keys = []
-        t = gather_tensors(data, keys, ("response_mask", "rollout_is_weights"), where)
+        t = gather_tensors(data, keys, ("response_mask", "rollout_is_weights", BANNED), where)
+        check_banned(t, where)
         temperature = meta_float(
             data.meta_info, "temperature", self.config.rollout.temperature, where
         )

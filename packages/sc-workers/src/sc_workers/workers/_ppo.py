@@ -13,6 +13,7 @@ from .._config import ActorConfig, BatchSizes, CriticConfig
 from .._errors import BatchError, MissingBatchKeyError
 from ..algos import (
     agg_loss,
+    ban_logits_,
     compute_policy_loss,
     compute_value_loss,
     entropy_from_logits,
@@ -24,6 +25,8 @@ from ..models import window_forward
 from ._ppo_loop import Accumulate, Meter, MiniBatch, Role, micro_slices, response_mask_of, run_ppo
 
 __all__ = [
+    "BANNED",
+    "check_banned",
     "compute_log_prob",
     "compute_values",
     "gather_tensors",
@@ -55,6 +58,38 @@ def gather_tensors(
     return out
 
 
+#: the optional rollout column of the tokens each response token's sampling banned
+BANNED = "banned_token_ids"
+
+
+def check_banned(tensors: dict[str, Tensor], where: str) -> None:
+    """A ``banned_token_ids`` column, when present, is int64 ``[batch, response_length, K]``
+    (``responses``' rows and length; -1 pads); a :class:`BatchError` otherwise."""
+    banned = tensors.get(BANNED)
+    if banned is None or "responses" not in tensors:
+        return
+    shape = tuple(tensors["responses"].shape)
+    if banned.dtype != torch.int64 or banned.dim() != 3 or tuple(banned.shape[:2]) != shape:
+        raise BatchError(
+            f"{where}: column {BANNED!r} must be int64 [batch, response_length, K] with "
+            f"[batch, response_length] = {list(shape)}, got {banned.dtype} "
+            f"{list(banned.shape)}"
+        )
+
+
+def _scaled_response_logits(
+    logits: Tensor, responses: Tensor, temperature: float, banned: Tensor | None
+) -> Tensor:
+    """The logits that predict the response tokens, float32, over ``temperature``; with
+    ``banned`` (``[batch, response_length, K]``), its tokens banned (:func:`ban_logits_`):
+    the distribution the sampler drew from, renormalised over the allowed tokens."""
+    length = responses.shape[1]
+    scaled = logits[:, -length - 1 : -1, :].float() / temperature  # a new tensor: banned in place
+    if banned is not None:
+        ban_logits_(scaled, banned, responses)
+    return scaled
+
+
 def _forward(engine: Engine, t: dict[str, Tensor], exact_window: int, where: str) -> Tensor:
     """The engine's forward over a micro-batch: batched, or in the exact mode
     (``exact_window`` > 0) each row alone in its window (:func:`window_forward`)."""
@@ -68,16 +103,18 @@ def _response_logits(
     engine: Engine, t: dict[str, Tensor], temperature: float, exact_window: int
 ) -> Tensor:
     logits = _forward(engine, t, exact_window, "compute_log_prob")
-    length = t["responses"].shape[1]
-    return logits[:, -length - 1 : -1, :].float() / temperature
+    return _scaled_response_logits(logits, t["responses"], temperature, t.get(BANNED))
 
 
-def response_head(responses: Tensor, temperature: float) -> Callable[[Tensor], Any]:
-    """logits -> (log-probs, entropies) of the response tokens."""
+def response_head(
+    responses: Tensor, temperature: float, banned: Tensor | None = None
+) -> Callable[[Tensor], Any]:
+    """logits -> (log-probs, entropies) of the response tokens; with ``banned`` (the batch's
+    ``banned_token_ids`` rows), of the distribution renormalised over the allowed tokens,
+    entropies included (a banned token adds nothing to an entropy)."""
 
     def head(logits: Tensor) -> tuple[Tensor, Tensor]:
-        length = responses.shape[1]
-        scaled = logits[:, -length - 1 : -1, :].float() / temperature
+        scaled = _scaled_response_logits(logits, responses, temperature, banned)
         log_prob = logprobs_from_logits(scaled, responses.to(scaled.device))
         # copies, not views of the stage's output (FSDP hooks a stage's outputs)
         return log_prob.clone(), entropy_from_logits(scaled).clone()
@@ -103,7 +140,12 @@ def compute_log_prob(
     exact_window: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Log-probabilities and entropies of the response tokens, ``[batch, response_length]``
-    (``exact_window``: the exact mode, see :func:`window_forward`)."""
+    (``exact_window``: the exact mode, see :func:`window_forward`).
+
+    With a ``banned_token_ids`` column in ``tensors`` (a rollout whose sampling banned
+    tokens), both are those of the model's distribution renormalised over the tokens not
+    banned at each position (:func:`~sc_workers.algos.ban_logits_`), the distribution the
+    sampler drew from; without it, the model's own."""
     engine.eval_mode()
     total = tensors["input_ids"].shape[0]
     log_probs: list[Tensor] = []
@@ -147,7 +189,9 @@ def policy_loss(
     meter: Meter,
 ) -> Tensor:
     """One micro-batch's PPO loss (its share of the mini-batch's, by ``denominator``);
-    its metrics go to ``meter``. A ``rollout_is_weights`` column (the rollout correction's
+    its metrics go to ``meter``. ``log_prob`` and ``entropy_tokens`` come from the role's
+    head, under the ``banned_token_ids`` column's renormalisation when the batch has one
+    (:func:`response_head`). A ``rollout_is_weights`` column (the rollout correction's
     importance weights) multiplies the per-token policy-gradient loss."""
     dev = log_prob.device
     mode = config.loss_agg_mode
@@ -223,7 +267,7 @@ def policy_role(config: ActorConfig, temperature: float) -> Role:
         return policy_loss(log_prob, entropy, micro, config, denominator, meter)
 
     return Role(
-        head=lambda micro: response_head(micro["responses"], temperature),
+        head=lambda micro: response_head(micro["responses"], temperature, micro.get(BANNED)),
         loss=loss,
         per_token=("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"),
         grad_norm="actor/grad_norm",

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .._config import ActorConfig, BatchSizes, CriticConfig
 from ..engine import PipelineEngine
-from ._ppo import policy_role, response_head, value_head, value_role
+from ._ppo import BANNED, policy_role, response_head, value_head, value_role
 from ._ppo_loop import Accumulate, Meter, MiniBatch, Role, micro_slices, response_mask_of, run_ppo
 
 __all__ = [
@@ -63,11 +63,14 @@ def pipelined_log_prob(
     micro_batch_size: int,
 ) -> tuple[Tensor, Tensor]:
     """Log-probabilities and entropies ``[total, response_length]`` (zeros off the last
-    stage)."""
+    stage); under a ``banned_token_ids`` column's renormalisation as in
+    :func:`._ppo.compute_log_prob`."""
     engine.eval_mode()
     micros = _padded_micro_batches(engine, tensors, total, micro_batch_size)
     last = engine.is_last_stage
-    heads = [response_head(m["responses"], temperature) if last else None for m in micros]
+    heads = [
+        response_head(m["responses"], temperature, m.get(BANNED)) if last else None for m in micros
+    ]
     inputs = [_inputs(m) for m in micros] if engine.is_first_stage else []
     out = engine.forward_only(inputs, heads)
     if not last:

@@ -6,6 +6,16 @@ metrics) read one format: ``prompts`` (left-padded), ``responses`` (right-padded
 ``input_ids`` (the two side by side), ``attention_mask``, ``position_ids`` (the response's
 continuing the prompt's last position), ``response_mask`` (the tokens the losses count) and
 ``rollout_log_probs`` (the sampling policy's log-prob of each response token).
+
+One optional column is not in :data:`ROLLOUT_KEYS`: ``banned_token_ids``, int64
+``[rows, response_length, K]``, the tokens each response token's sampling banned
+(``SamplingParams.banned_token_ids``, e.g. an agent's tool budget), padded with -1 (a token
+with nothing banned is all -1; ``K`` is the most ids any token of the batch had banned). A
+producer adds it only when some token's sampling banned tokens (the trainer's agent batch
+does); the actor's ``compute_log_prob``, ``compute_ref_log_prob`` and ``update_actor`` then
+renormalise the model's distribution over the allowed tokens at each position, as the
+sampler did, so ``rollout_log_probs`` and the actor's log-probs describe one policy.
+Absent, they compute the model's own distribution, as before.
 """
 
 from __future__ import annotations
