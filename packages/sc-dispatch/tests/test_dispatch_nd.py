@@ -21,7 +21,7 @@ def tagged(rank: int, data: Batch) -> Batch:
 
 def test_mode_is_a_verl_style_mapping() -> None:
     fns = make_nd_compute_dataproto_dispatch_fn("actor")
-    assert set(fns) == {"dispatch_fn", "collect_fn", "name", "joins_shards", "plan_fn"}
+    assert set(fns) == {"dispatch_fn", "collect_fn", "name", "row_aligned", "plan_fn"}
     spec = ext.resolve_dispatch_mode(fns)
     assert spec.name == "nd_dispatch_fn[actor]"
     assert functions_of(spec).unpad_output is True

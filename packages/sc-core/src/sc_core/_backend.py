@@ -70,7 +70,7 @@ class Backend(Protocol):
 
     def pending(self, handle: CallHandle) -> list[Any]:
         """For a non-blocking call: one future per rank that the mode's collect function can
-        join (futures that know their row counts when ``handle.call.joins_shards``)."""
+        join (futures that know their row counts when ``handle.call.row_aligned``)."""
         ...
 
     def is_done(self, rank_handle: Any) -> bool:

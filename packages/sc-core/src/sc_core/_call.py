@@ -56,8 +56,8 @@ class Call:
     ``deadline`` the same as a ``time.monotonic()`` instant; ``span`` the
     :class:`~sc_core.CallSpan` being recorded, to which a backend adds per-rank phases and
     byte counts (a shared span that records nothing while no observer is registered:
-    ``span.recording`` tells); ``joins_shards`` whether the mode's collect function joins row shards
-    (:attr:`sc_dispatch.DispatchModeSpec.joins_shards`): a non-blocking call then needs
+    ``span.recording`` tells); ``row_aligned`` whether the mode's outputs are row shards of
+    the input (:attr:`sc_dispatch.DispatchModeSpec.row_aligned`): a non-blocking call then needs
     futures that know their row counts, other modes take the backend's plain handles.
     ``call_id`` is the call's :class:`~sc_core.CallId` when its group uses call ids
     (``None`` otherwise): each rank then receives it under the reserved keyword
@@ -69,9 +69,9 @@ class Call:
         "call_id",
         "deadline",
         "execute_mode",
-        "joins_shards",
         "method_name",
         "ranks",
+        "row_aligned",
         "span",
         "timeout",
     )
@@ -85,12 +85,12 @@ class Call:
         execute_mode: Execute,
         blocking: bool,
         timeout: float | None,
-        joins_shards: bool = False,
+        row_aligned: bool = False,
         call_id: CallId | None = None,
     ) -> None:
         self.method_name = method_name
         self.call_id = call_id
-        self.joins_shards = joins_shards
+        self.row_aligned = row_aligned
         self.ranks = ranks
         self.execute_mode = execute_mode
         self.blocking = blocking

@@ -160,7 +160,7 @@ def call_method(
     backend = site._sc_backend(name)
     blocking = _blocking(proxy)
     call = new_call(site, name, proxy.attrs.execute_mode, blocking, _timeout(site, proxy))
-    call.joins_shards = proxy.spec.row_aligned
+    call.row_aligned = proxy.spec.row_aligned
     call.call_id = _call_id(site, name)
     span = call.span
     with _CallWatch(site, call, backend).around():
@@ -241,13 +241,13 @@ class CallStream(Generic[R]):
         name = proxy.method_name
         backend = site._sc_backend(name)
         self._call = call = new_call(site, name, Execute.ALL, True, _timeout(site, proxy))
-        call.joins_shards = True
+        call.row_aligned = True
         call.call_id = _call_id(site, name)
         self._watch = _CallWatch(site, call, backend)
         with self._watch.around(finish=False):
             with call.span.phase("dispatch"):
                 plan = _plan(proxy, site, args, kwargs)
-            if not plan.row_aligned:
+            if not plan.joins_in_order:
                 self._refuse(f"{spec.name} joins with a collect function and cannot")
             if plan.length is None:
                 raise UnsupportedCallError(

@@ -352,7 +352,7 @@ class Units:
         while True:
             while self._done:
                 unit, output = self._done.popleft()
-                if unit.rows or not self._plan.row_aligned:
+                if unit.rows or not self._plan.joins_in_order:
                     return unit, output
             try:
                 self._fill()

@@ -72,7 +72,7 @@ def _planned_mode(
         "dispatch_fn": dispatch_fn,
         "collect_fn": collect_fn,
         "name": MeshModeName(mode),
-        "joins_shards": True,
+        "row_aligned": True,
         "plan_fn": plan_fn,
     }
 

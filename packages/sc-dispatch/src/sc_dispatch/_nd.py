@@ -34,12 +34,12 @@ PlanFnField = Callable[..., WorkPlan]
 class MeshDispatchFnDict(DispatchFnDict):
     """The custom mode :func:`make_nd_compute_dataproto_dispatch_fn` returns: the dispatch
     and collect functions, the mode's ``name`` (``nd_dispatch_fn[<mesh>]``),
-    ``joins_shards`` (``True``: the collect function joins row shards) and ``plan_fn``
+    ``row_aligned`` (``True``: the collect function joins row shards) and ``plan_fn``
     (the split as a :class:`~sc_dispatch.ext.WorkPlan`, one unit per dp group: what a
     worker group runs; the two functions are verl's, for its ``func_generator`` hook)."""
 
     name: MeshModeName
-    joins_shards: bool
+    row_aligned: bool
     plan_fn: PlanFnField
 
 
@@ -174,6 +174,6 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> MeshDispatchFnDict:
         "dispatch_fn": nd_dispatch_fn,
         "collect_fn": nd_collect_fn,
         "name": MeshModeName(nd_dispatch_fn.__name__),
-        "joins_shards": True,
+        "row_aligned": True,
         "plan_fn": nd_plan_fn,
     }

@@ -180,8 +180,9 @@ class WorkPlan:
         return sizes
 
     @property
-    def row_aligned(self) -> bool:
-        """Whether the units' outputs are row shards of the input, joined in input order."""
+    def joins_in_order(self) -> bool:
+        """Whether the plan joins its units' outputs itself, as row shards of the input in input
+        order (it has no collect function)."""
         return self.collect is None
 
     def trim(self, unit: WorkUnit, output: Any) -> Any:

@@ -59,7 +59,7 @@ def _install_predefined() -> None:
         "DP_COMPUTE_PROTO",
         fns.dispatch_dp_compute_data_proto,
         fns.collect_dp_compute_data_proto,
-        joins_shards=True,
+        row_aligned=True,
     )
     _registry[Dispatch.RANK_ZERO] = _functions(
         "RANK_ZERO", fns.dispatch_rank_zero, fns.collect_rank_zero
@@ -83,7 +83,7 @@ def _install_predefined() -> None:
         "DP_COMPUTE_PROTO_WITH_FUNC",
         fns.dispatch_dp_compute_data_proto_with_func,
         fns.collect_dp_compute_data_proto,
-        joins_shards=True,
+        row_aligned=True,
     )
     _registry[Dispatch.DP_COMPUTE_METRIC] = _functions(
         "DP_COMPUTE_METRIC",
@@ -171,7 +171,7 @@ def _lookup(dispatch_mode: Dispatch) -> DispatchModeSpec:
     return spec
 
 
-_OPTIONAL_KEYS = ("collect_sees_dispatch", "joins_shards", "name", "plan_fn", "unpad_output")
+_OPTIONAL_KEYS = ("collect_sees_dispatch", "name", "plan_fn", "row_aligned", "unpad_output")
 _MAPPING_KEYS = frozenset({"dispatch_fn", "collect_fn", *_OPTIONAL_KEYS})
 
 
@@ -181,7 +181,7 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
     A mapping is verl's ``{"dispatch_fn": ..., "collect_fn": ...}``, optionally with the
     flags of :class:`FunctionMode` and a ``name``; one with a ``plan_fn`` too (the N-d,
     balanced and sticky modes) plans with it, its outputs row-aligned unless
-    ``joins_shards`` is false."""
+    ``row_aligned`` is false."""
     if isinstance(dispatch_mode, Dispatch):
         return _lookup(dispatch_mode)
     if isinstance(dispatch_mode, Mapping):
@@ -206,12 +206,12 @@ def resolve_dispatch_mode(dispatch_mode: Dispatch | Mapping[str, Any]) -> Dispat
             dispatch_mode["dispatch_fn"],
             dispatch_mode["collect_fn"],
             dispatch_mode.get("unpad_output", True),
-            dispatch_mode.get("joins_shards", plan_fn is not None),
+            dispatch_mode.get("row_aligned", plan_fn is not None),
             dispatch_mode.get("collect_sees_dispatch", False),
         )
         if plan_fn is None:
             return DispatchModeSpec.from_functions(functions)
-        return DispatchModeSpec(name, plan_fn, functions.joins_shards, functions)
+        return DispatchModeSpec(name, plan_fn, functions.row_aligned, functions)
     raise DispatchModeTypeError(
         f"dispatch_mode must be a Dispatch member or a mapping with 'dispatch_fn' and "
         f"'collect_fn', got {type(dispatch_mode).__qualname__} {dispatch_mode!r}"
@@ -224,14 +224,14 @@ def register_dispatch_mode(
     collect_fn: CollectFn | DispatchAwareCollectFn,
     *,
     unpad_output: bool = True,
-    joins_shards: bool = False,
+    row_aligned: bool = False,
     collect_sees_dispatch: bool = False,
 ) -> Dispatch:
     """Add a new ``Dispatch`` member called ``dispatch_mode_name.upper()`` with its
     functions and return it.
 
     The flags are those of :class:`~sc_dispatch.ext.FunctionMode`: ``unpad_output``
-    (drop dispatch padding from the output), ``joins_shards`` (``collect_fn`` joins
+    (drop dispatch padding from the output), ``row_aligned`` (``collect_fn`` joins
     row shards) and ``collect_sees_dispatch`` (``collect_fn`` also takes
     ``dispatched=(args, kwargs)``, what ``dispatch_fn`` returned for the call); each must
     be a bool (else a :class:`~sc_dispatch.DispatchModeTypeError`).
@@ -247,7 +247,7 @@ def register_dispatch_mode(
         )
     name = dispatch_mode_name.upper()
     functions = FunctionMode(
-        name, dispatch_fn, collect_fn, unpad_output, joins_shards, collect_sees_dispatch
+        name, dispatch_fn, collect_fn, unpad_output, row_aligned, collect_sees_dispatch
     )
     with _lock:
         if name in Dispatch:
@@ -266,11 +266,11 @@ def update_dispatch_mode(
     collect_fn: CollectFn | DispatchAwareCollectFn,
     *,
     unpad_output: bool | None = None,
-    joins_shards: bool | None = None,
+    row_aligned: bool | None = None,
     collect_sees_dispatch: bool | None = None,
 ) -> None:
     """Replace the functions of an existing dispatch mode (a ``Dispatch`` member, else a
-    :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output``, ``joins_shards`` and
+    :class:`~sc_dispatch.DispatchModeTypeError`); ``unpad_output``, ``row_aligned`` and
     ``collect_sees_dispatch`` keep their values unless given. The mode then runs verl's way,
     one unit per rank (a predefined splitting mode gives up its native plan)."""
     with _lock:
@@ -281,7 +281,7 @@ def update_dispatch_mode(
             dispatch_fn,
             collect_fn,
             flags.unpad_output if unpad_output is None else unpad_output,
-            flags.joins_shards if joins_shards is None else joins_shards,
+            flags.row_aligned if row_aligned is None else row_aligned,
             flags.collect_sees_dispatch if collect_sees_dispatch is None else collect_sees_dispatch,
         )
         _registry[dispatch_mode] = DispatchModeSpec.from_functions(functions)

@@ -84,14 +84,14 @@ def _check_flags(name: str, **flags: object) -> None:
 class FunctionMode:
     """A mode given as verl's pair of functions (see the module docstring), and its flags:
     ``unpad_output`` (drop the dispatch's padding rows from the collected output),
-    ``joins_shards`` (``collect_fn`` joins row shards: a non-blocking call hands it futures
+    ``row_aligned`` (``collect_fn`` joins row shards: a non-blocking call hands it futures
     that know their row counts) and ``collect_sees_dispatch``."""
 
     name: str
     dispatch_fn: DispatchFn
     collect_fn: CollectFn | DispatchAwareCollectFn
     unpad_output: bool = True
-    joins_shards: bool = False
+    row_aligned: bool = False
     collect_sees_dispatch: bool = False
 
     def __post_init__(self) -> None:
@@ -104,7 +104,7 @@ class FunctionMode:
         _check_flags(
             self.name,
             unpad_output=self.unpad_output,
-            joins_shards=self.joins_shards,
+            row_aligned=self.row_aligned,
             collect_sees_dispatch=self.collect_sees_dispatch,
         )
 
@@ -174,7 +174,7 @@ class DispatchModeSpec:
         def plan_fn(worker_group: Any, *args: Any, **kwargs: Any) -> WorkPlan:
             return functions.plan(worker_group, args, kwargs)
 
-        return cls(functions.name, plan_fn, functions.joins_shards, functions)
+        return cls(functions.name, plan_fn, functions.row_aligned, functions)
 
     def plan(
         self,

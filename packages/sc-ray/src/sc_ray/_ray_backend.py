@@ -174,7 +174,7 @@ class RayBackend:
     def start(self, call: Call, method_name: str, rank_args: Sequence[RankArgs]) -> CallHandle:
         rank_args = self._put_shared(rank_args, call)
         workers = self.workers
-        if not call.blocking and call.joins_shards:
+        if not call.blocking and call.row_aligned:
             values: list[Any] = []
             metas: list[Any] = []
             for rank, (args, kwargs) in zip(call.ranks, rank_args, strict=True):
