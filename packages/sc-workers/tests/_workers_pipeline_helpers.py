@@ -41,6 +41,8 @@ class Layout:
     dp: int = 1
     vpp: int = 1
     schedule: str = "auto"
+    #: the batch carries a ``banned_token_ids`` column (:func:`with_bans`)
+    banned: bool = False
 
     @property
     def world(self) -> int:
@@ -77,6 +79,22 @@ def configs(layout: Layout | None) -> tuple[ActorRolloutRefConfig, CriticConfig]
 def _metadata_only(data: DataProto) -> DataProto:
     """What the dispatch sends a rank registered with ``receives_data=False``."""
     return DataProto(batch=TensorDict({}, batch_size=[len(data)]), meta_info=data.meta_info)
+
+
+def with_bans(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` plus a ``banned_token_ids`` column ``[batch, response_length, 2]``: one or
+    two ids banned at every other response position (never the position's own token), -1
+    elsewhere."""
+    responses = tensors["responses"]
+    rows_, length = responses.shape
+    banned = torch.full((rows_, length, 2), -1, dtype=torch.long)
+    for r in range(rows_):
+        for p in range(0, length, 2):
+            others = [v for v in range(32) if v != int(responses[r, p])]
+            banned[r, p, 0] = others[(3 * r + p) % len(others)]
+            if p % 4 == 0:
+                banned[r, p, 1] = others[(3 * r + p + 7) % len(others)]
+    return {**tensors, "banned_token_ids": banned}
 
 
 def run_steps(
@@ -122,7 +140,8 @@ def pipeline_job(layout: Layout, rank: int, world: int, out: Path) -> None:
     critic = CriticWorker(critic_cfg)
     lay = actor.layout
     shard = BATCH // lay.dp_size
-    mine = rows(make_tensors(), slice(lay.dp_rank * shard, (lay.dp_rank + 1) * shard))
+    tensors = with_bans(make_tensors()) if layout.banned else make_tensors()
+    mine = rows(tensors, slice(lay.dp_rank * shard, (lay.dp_rank + 1) * shard))
     actor.init_model()
     critic.init_model()
     result = run_steps(actor, critic, mine, None, reads_batch=lay.reads_batch)

@@ -16,13 +16,20 @@ from typing import Any
 import pytest
 import torch
 from _workers_helpers import BATCH, dp_mini_batch_order, launch, make_tensors
-from _workers_pipeline_helpers import Layout, configs, failure_job, pipeline_job, run_steps
+from _workers_pipeline_helpers import (
+    Layout,
+    configs,
+    failure_job,
+    pipeline_job,
+    run_steps,
+    with_bans,
+)
 from sc_workers import ActorRolloutRefWorker, CriticWorker
 
 ATOL = 1e-5
 
 
-def _reference(dp: int) -> dict[str, Any]:
+def _reference(dp: int, banned: bool = False) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WORLD_SIZE", "1")
         mp.setenv("RANK", "0")
@@ -33,18 +40,20 @@ def _reference(dp: int) -> dict[str, Any]:
         critic.init_model()
         # the dp ranks each cut their rows into mini-batches of 4 / dp
         order = dp_mini_batch_order(BATCH, dp=dp, per_rank_mini=4 // dp) if dp > 1 else None
-        return run_steps(actor, critic, make_tensors(), order)
+        tensors = with_bans(make_tensors()) if banned else make_tensors()
+        return run_steps(actor, critic, tensors, order)
 
 
 @pytest.fixture(scope="module")
-def references() -> dict[int, dict[str, Any]]:
-    cache: dict[int, dict[str, Any]] = {}
+def references() -> dict[tuple[int, bool], dict[str, Any]]:
+    """The single-rank runs by (dp, whether the batch bans tokens), made when first asked."""
+    cache: dict[tuple[int, bool], dict[str, Any]] = {}
 
-    class _Lazy(dict[int, dict[str, Any]]):
-        def __missing__(self, dp: int) -> dict[str, Any]:
-            cache[dp] = _reference(dp)
-            self[dp] = cache[dp]
-            return cache[dp]
+    class _Lazy(dict[tuple[int, bool], dict[str, Any]]):
+        def __missing__(self, key: tuple[int, bool]) -> dict[str, Any]:
+            cache[key] = _reference(*key)
+            self[key] = cache[key]
+            return cache[key]
 
     return _Lazy()
 
@@ -103,13 +112,20 @@ def _check(ref: dict[str, Any], outs: list[dict[str, Any]], layout: Layout) -> N
         pytest.param(Layout(pp=2, tp=2), id="pp2xtp2", marks=pytest.mark.extended),
         pytest.param(Layout(pp=2, dp=2), id="pp2xdp2", marks=pytest.mark.extended),
         pytest.param(Layout(pp=4), id="pp4", marks=pytest.mark.extended),
+        # a banned_token_ids column: the last stage's head renormalises like the single rank
+        pytest.param(Layout(pp=2, banned=True), id="pp2-banned"),
     ],
 )
 @pytest.mark.slow
 def test_pipeline_matches_single_rank(
-    layout: Layout, references: dict[int, dict[str, Any]], tmp_path: Path
+    layout: Layout, references: dict[tuple[int, bool], dict[str, Any]], tmp_path: Path
 ) -> None:
-    _check(references[layout.dp], _run(layout, tmp_path), layout)
+    ref = references[(layout.dp, layout.banned)]
+    _check(ref, _run(layout, tmp_path), layout)
+    if layout.banned:  # the column matters: the same run without it computes other log-probs
+        plain = references[(layout.dp, False)]
+        assert not torch.allclose(ref["old_log_probs"], plain["old_log_probs"], atol=1e-3)
+        assert torch.equal(ref["gen_responses"], plain["gen_responses"])
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ after thousands of steps (if at all), so without the tool the policy can do litt
 than guess digits. But it has a tool: a first model turn that is the call mark ``[`` alone
 runs the calculator on the question, whose answer the agent appends as tool tokens (``30=``,
 response mask 0); the model then answers in a second turn, where the call mark is banned
-(one call per session), and copying the tool's digits earns the full reward. The reward is
+(one call per session), and copying the tool's digits earns the full reward. The engine
+samples that turn from the model's distribution renormalised over the other tokens, and the
+batch's ``banned_token_ids`` column has the actor compute the same one. The reward is
 the fraction of the 2 digits right in the last model turn, position by position: a uniform
 policy scores about 1/16 per digit, the best possible is 1. Nothing rewards the call itself.
 
@@ -174,7 +176,9 @@ class ToolCalcTask:
 
     def _answer_sampling(self, session: AgentSession) -> SamplingParams:
         """The answer turn after a call: the call mark is banned (one call per session) and
-        the turn ends with the eos token."""
+        the turn ends with the eos token. The session's turn records the ban, and the agent
+        batch hands it to the actor (``banned_token_ids``), which renormalises as the engine
+        sampled."""
         return dataclasses.replace(
             session.sampling,
             max_tokens=_TURN_TOKENS,
