@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _trainer_runs import run, tiny_config
@@ -141,3 +142,23 @@ def test_a_run_with_a_correction_logs_the_mismatch_metrics(tmp_path: Path) -> No
         # the sampler is the actor itself: the two policies agree to float precision
         assert record["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
         assert record["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+
+
+def test_the_mismatch_is_reported_per_weight_version_span() -> None:
+    """Rows a partial rollout resumed across a weight sync (``weight_version_max`` above
+    ``_min``) get metrics of their own, ``rollout_corr/span<k>/*``."""
+    batch = _batch()
+    batch.non_tensor_batch["weight_version_min"] = np.array([3, 2])
+    batch.non_tensor_batch["weight_version_max"] = np.array([3, 3])
+    metrics: dict[str, Any] = {}
+    rollout_mismatch(batch, metrics, RolloutCorrectionConfig())
+    # row 0 (one version): ratios 0.4, 1.5, 3.0; row 1 (two): 1.2, 1.1 (its third is masked)
+    assert metrics["rollout_corr/span0/log_prob_abs_diff_max"] == pytest.approx(math.log(3.0))
+    assert metrics["rollout_corr/span1/log_prob_abs_diff_max"] == pytest.approx(math.log(1.2))
+    assert metrics["rollout_corr/span0/rows_fraction"] == 0.5
+    assert metrics["rollout_corr/span1/rows_fraction"] == 0.5
+    k3 = [r - math.log(r) - 1 for r in (1.2, 1.1)]
+    assert metrics["rollout_corr/span1/k3_kl"] == pytest.approx(sum(k3) / 2)
+    plain: dict[str, Any] = {}
+    rollout_mismatch(_batch(), plain, RolloutCorrectionConfig())
+    assert not [k for k in plain if "/span" in k]  # worker-group batches have no versions

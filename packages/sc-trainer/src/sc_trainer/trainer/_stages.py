@@ -169,7 +169,40 @@ def _mismatch(batch: DataProto, bounds: tuple[float, float]) -> dict[str, float]
     if found:
         found["rollout/log_prob_diff_mean"] = found["rollout_corr/log_prob_abs_diff_mean"]
         found["rollout/log_prob_diff_max"] = found["rollout_corr/log_prob_abs_diff_max"]
+        found.update(_mismatch_by_span(batch, bounds))
     return found
+
+
+#: the mismatch metrics reported per weight-version span as well
+_SPAN_KEYS = ("log_prob_abs_diff_mean", "log_prob_abs_diff_max", "k3_kl")
+
+
+def _mismatch_by_span(batch: DataProto, bounds: tuple[float, float]) -> dict[str, float]:
+    """The mismatch of the rows grouped by how many weight syncs each spans (``k`` =
+    ``weight_version_max - weight_version_min``: 0 for a row sampled by one version, 1 for a
+    partial rollout resumed across one sync): ``rollout_corr/span<k>/<metric>`` for the
+    metrics of :data:`_SPAN_KEYS` and ``rollout_corr/span<k>/rows_fraction``; ``{}`` for a
+    batch without the two columns (worker-group rollouts)."""
+    low = batch.non_tensor_batch.get("weight_version_min")
+    high = batch.non_tensor_batch.get("weight_version_max")
+    td = batch.batch
+    if low is None or high is None or td is None:
+        return {}
+    spans = np.asarray(high, dtype=np.int64) - np.asarray(low, dtype=np.int64)
+    out: dict[str, float] = {}
+    for span in sorted({int(s) for s in spans}):
+        rows = torch.from_numpy(spans == span)
+        found = rollout_mismatch_metrics(
+            td["old_log_probs"][rows],
+            td["rollout_log_probs"][rows],
+            td["response_mask"][rows],
+            bounds,
+        )
+        for key in _SPAN_KEYS:
+            if f"rollout_corr/{key}" in found:
+                out[f"rollout_corr/span{span}/{key}"] = found[f"rollout_corr/{key}"]
+        out[f"rollout_corr/span{span}/rows_fraction"] = float(rows.float().mean())
+    return out
 
 
 def log_prob_gap(batch: DataProto, metrics: dict[str, Any]) -> None:
