@@ -221,7 +221,9 @@ def policy_loss(
         meter.add("actor/kl_loss", kl_loss)
     n_tok = mask.sum()
     old_log_prob = micro["old_log_probs"].to(dev).float()
-    ratio_dev = (torch.exp(log_prob.detach() - old_log_prob) - 1.0).abs() * mask
+    # only the response tokens: whatever the other positions hold (tool tokens) is left out
+    deviation = (torch.exp(log_prob.detach() - old_log_prob) - 1.0).abs()
+    ratio_dev = torch.where(mask.bool(), deviation, torch.zeros_like(deviation))
     meter.peak("actor/ppo_ratio_first_dev_max", ratio_dev.max() if ratio_dev.numel() else n_tok * 0)
     meter.add("actor/pg_loss", pg_loss)
     meter.add("actor/entropy", entropy)
