@@ -25,7 +25,11 @@ def _steps(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in history if "train/reward" in r]
 
 
-@pytest.mark.parametrize("rollout_engine", ["workers", "builtin"])
+@pytest.mark.parametrize(
+    "rollout_engine",
+    # the engine alone is checked bit for bit in sc-workers' default tests
+    ["workers", pytest.param("builtin", marks=pytest.mark.extended)],
+)
 def test_the_sampler_and_the_actor_agree_bit_for_bit_at_every_step(
     tmp_path: Path, rollout_engine: str
 ) -> None:
