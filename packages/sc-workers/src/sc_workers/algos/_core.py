@@ -133,7 +133,8 @@ def ban_logits_(logits: Tensor, banned_token_ids: Tensor, labels: Tensor | None 
                 f"({int(labels[tuple(where)])}); a sampler never draws a banned token"
             )
     index = valid.nonzero(as_tuple=True)
-    logits[(*index[:-1], banned[index])] = torch.finfo(logits.dtype).min
+    positions = (*index[:-1], banned[index])  # the rows' positions, then the banned ids
+    logits[positions] = torch.finfo(logits.dtype).min
     return logits
 
 
