@@ -81,7 +81,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "importing sc_trainer does not"
     ),
     ("sc_trainer.rollout._fleet_ray", "sc_ray"): "imports Ray: as ray above",
-    ("sc_trainer.trainer._trainer", "sc_ray"): (
+    ("sc_trainer.faults._injected", "sc_ray"): (
         "imports Ray: only a run with a node fault (node@step=N) arms sc-ray's NodeLoss"
     ),
     ("sc_trainer.rollout._server_actor", "ray"): (
