@@ -23,11 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
+from _curves import plot_curves  # this folder: the scripts' own
 from sc_rollout.engines import create_vllm_env
 from sc_trainer.tasks import save_tiny_gpt2
 
@@ -67,19 +63,10 @@ def run_demo(rollout: str, model: str, out: Path, steps: int) -> dict[str, Any]:
 
 
 def plot(runs: list[dict[str, Any]]) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
-        steps, values = zip(*run["val_reward"], strict=True)
-        ax.plot(steps, values, marker="o", label=f"--rollout {run['rollout']}")
-    ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation reward (greedy)")
-    ax.set_title("sc-demo on a tiny GPT-2: who generates")
-    ax.set_ylim(0, 1.05)
-    ax.legend()
-    fig.tight_layout()
-    PNG.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PNG, dpi=110)
+    curves = [(f"--rollout {run['rollout']}", run["val_reward"]) for run in runs]
+    plot_curves(
+        curves, "sc-demo on a tiny GPT-2: who generates", "validation reward (greedy)", PNG, 0.9
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,11 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
+from _curves import plot_curves  # this folder: the scripts' own
 from _machine import machine, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,19 +77,10 @@ def summarise(out: Path, seconds: float | None) -> dict[str, Any]:
 
 
 def plot(runs: list[dict[str, Any]]) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
-        steps, values = zip(*run["val_reward"], strict=True)
-        ax.plot(steps, values, marker="o", label=f"seed {run['seed']}")
-    ax.axhline(THRESHOLD, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation reward (greedy, no hints)")
-    ax.set_title("sc-demo --task tool-calc")
-    ax.set_ylim(0, 1.05)
-    ax.legend()
-    fig.tight_layout()
-    PNG.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PNG, dpi=110)
+    curves = [(f"seed {run['seed']}", run["val_reward"]) for run in runs]
+    plot_curves(
+        curves, "sc-demo --task tool-calc", "validation reward (greedy, no hints)", PNG, THRESHOLD
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,9 +104,13 @@ def _digest(path: Path) -> str:
     return total.hexdigest()
 
 
+def _logsumexp(values: Sequence[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(x - top) for x in values))
+
+
 def _log_softmax(row: tuple[float, ...]) -> tuple[float, ...]:
-    top = max(row)
-    log_total = top + math.log(sum(math.exp(x - top) for x in row))
+    log_total = _logsumexp(row)
     return tuple(x - log_total for x in row)
 
 
@@ -123,9 +128,7 @@ def _token_logprob(
         scaled = row
     if not banned and scaled is row:
         return weights.logprobs[previous][token]
-    allowed = [x for i, x in enumerate(scaled) if i not in banned]
-    top = max(allowed)
-    return scaled[token] - (top + math.log(sum(math.exp(x - top) for x in allowed)))
+    return scaled[token] - _logsumexp([x for i, x in enumerate(scaled) if i not in banned])
 
 
 def _sample(logits: tuple[float, ...], sampling: SamplingParams, rng: random.Random) -> int:

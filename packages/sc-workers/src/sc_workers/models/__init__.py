@@ -15,7 +15,7 @@ from ._hf import (
 from ._hf_stage import HFStage, HFStageSplit
 from ._stage import ModelStage, TinyStage, split_layers
 from ._transformer import KVCache, TinyCausalLM
-from ._window import window_forward, window_row
+from ._window import rows_forward, window_forward, window_row
 
 __all__ = [
     "HFCache",
@@ -31,6 +31,7 @@ __all__ = [
     "check_hf_tensor_parallel",
     "load_hf_model",
     "load_hf_tokenizer",
+    "rows_forward",
     "save_hf_model",
     "split_layers",
     "window_forward",

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._errors import BatchError
 
-__all__ = ["Forward", "window_forward", "window_row"]
+__all__ = ["Forward", "rows_forward", "window_forward", "window_row"]
 
 #: ``forward(input_ids, attention_mask, position_ids)``: a model's (or an engine's) forward
 Forward = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -61,9 +61,8 @@ def window_forward(
     if window < 1:
         raise BatchError(f"{where}: the exact mode's window must be >= 1 token, got {window}")
     b, s = input_ids.shape
-    real = attention_mask.bool()
-    # leading padding of each row (a row with no real token starts at 0)
-    firsts = real.int().argmax(dim=1)  # 0 for a row with no real token
+    # the leading padding of each row (0 for a row with no real token)
+    firsts = attention_mask.bool().int().argmax(dim=1)
     outputs: list[Tensor] = []
     for row in range(b):
         first = int(firsts[row])
@@ -78,6 +77,22 @@ def window_forward(
             out = torch.cat([out.new_zeros((1, first, *out.shape[2:])), out], dim=1)
         outputs.append(out)
     return torch.cat(outputs)
+
+
+def rows_forward(
+    forward: Forward,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    exact_window: int,
+    where: str,
+) -> Tensor:
+    """``forward`` over the rows: batched, or in the exact mode (``exact_window`` > 0) each
+    row alone in its window (:func:`window_forward`). The one switch the sampler and the
+    actor's recomputation and update share, so that they run the same computation."""
+    if exact_window:
+        return window_forward(forward, input_ids, attention_mask, position_ids, exact_window, where)
+    return forward(input_ids, attention_mask, position_ids)
 
 
 def _right_padded(t: Tensor, pad: int) -> Tensor:

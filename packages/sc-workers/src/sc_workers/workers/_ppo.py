@@ -21,7 +21,7 @@ from ..algos import (
     logprobs_from_logits,
 )
 from ..engine import Engine
-from ..models import window_forward
+from ..models import rows_forward
 from ._ppo_loop import Accumulate, Meter, MiniBatch, Role, micro_slices, response_mask_of, run_ppo
 
 __all__ = [
@@ -91,12 +91,9 @@ def _scaled_response_logits(
 
 
 def _forward(engine: Engine, t: dict[str, Tensor], exact_window: int, where: str) -> Tensor:
-    """The engine's forward over a micro-batch: batched, or in the exact mode
-    (``exact_window`` > 0) each row alone in its window (:func:`window_forward`)."""
+    """The engine's forward over a micro-batch (:func:`rows_forward`)."""
     ids, mask, positions = t["input_ids"], t["attention_mask"], t["position_ids"]
-    if exact_window:
-        return window_forward(engine.forward, ids, mask, positions, exact_window, where)
-    return engine.forward(ids, mask, positions)
+    return rows_forward(engine.forward, ids, mask, positions, exact_window, where)
 
 
 def _response_logits(
@@ -196,9 +193,10 @@ def policy_loss(
     dev = log_prob.device
     mode = config.loss_agg_mode
     mask = response_mask_of(micro).to(dev).float()
+    old_log_prob = micro["old_log_probs"].to(dev).float()
     is_weights = micro.get("rollout_is_weights")
     pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
-        micro["old_log_probs"].to(dev).float(),
+        old_log_prob,
         log_prob,
         micro["advantages"].to(dev).float(),
         mask,
@@ -220,7 +218,6 @@ def policy_loss(
         loss = loss + config.kl_loss_coef * kl_loss
         meter.add("actor/kl_loss", kl_loss)
     n_tok = mask.sum()
-    old_log_prob = micro["old_log_probs"].to(dev).float()
     # only the response tokens: whatever the other positions hold (tool tokens) is left out
     deviation = (torch.exp(log_prob.detach() - old_log_prob) - 1.0).abs()
     ratio_dev = torch.where(mask.bool(), deviation, torch.zeros_like(deviation))

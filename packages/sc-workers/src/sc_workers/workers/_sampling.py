@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..engine import Engine
-from ..models import window_forward
+from ..models import rows_forward
 
 __all__ = ["BatchSampling", "filter_logits", "generate"]
 
@@ -109,9 +109,7 @@ def generate(
     cache = engine.new_cache() if use_cache and not window else None
 
     def last_logits(ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
-        if window:
-            return window_forward(engine.forward, ids, mask, pos, window, "generate")[:, -1, :]
-        return engine.forward(ids, mask, pos)[:, -1, :]
+        return rows_forward(engine.forward, ids, mask, pos, window, "generate")[:, -1, :]
 
     logits = (
         last_logits(ids, mask, pos)
