@@ -38,7 +38,7 @@ import torch
 from _machine import machine, write_result  # this folder: the script's own
 from sc_trainer import TaskRunner, TrainerConfig
 from sc_trainer.config import RolloutCorrectionConfig
-from sc_workers.workers import _sampling
+from sc_workers.workers import BatchSampling, _sampling
 
 _ORIGINAL = (_sampling._next_token, _sampling._token_log_prob)
 
@@ -53,15 +53,19 @@ def _perturb(noise: float) -> None:
 
     sampling = [False]  # whether the current generate call samples (validation is greedy)
 
-    def biased_next_token(logits: Any, params: Any, generator: Any) -> Any:
+    def biased_next_token(
+        logits: torch.Tensor, params: BatchSampling, generator: torch.Generator
+    ) -> torch.Tensor:
         sampling[0] = bool(params.do_sample)
         return next_token(biased(logits) if sampling[0] else logits, params, generator)
 
-    def biased_log_prob(logits: Any, token: Any, temperature: float) -> Any:
+    def biased_log_prob(
+        logits: torch.Tensor, token: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
         return token_log_prob(biased(logits) if sampling[0] else logits, token, temperature)
 
-    _sampling._next_token = biased_next_token  # type: ignore[assignment]
-    _sampling._token_log_prob = biased_log_prob  # type: ignore[assignment]
+    _sampling._next_token = biased_next_token
+    _sampling._token_log_prob = biased_log_prob
 
 
 def _restore() -> None:
