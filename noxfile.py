@@ -506,16 +506,20 @@ def gpu(session: nox.Session) -> None:
 def faults(session: nox.Session) -> None:
     """The whole fault-injection matrix (not run by default): recovery in place, about 20
     short trainings on Ray, each with a rank killed; recovery with engine servers (a dead
-    worker, a dead server, both, under partial rollout); re-attach, sixteen detached runs
-    whose driver is killed and replaced (three while it hands a call out, three on engine
-    servers), a server lost and a standby kept across drivers, the teardown of servers and
-    spares; and a whole node lost from a two-node cluster, with and without room left for
-    its ranks (see docs/guides/fault-tolerance.md)."""
+    worker, a dead server, both, under partial rollout) and with a vLLM server (vLLM's
+    environment is made first); a rollout rank killed inside a weight sync; re-attach,
+    sixteen detached runs whose driver is killed and replaced (three while it hands a call
+    out, three on engine servers), a server lost and a standby kept across drivers, the
+    teardown of servers and spares; and a whole node lost from a two-node cluster, with and
+    without room left for its ranks (see docs/guides/fault-tolerance.md)."""
     _sync(session, "--package", "sc-integration", "--group", "test")
+    session.run("python", "-m", "sc_rollout", "vllm-env", "create")
     session.run(
         "pytest",
         os.path.join("packages", "sc-trainer", "tests", "test_trainer_fault_matrix.py"),
         os.path.join("packages", "sc-trainer", "tests", "test_trainer_server_faults.py"),
+        os.path.join("packages", "sc-trainer", "tests", "test_trainer_sync_fault.py"),
+        os.path.join("packages", "sc-trainer", "tests", "test_trainer_vllm_faults.py"),
         os.path.join("integration", "tests", "test_integration_reattach.py"),
         os.path.join("integration", "tests", "test_integration_node_loss.py"),
         *session.posargs,
@@ -534,9 +538,11 @@ EXTENDED_TEST_DIRS = [
 def extended(session: nox.Session) -> None:
     """The further cases of the test matrices (not run by default; see
     docs/guides/contributing.md): every test marked ``extended``, the layouts, schedules,
-    engines and re-attach cases beyond the representative that each default session keeps.
+    engines and re-attach cases beyond the representative that each default session keeps,
+    then the extended cases on vLLM (a training run; vLLM's environment is made first).
     One environment with every package (sc-integration's)."""
     _sync(session, "--package", "sc-integration", "--group", "test")
+    env = {"SC_ISOLATED_PACKAGE": "sc-integration"}
     for folder in EXTENDED_TEST_DIRS:
         # exit code 5: the folder has no test marked extended
         session.run(
@@ -545,21 +551,33 @@ def extended(session: nox.Session) -> None:
             "-m",
             "extended and not fault_matrix and not vllm and not gpu",
             *session.posargs,
-            env={"SC_ISOLATED_PACKAGE": "sc-integration"},
+            env=env,
             success_codes=[0, 5],
         )
+    session.run("python", "-m", "sc_rollout", "vllm-env", "create")
+    session.run(
+        "pytest", *VLLM_TEST_DIRS, "-m", "extended and vllm and not fault_matrix", env=env
+    )
 
 
 @nox.session(tags=["vllm"])
 def vllm(session: nox.Session) -> None:
     """The vLLM engine (docs/guides/rollout-engines.md): makes vLLM's own environment from
     sc-rollout's pinned requirement files (seconds when it is there already, a minute or two
-    with downloads), then runs the tests marked ``vllm``; each test module starts one vLLM
-    server for all its tests."""
+    with downloads), then runs the tests marked ``vllm`` but not ``extended`` or
+    ``fault_matrix`` (the engine against the trainer's model, one vLLM server); the
+    ``extended`` session runs a training on vLLM, the ``faults`` session recovery with it."""
     _sync(session, "--package", "sc-integration", "--group", "test")
     session.run("python", "-m", "sc_rollout", "vllm-env", "create")
     env = {"SC_ISOLATED_PACKAGE": "sc-integration"}
-    session.run("pytest", *VLLM_TEST_DIRS, "-m", "vllm", *session.posargs, env=env)
+    session.run(
+        "pytest",
+        *VLLM_TEST_DIRS,
+        "-m",
+        "vllm and not extended and not fault_matrix",
+        *session.posargs,
+        env=env,
+    )
 
 
 @nox.session(default=False)

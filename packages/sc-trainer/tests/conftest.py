@@ -30,7 +30,7 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 def ray_cluster() -> Iterator[None]:
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:

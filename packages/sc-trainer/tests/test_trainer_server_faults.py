@@ -66,6 +66,7 @@ def clean_partial(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -
     return run(_config(tmp_path_factory.mktemp("clean-partial"), async_staleness=1))
 
 
+@pytest.mark.fault_matrix
 def test_a_dead_worker_with_engine_servers_recovers_bit_identically(
     clean: RunResult, tmp_path: Path
 ) -> None:

@@ -15,7 +15,7 @@ from sc_dispatch import Dispatch, register
 from sc_trainer import Role, TaskRunner, make_launcher
 from sc_workers import RolloutWorker, WeightSync, WeightSyncError
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.fault_matrix, pytest.mark.timeout(300)]
 
 
 class DyingRollout(RolloutWorker):

@@ -1,4 +1,5 @@
-"""Recovery in place with vLLM engine servers (the ``vllm`` nox session; marked ``vllm``).
+"""Recovery in place with vLLM engine servers (the ``faults`` nox session, which makes vLLM's
+environment first; marked ``vllm`` and ``fault_matrix``).
 
 One step loses both an actor rank and the vLLM server: the router restarts the server and
 syncs it, recovery in place restores the step-2 checkpoint and pushes those weights to the
@@ -18,7 +19,7 @@ from _trainer_runs import run
 from sc_trainer import TrainerConfig
 from sc_trainer.testing import metric_differences
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.vllm, pytest.mark.fault_matrix, pytest.mark.timeout(1200)]
 
 
 def _config(tmp_path: Path, **overrides: Any) -> TrainerConfig:

@@ -1,4 +1,5 @@
-"""A short PPO run (60 steps) with vLLM generating (the ``vllm`` nox session; marked ``vllm``).
+"""A short PPO run (60 steps) with vLLM generating (the ``extended`` nox session, which makes
+vLLM's environment first; marked ``vllm`` and ``extended``).
 
 The trainer's rollout runs on one vLLM server placed by Ray (``rollout_engine="vllm"``) and
 gets the actor's weights after every update; the model is the tiny GPT-2 the runner builds.
@@ -15,7 +16,7 @@ import pytest
 from _trainer_runs import run
 from sc_trainer import TrainerConfig
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.extended, pytest.mark.timeout(900)]
 
 
 def test_a_short_ppo_run_with_vllm_rollout_improves_validation_reward(tmp_path: Path) -> None:

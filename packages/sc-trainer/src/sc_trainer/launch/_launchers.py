@@ -82,6 +82,7 @@ class RayLauncher:
         if not ray.is_initialized():
             logger.info("starting a local Ray cluster with %d CPUs", self.num_cpus)
             ray.init(
+                address="local",  # a new cluster, never one `ray start` left on this machine
                 num_cpus=self.num_cpus,
                 include_dashboard=False,
                 log_to_driver=WORKER_LOGS.get(),
