@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pytest
 import torch
 from sc_protocol import DataProto
 from sc_workers import (
@@ -160,6 +161,17 @@ def col(data: DataProto, key: str) -> torch.Tensor:
 
 def rows(tensors: dict[str, torch.Tensor], index: torch.Tensor | slice) -> dict[str, torch.Tensor]:
     return {k: v[index] for k, v in tensors.items()}
+
+
+def per_rank(monkeypatch: pytest.MonkeyPatch, world: int, make: Callable[[], Any]) -> list[Any]:
+    """``make()`` once per rank of a group of ``world``, each under that rank's
+    ``WORLD_SIZE`` and ``RANK`` (one process holding a whole group's workers)."""
+    out = []
+    for rank in range(world):
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("RANK", str(rank))
+        out.append(make())
+    return out
 
 
 def dp_share(tensors: dict[str, torch.Tensor], layout: Any) -> dict[str, torch.Tensor]:
