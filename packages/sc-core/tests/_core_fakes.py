@@ -76,6 +76,30 @@ class BatchAdapter:
 register_shardable(Batch, BatchAdapter())
 
 
+class CountingWorker(Worker):
+    """Counts how often each method ran (``ran``, by name; ``counts`` returns a copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: dict[str, int] = {}
+
+    def _count(self, name: str) -> int:
+        self.ran[name] = self.ran.get(name, 0) + 1
+        return self.ran[name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def counts(self) -> dict[str, int]:
+        return dict(self.ran)
+
+
+class Plain:
+    """A worker class that is not an sc ``Worker``."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hello(self) -> str:
+        return "hi"
+
+
 class EchoWorker(Worker):
     """One method per predefined dispatch mode, each recording what it received."""
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _core_fakes import PROPERTY, Batch
+from _core_fakes import PROPERTY, Batch, CountingWorker, Plain
 from hypothesis import given
 from hypothesis import strategies as st
 from sc_core import (
@@ -23,7 +23,6 @@ from sc_core import (
     LocalWorkerGroup,
     ResourcePool,
     StaleDriverError,
-    Worker,
     WorkerError,
     create_colocated_worker_cls,
 )
@@ -32,16 +31,8 @@ from sc_core.backend import CALL_ID_KWARG, KEEP_SCOPES, run_journaled, run_journ
 from sc_dispatch import Dispatch, register
 
 
-class Counting(Worker):
+class Counting(CountingWorker):
     """Counts how often each method ran."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ran: dict[str, int] = {}
-
-    def _count(self, name: str) -> int:
-        self.ran[name] = self.ran.get(name, 0) + 1
-        return self.ran[name]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def step(self, x: int) -> tuple[int, int, int]:
@@ -69,18 +60,6 @@ class Counting(Worker):
     def balanced(self, batch: Batch) -> Batch:
         self._count("balanced")
         return Batch([r + 1 for r in batch.rows])
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def counts(self) -> dict[str, int]:
-        return dict(self.ran)
-
-
-class Plain:
-    """A worker class that is not an sc ``Worker``."""
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def hello(self) -> str:
-        return "hi"
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _core_fakes import Batch
+from _core_fakes import Batch, CountingWorker, Plain
 from sc_core import (
     CallId,
     CallIds,
@@ -27,7 +27,6 @@ from sc_core import (
     LocalWorkerGroup,
     ResourcePool,
     TornCall,
-    Worker,
     WorkerError,
     WorkerGroupError,
     create_colocated_worker_cls,
@@ -49,17 +48,13 @@ _BARRIERS: dict[str, threading.Barrier] = {}
 _tags = itertools.count()
 
 
-class Pair(Worker):
+class Pair(CountingWorker):
     """Counts its runs; ``allreduce`` waits for every rank, as a collective does."""
 
     def __init__(self, tag: str) -> None:
         super().__init__()
         self.tag = tag
-        self.ran: dict[str, int] = {}
         self.entered = threading.Event()
-
-    def _count(self, name: str) -> None:
-        self.ran[name] = self.ran.get(name, 0) + 1
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def step(self, x: int) -> tuple[int, int]:
@@ -89,18 +84,6 @@ class Pair(Worker):
     def lead(self) -> int:
         self._count("lead")
         return self.rank
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def counts(self) -> dict[str, int]:
-        return dict(self.ran)
-
-
-class Plain:
-    """A worker class that is not an sc ``Worker``."""
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def hello(self) -> str:
-        return "hi"
 
 
 @pytest.fixture

@@ -26,6 +26,25 @@ def ray_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
         rapi.shutdown()
 
 
+@pytest.fixture(scope="module")
+def simulated_cluster(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[rapi.SimulatedCluster, list[str]]]:
+    """A cluster of simulated nodes for the whole module, connected in place of the local one
+    (``SIMULATED_NODES`` in the module: each node's ``add_node`` keyword arguments); yields
+    it and its node ids. A module's ``ray_cluster`` override builds on it."""
+    nodes: list[dict[str, Any]] = request.module.SIMULATED_NODES
+    if rapi.is_initialized():
+        rapi.shutdown()
+    cluster = rapi.SimulatedCluster()
+    try:
+        ids = [cluster.add_node(**node) for node in nodes]
+        cluster.connect()
+        yield cluster, ids
+    finally:
+        cluster.shutdown()
+
+
 def _live() -> tuple[set[str], set[str]]:
     pgs = {k for k, (_, state) in rapi.placement_group_states().items() if state != "REMOVED"}
     actors = {k for k, a in rapi.actor_states().items() if a.state != "DEAD"}

@@ -3,8 +3,6 @@ follow node order, and a re-created group keeps the same rank <-> node mapping."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from sc_core import Worker
 from sc_dispatch import Dispatch, register
@@ -20,19 +18,14 @@ from sc_ray import _ray_api as rapi
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("no_leaks")]
 
+#: two nodes of 2 CPUs each (conftest's ``simulated_cluster``)
+SIMULATED_NODES = [{"num_cpus": 2}, {"num_cpus": 2}]
+
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[list[str]]:
-    """Overrides the single-node cluster: two nodes of 2 CPUs each; yields their node ids."""
-    if rapi.is_initialized():
-        rapi.shutdown()
-    cluster = rapi.SimulatedCluster()
-    try:
-        nodes = [cluster.add_node(num_cpus=2), cluster.add_node(num_cpus=2)]
-        cluster.connect()
-        yield nodes
-    finally:
-        cluster.shutdown()
+def ray_cluster(simulated_cluster: tuple[rapi.SimulatedCluster, list[str]]) -> list[str]:
+    """Overrides the single-node cluster: ``SIMULATED_NODES``; their node ids."""
+    return simulated_cluster[1]
 
 
 class WhereAmI(Worker):

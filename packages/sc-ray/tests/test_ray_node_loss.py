@@ -18,7 +18,6 @@ added node is lost, with no graceful shutdown, and ``replace_ranks`` replaces it
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from sc_core import Worker, WorkerDiedError
@@ -36,22 +35,19 @@ from sc_ray import _ray_api as rapi
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_leaks")]
 
+#: a head of 2 CPUs (resource ``head``), the driver's (conftest's ``simulated_cluster``)
+SIMULATED_NODES = [{"num_cpus": 2, "resources": {"head": 2}}]
+
 #: how long the cluster may take to find a lost node's actors dead (its health checks)
 DEATH_WAIT_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[rapi.SimulatedCluster]:
-    """Overrides the single-node cluster: a head of 2 CPUs (resource ``head``), the driver's."""
-    if rapi.is_initialized():
-        rapi.shutdown()
-    cluster = rapi.SimulatedCluster()
-    try:
-        cluster.add_node(num_cpus=2, resources={"head": 2})
-        cluster.connect()
-        yield cluster
-    finally:
-        cluster.shutdown()
+def ray_cluster(
+    simulated_cluster: tuple[rapi.SimulatedCluster, list[str]],
+) -> rapi.SimulatedCluster:
+    """Overrides the single-node cluster: ``SIMULATED_NODES``, the driver's."""
+    return simulated_cluster[0]
 
 
 class WhereAmI(Worker):

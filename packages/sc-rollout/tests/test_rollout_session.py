@@ -339,13 +339,22 @@ def test_context_overflow_names_the_session_and_the_turn_and_changes_nothing() -
     assert (turn.index, turn.request_id, len(session)) == (1, "ctx-t1", 12)
 
 
-def test_an_aborted_turn_keeps_its_tokens_and_is_marked() -> None:
+def _turn_in_flight(
+    session_id: str,
+) -> tuple[ToyEngine, AgentSession, threading.Thread, list[Turn]]:
+    """A session on a slow engine whose first turn (500 tokens) a thread runs, in flight on
+    return; the thread appends the turn to the list when it ends."""
     engine = ToyEngine(ToyEngineConfig(context_length=600, token_delay_s=0.02))
-    session = AgentSession(engine, [1], session_id="ab", sampling=SamplingParams(500, seed=2))
+    session = AgentSession(engine, [1], session_id=session_id, sampling=SamplingParams(500, seed=2))
     out: list[Turn] = []
     thread = threading.Thread(target=lambda: out.append(session.generate()))
     thread.start()
     wait_until(lambda: engine.health().in_flight == 1, "the turn in flight")
+    return engine, session, thread, out
+
+
+def test_an_aborted_turn_keeps_its_tokens_and_is_marked() -> None:
+    engine, session, thread, out = _turn_in_flight("ab")
     with pytest.raises(SessionStateError, match="ab-t0 is in flight"):
         session.generate()
     with pytest.raises(SessionStateError, match="append_tokens\\(\\) while turn request"):
@@ -384,12 +393,7 @@ def test_close_forbids_changes_and_keeps_the_rollout_readable() -> None:
 
 
 def test_close_aborts_the_turn_in_flight_which_is_kept() -> None:
-    engine = ToyEngine(ToyEngineConfig(context_length=600, token_delay_s=0.02))
-    session = AgentSession(engine, [1], session_id="cl", sampling=SamplingParams(500, seed=2))
-    out: list[Turn] = []
-    thread = threading.Thread(target=lambda: out.append(session.generate()))
-    thread.start()
-    wait_until(lambda: engine.health().in_flight == 1, "the turn in flight")
+    _, session, thread, out = _turn_in_flight("cl")
     session.close()
     thread.join(10)
     (turn,) = out

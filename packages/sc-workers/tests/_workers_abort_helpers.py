@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _workers_helpers import actor_config, col, full_weights, make_tensors, proto, rows
+from _workers_helpers import actor_config, col, dp_share, full_weights, make_tensors, proto
 from _workers_pipeline_helpers import Layout, configs
 from sc_workers import ActorRolloutRefConfig, ActorRolloutRefWorker
 
@@ -64,9 +64,7 @@ def abort_job(case: str, rank: int, world: int, out: Path) -> None:
 
     actor = ActorRolloutRefWorker(case_config(case), "actor")
     actor.init_model()
-    lay = actor.layout
-    shard = 8 // lay.dp_size
-    mine = rows(make_tensors(), slice(lay.dp_rank * shard, (lay.dp_rank + 1) * shard))
+    mine = dp_share(make_tensors(), actor.layout)
     before = full_weights(actor.actor_engine)  # a collective: before anything fails
     lr_before = actor.actor_engine.get_lr() if actor.actor_engine is not None else None
     # weakly: a reference to the engine would keep its process groups (and their

@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pytest
 import torch
 from sc_protocol import DataProto
 from sc_workers import (
     ActorConfig,
     ActorRolloutRefConfig,
+    ActorRolloutRefWorker,
     CriticConfig,
+    CriticWorker,
     Engine,
     FSDPConfig,
     MegatronConfig,
@@ -25,6 +28,7 @@ from sc_workers import (
     RefConfig,
     RolloutConfig,
 )
+from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
 PROMPT_LEN = 5
@@ -159,6 +163,43 @@ def rows(tensors: dict[str, torch.Tensor], index: torch.Tensor | slice) -> dict[
     return {k: v[index] for k, v in tensors.items()}
 
 
+def per_rank(monkeypatch: pytest.MonkeyPatch, world: int, make: Callable[[], Any]) -> list[Any]:
+    """``make()`` once per rank of a group of ``world``, each under that rank's
+    ``WORLD_SIZE`` and ``RANK`` (one process holding a whole group's workers)."""
+    out = []
+    for rank in range(world):
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("RANK", str(rank))
+        out.append(make())
+    return out
+
+
+def dp_share(tensors: dict[str, torch.Tensor], layout: Any) -> dict[str, torch.Tensor]:
+    """The rows of ``tensors`` (``BATCH`` of them) that ``layout``'s dp rank takes."""
+    share = BATCH // layout.dp_size
+    return rows(tensors, slice(layout.dp_rank * share, (layout.dp_rank + 1) * share))
+
+
+def started_workers(
+    actor_cfg: ActorRolloutRefConfig,
+    critic_cfg: CriticConfig,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> tuple[ActorRolloutRefWorker, CriticWorker, dict[str, torch.Tensor]]:
+    """An actor (role ``actor_rollout_ref``) and a critic, their models built, and this
+    rank's share (:func:`dp_share`) of ``tensors`` (default :func:`make_tensors`)."""
+    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
+    critic = CriticWorker(critic_cfg)
+    mine = dp_share(make_tensors() if tensors is None else tensors, actor.layout)
+    actor.init_model()
+    critic.init_model()
+    return actor, critic, mine
+
+
+def _metadata_only(data: DataProto) -> DataProto:
+    """What the dispatch sends a rank registered with ``receives_data=False``."""
+    return DataProto(batch=TensorDict({}, batch_size=[len(data)]), meta_info=data.meta_info)
+
+
 def dp_mini_batch_order(batch: int, dp: int, per_rank_mini: int) -> torch.Tensor:
     """Row order under which one process sees the same mini-batches as ``dp`` ranks do.
 
@@ -273,27 +314,42 @@ def greedy_prompts(tensors: dict[str, torch.Tensor]) -> DataProto:
 
 
 def run_pipeline(
-    actor: Any, critic: Any, tensors: dict[str, torch.Tensor], update_order: torch.Tensor | None
+    actor: Any,
+    critic: Any,
+    tensors: dict[str, torch.Tensor],
+    update_order: torch.Tensor | None,
+    reads_batch: bool = True,
+    entropys: bool = False,
 ) -> dict[str, Any]:
-    """log-prob, ref log-prob, one actor update, log-prob again; values and one critic update.
+    """Greedy generation; log-prob, ref log-prob, one actor update, log-prob again; values
+    and one critic update.
 
     ``update_order`` reorders the rows given to the updates (the single-process reference
-    uses it to see the same mini-batches as the dp ranks).
+    uses it to see the same mini-batches as the dp ranks). With ``reads_batch=False`` (a
+    middle pipeline stage) the scoring and training calls get the batch's metadata only, as
+    the dispatch sends it; ``entropys`` adds the entropies of a second log-prob call.
     """
     upd = tensors if update_order is None else rows(tensors, update_order)
     out: dict[str, Any] = {}
-    gen = actor.generate_sequences(greedy_prompts(tensors))
+
+    def batch(t: dict[str, torch.Tensor], **meta: Any) -> DataProto:
+        data = proto(t, **meta)
+        return data if reads_batch else _metadata_only(data)
+
+    gen = actor.generate_sequences(greedy_prompts(tensors))  # through the stages, if any
     out["gen_responses"] = col(gen, "responses")
     out["gen_mask"] = col(gen, "response_mask")
-    out["old_log_probs"] = actor.compute_log_prob(proto(tensors, temperature=1.0)).batch[
+    out["old_log_probs"] = actor.compute_log_prob(batch(tensors, temperature=1.0)).batch[
         "old_log_probs"
     ]
-    out["ref_log_prob"] = actor.compute_ref_log_prob(proto(tensors)).batch["ref_log_prob"]
-    out["actor_metrics"] = actor.update_actor(proto(upd, temperature=1.0)).meta_info["metrics"]
+    if entropys:
+        out["entropys"] = actor.compute_log_prob(batch(tensors)).batch["entropys"]
+    out["ref_log_prob"] = actor.compute_ref_log_prob(batch(tensors)).batch["ref_log_prob"]
+    out["actor_metrics"] = actor.update_actor(batch(upd, temperature=1.0)).meta_info["metrics"]
     out["actor_weights"] = full_weights(actor.actor_engine)
-    out["new_log_probs"] = actor.compute_log_prob(proto(tensors)).batch["old_log_probs"]
-    out["values"] = critic.compute_values(proto(tensors)).batch["values"]
-    out["critic_metrics"] = critic.update_critic(proto(upd)).meta_info["metrics"]
+    out["new_log_probs"] = actor.compute_log_prob(batch(tensors)).batch["old_log_probs"]
+    out["values"] = critic.compute_values(batch(tensors)).batch["values"]
+    out["critic_metrics"] = critic.update_critic(batch(upd)).meta_info["metrics"]
     out["critic_weights"] = full_weights(critic.critic_engine)
     return out
 
@@ -301,17 +357,8 @@ def run_pipeline(
 def parallel_job(strategy: Strategy, tp: int, rank: int, world: int, out: Path) -> None:
     """One rank of the dp / tp x dp correctness runs (started by ``launch``)."""
     import torch.distributed as dist
-    from sc_workers import ActorRolloutRefWorker, CriticWorker
 
-    actor = ActorRolloutRefWorker(actor_config(strategy, tp), "actor_rollout_ref")
-    critic = CriticWorker(critic_config(strategy, tp))
-    layout = actor.layout
-    shard_rows = BATCH // layout.dp_size
-    mine = rows(
-        make_tensors(), slice(layout.dp_rank * shard_rows, (layout.dp_rank + 1) * shard_rows)
-    )
-    actor.init_model()
-    critic.init_model()
+    actor, critic, mine = started_workers(actor_config(strategy, tp), critic_config(strategy, tp))
     result = run_pipeline(actor, critic, mine, None)
     result["mesh"] = {
         name: (actor._query_dispatch_info(name), actor._query_collect_info(name))
@@ -332,8 +379,6 @@ def _hsdp_and_resume(actor: Any, mine: dict[str, torch.Tensor], out: Path) -> di
     """HSDP (fsdp_size 1: replicate x 2) makes the same first update; a sharded checkpoint
     saved by 2 ranks resumes to the same second update."""
     import dataclasses
-
-    from sc_workers import ActorRolloutRefWorker
 
     cfg = actor_config()
     hsdp_fsdp = dataclasses.replace(cfg.actor.fsdp_config, fsdp_size=1)

@@ -35,9 +35,10 @@ from _workers_helpers import (
     make_tensors,
     proto,
     rows,
+    started_workers,
 )
 from sc_protocol import DataProto
-from sc_workers import ActorRolloutRefWorker, CriticWorker, hf_worker_configs
+from sc_workers import hf_worker_configs
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -207,14 +208,8 @@ def run_roles(
     a_cfg = dataclasses.replace(a_cfg, actor=dataclasses.replace(a_cfg.actor, optim=a_optim))
     c_cfg = dataclasses.replace(c_cfg, optim=dataclasses.replace(c_cfg.optim, eps=1e-2))
     actor_cfg, critic_cfg = hf_worker_configs(path, a_cfg, c_cfg, seed=SEED)
-    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
-    critic = CriticWorker(critic_cfg)
-    layout = actor.layout
-    share = BATCH // layout.dp_size
     full = make_tensors()
-    mine = rows(full, slice(layout.dp_rank * share, (layout.dp_rank + 1) * share))
-    actor.init_model()
-    critic.init_model()
+    actor, critic, mine = started_workers(actor_cfg, critic_cfg, full)
     engine, critic_engine = actor.actor_engine, critic.critic_engine
     if engine is None or critic_engine is None:
         raise AssertionError("init_model built no engine")

@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import torch
 from _workers_helpers import (
-    BATCH,
     actor_config,
-    col,
     critic_config,
-    full_weights,
-    greedy_prompts,
     make_tensors,
-    rows,
+    run_pipeline,
+    started_workers,
 )
 from _workers_helpers import proto as make_proto
-from sc_protocol import DataProto
 from sc_workers import (
     ActorRolloutRefConfig,
     ActorRolloutRefWorker,
     CriticConfig,
-    CriticWorker,
     MegatronConfig,
 )
-from tensordict import TensorDict
 
 #: four decoder layers: two stages of two, or four virtual stages of one
 LAYERS = 4
@@ -76,11 +69,6 @@ def configs(layout: Layout | None) -> tuple[ActorRolloutRefConfig, CriticConfig]
     return actor, dataclasses.replace(critic, megatron=meg)
 
 
-def _metadata_only(data: DataProto) -> DataProto:
-    """What the dispatch sends a rank registered with ``receives_data=False``."""
-    return DataProto(batch=TensorDict({}, batch_size=[len(data)]), meta_info=data.meta_info)
-
-
 def with_bans(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``tensors`` plus a ``banned_token_ids`` column ``[batch, response_length, 2]``: one or
     two ids banned at every other response position (never the position's own token), -1
@@ -97,54 +85,15 @@ def with_bans(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {**tensors, "banned_token_ids": banned}
 
 
-def run_steps(
-    actor: Any,
-    critic: Any,
-    tensors: dict[str, torch.Tensor],
-    order: torch.Tensor | None,
-    reads_batch: bool = True,
-) -> dict[str, Any]:
-    """Greedy generation; log-prob, ref log-prob, one actor update, log-prob again; values,
-    one critic update. With ``reads_batch=False`` (a middle pipeline stage) the scoring and
-    training calls get the batch's metadata only, as the dispatch sends it."""
-    upd = tensors if order is None else rows(tensors, order)
-    out: dict[str, Any] = {}
-
-    def proto(t: dict[str, torch.Tensor], **meta: Any) -> DataProto:
-        data = make_proto(t, **meta)
-        return data if reads_batch else _metadata_only(data)
-
-    gen = actor.generate_sequences(greedy_prompts(tensors))  # through the stages
-    out["gen_responses"] = col(gen, "responses")
-    out["gen_mask"] = col(gen, "response_mask")
-    out["old_log_probs"] = actor.compute_log_prob(proto(tensors, temperature=1.0)).batch[
-        "old_log_probs"
-    ]
-    out["entropys"] = actor.compute_log_prob(proto(tensors)).batch["entropys"]
-    out["ref_log_prob"] = actor.compute_ref_log_prob(proto(tensors)).batch["ref_log_prob"]
-    out["actor_metrics"] = actor.update_actor(proto(upd, temperature=1.0)).meta_info["metrics"]
-    out["actor_weights"] = full_weights(actor.actor_engine)
-    out["new_log_probs"] = actor.compute_log_prob(proto(tensors)).batch["old_log_probs"]
-    out["values"] = critic.compute_values(proto(tensors)).batch["values"]
-    out["critic_metrics"] = critic.update_critic(proto(upd)).meta_info["metrics"]
-    out["critic_weights"] = full_weights(critic.critic_engine)
-    return out
-
-
 def pipeline_job(layout: Layout, rank: int, world: int, out: Path) -> None:
     """One rank of a pipelined run (started by ``launch``)."""
     import torch.distributed as dist
 
     actor_cfg, critic_cfg = configs(layout)
-    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
-    critic = CriticWorker(critic_cfg)
-    lay = actor.layout
-    shard = BATCH // lay.dp_size
     tensors = with_bans(make_tensors()) if layout.banned else make_tensors()
-    mine = rows(tensors, slice(lay.dp_rank * shard, (lay.dp_rank + 1) * shard))
-    actor.init_model()
-    critic.init_model()
-    result = run_steps(actor, critic, mine, None, reads_batch=lay.reads_batch)
+    actor, critic, mine = started_workers(actor_cfg, critic_cfg, tensors)
+    lay = actor.layout
+    result = run_pipeline(actor, critic, mine, None, reads_batch=lay.reads_batch, entropys=True)
     result["layout"] = (lay.pp_rank, lay.dp_rank, lay.tp_rank, lay.is_collect)
     result["mesh"] = {
         name: (

@@ -15,20 +15,19 @@ from typing import Any
 
 import torch
 from _workers_helpers import (
-    BATCH,
     Strategy,
     actor_config,
     critic_config,
     make_tensors,
-    rows,
+    run_pipeline,
+    started_workers,
 )
 from _workers_hf_helpers import VOCAB, build_tokenizer, transformers
-from _workers_pipeline_helpers import Layout, run_steps
+from _workers_pipeline_helpers import Layout
 from sc_workers import (
     ActorRolloutRefConfig,
     ActorRolloutRefWorker,
     CriticConfig,
-    CriticWorker,
     UnsupportedParallelismError,
     hf_worker_configs,
 )
@@ -113,12 +112,8 @@ def after_update(actor: Any, critic: Any) -> dict[str, torch.Tensor]:
 
 def reference_run(path: str, eps: float) -> dict[str, Any]:
     """The single-rank run (the caller sets WORLD_SIZE=1, RANK=0)."""
-    actor_cfg, critic_cfg = hf_configs(path, None, eps)
-    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
-    critic = CriticWorker(critic_cfg)
-    actor.init_model()
-    critic.init_model()
-    out = run_steps(actor, critic, make_tensors(), None)
+    actor, critic, tensors = started_workers(*hf_configs(path, None, eps))
+    out = run_pipeline(actor, critic, tensors, None, entropys=True)
     out.update(after_update(actor, critic))
     return out
 
@@ -126,15 +121,9 @@ def reference_run(path: str, eps: float) -> dict[str, Any]:
 def pipelined_run(path: str, layout: Layout, eps: float, workdir: Path) -> dict[str, Any]:
     """One rank's share of the pipelined run on ``path``, then the exports of the updated
     actor and critic to ``workdir`` (``export_hf_model``)."""
-    actor_cfg, critic_cfg = hf_configs(path, layout, eps)
-    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
-    critic = CriticWorker(critic_cfg)
+    actor, critic, mine = started_workers(*hf_configs(path, layout, eps))
     lay = actor.layout
-    shard = BATCH // lay.dp_size
-    mine = rows(make_tensors(), slice(lay.dp_rank * shard, (lay.dp_rank + 1) * shard))
-    actor.init_model()
-    critic.init_model()
-    result = run_steps(actor, critic, mine, None)
+    result = run_pipeline(actor, critic, mine, None, entropys=True)
     result["layout"] = (lay.pp_rank, lay.dp_rank, lay.tp_rank, lay.is_collect)
     engine = actor.actor_engine
     if not isinstance(engine, PipelineEngine):

@@ -12,21 +12,20 @@ from typing import Any
 
 import torch
 from _workers_helpers import (
-    BATCH,
     actor_config,
     col,
     critic_config,
+    dp_share,
     full_weights,
     make_tensors,
     proto,
-    rows,
     run_pipeline,
+    started_workers,
 )
 from sc_workers import (
     ActorRolloutRefConfig,
     ActorRolloutRefWorker,
     CriticConfig,
-    CriticWorker,
     UnsupportedParallelismError,
     hf_worker_configs,
 )
@@ -75,13 +74,7 @@ def pipeline(actor: Any, critic: Any, t: dict[str, torch.Tensor], order: Any) ->
 
 # ------------------------------------------------------------------------- rank jobs
 def _run_rank(actor_cfg: Any, critic_cfg: Any) -> dict[str, Any]:
-    actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
-    critic = CriticWorker(critic_cfg)
-    layout = actor.layout
-    share = BATCH // layout.dp_size
-    mine = rows(make_tensors(), slice(layout.dp_rank * share, (layout.dp_rank + 1) * share))
-    actor.init_model()
-    critic.init_model()
+    actor, critic, mine = started_workers(actor_cfg, critic_cfg)
     out = pipeline(actor, critic, mine, None)
     engine = actor.actor_engine
     if engine is None or engine.sequence_parallel is None:
@@ -100,9 +93,7 @@ def actor_only(actor_cfg: Any) -> dict[str, Any]:
     """Log-probs, one update and the weights after it, of an actor alone (every dp rank
     takes its share of the batch; the update uses the rows in order)."""
     actor = ActorRolloutRefWorker(actor_cfg, "actor")
-    layout = actor.layout
-    share = BATCH // layout.dp_size
-    mine = rows(make_tensors(), slice(layout.dp_rank * share, (layout.dp_rank + 1) * share))
+    mine = dp_share(make_tensors(), actor.layout)
     actor.init_model()
     out: dict[str, Any] = {
         "old_log_probs": col(actor.compute_log_prob(proto(mine, temperature=1.0)), "old_log_probs")

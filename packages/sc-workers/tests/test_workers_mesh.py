@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _workers_helpers import actor_config, critic_config
+from _workers_helpers import actor_config, critic_config, per_rank
 from sc_dispatch import MeshLayoutError
 from sc_dispatch.ext import mesh_layout
 from sc_dispatch.testing import FakeWorkerGroup
@@ -28,19 +28,10 @@ def _group(workers: list[Any], mesh: str) -> FakeWorkerGroup:
     return FakeWorkerGroup(len(workers), {mesh: answers})
 
 
-def _build(monkeypatch: pytest.MonkeyPatch, world: int, make: Any) -> list[Any]:
-    workers = []
-    for rank in range(world):
-        monkeypatch.setenv("WORLD_SIZE", str(world))
-        monkeypatch.setenv("RANK", str(rank))
-        workers.append(make())
-    return workers
-
-
 def test_tp2_dp2_registers_dp_ranks_and_collect_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = actor_config("megatron", tp=2, mini=4)
-    actors = _build(monkeypatch, 4, lambda: ActorRolloutRefWorker(cfg, "actor_rollout_ref"))
-    critics = _build(monkeypatch, 4, lambda: CriticWorker(critic_config("megatron", tp=2)))
+    actors = per_rank(monkeypatch, 4, lambda: ActorRolloutRefWorker(cfg, "actor_rollout_ref"))
+    critics = per_rank(monkeypatch, 4, lambda: CriticWorker(critic_config("megatron", tp=2)))
     for workers, meshes in ((actors, ("actor", "rollout", "ref")), (critics, ("critic",))):
         for mesh in meshes:
             layout = mesh_layout(_group(workers, mesh), mesh)
@@ -48,7 +39,7 @@ def test_tp2_dp2_registers_dp_ranks_and_collect_flags(monkeypatch: pytest.Monkey
 
 
 def test_fsdp_registers_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    actors = _build(monkeypatch, 2, lambda: ActorRolloutRefWorker(actor_config(), "actor"))
+    actors = per_rank(monkeypatch, 2, lambda: ActorRolloutRefWorker(actor_config(), "actor"))
     assert mesh_layout(_group(actors, "actor"), "actor") == ([0, 1], [True, True])
     # the role decides which meshes exist
     assert set(actors[0].get_dispatch_collect()["dispatch_dp_rank"]) == {"actor"}
@@ -69,7 +60,7 @@ def test_fsdp_registers_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_roles_register_their_meshes(
     monkeypatch: pytest.MonkeyPatch, role: str, meshes: set[str]
 ) -> None:
-    (worker,) = _build(monkeypatch, 1, lambda: ActorRolloutRefWorker(actor_config(), role))
+    (worker,) = per_rank(monkeypatch, 1, lambda: ActorRolloutRefWorker(actor_config(), role))
     assert set(worker.get_dispatch_collect()["dispatch_dp_rank"]) == meshes
 
 

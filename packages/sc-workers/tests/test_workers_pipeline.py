@@ -15,16 +15,21 @@ from typing import Any
 
 import pytest
 import torch
-from _workers_helpers import BATCH, dp_mini_batch_order, launch, make_tensors
+from _workers_helpers import (
+    BATCH,
+    dp_mini_batch_order,
+    launch,
+    make_tensors,
+    run_pipeline,
+    started_workers,
+)
 from _workers_pipeline_helpers import (
     Layout,
     configs,
     failure_job,
     pipeline_job,
-    run_steps,
     with_bans,
 )
-from sc_workers import ActorRolloutRefWorker, CriticWorker
 
 ATOL = 1e-5
 
@@ -33,15 +38,11 @@ def _reference(dp: int, banned: bool = False) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WORLD_SIZE", "1")
         mp.setenv("RANK", "0")
-        actor_cfg, critic_cfg = configs(None)
-        actor = ActorRolloutRefWorker(actor_cfg, "actor_rollout_ref")
-        critic = CriticWorker(critic_cfg)
-        actor.init_model()
-        critic.init_model()
+        tensors = with_bans(make_tensors()) if banned else make_tensors()
+        actor, critic, tensors = started_workers(*configs(None), tensors)
         # the dp ranks each cut their rows into mini-batches of 4 / dp
         order = dp_mini_batch_order(BATCH, dp=dp, per_rank_mini=4 // dp) if dp > 1 else None
-        tensors = with_bans(make_tensors()) if banned else make_tensors()
-        return run_steps(actor, critic, tensors, order)
+        return run_pipeline(actor, critic, tensors, order, entropys=True)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from _workers_helpers import (
     dp_mini_batch_order,
     launch,
     make_tensors,
+    per_rank,
     tiny_model,
 )
 from _workers_ulysses_helpers import (
@@ -235,22 +236,13 @@ def test_sp2_hf_matches_single_process(
 
 
 # ------------------------------------------------------------------ in this process
-def _workers(monkeypatch: pytest.MonkeyPatch, world: int, make: Any) -> list[Any]:
-    out = []
-    for rank in range(world):
-        monkeypatch.setenv("WORLD_SIZE", str(world))
-        monkeypatch.setenv("RANK", str(rank))
-        out.append(make())
-    return out
-
-
 def test_mesh_sends_data_to_dp_groups_and_collects_sp_rank_0(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    actors = _workers(
+    actors = per_rank(
         monkeypatch, 4, lambda: ActorRolloutRefWorker(sp_actor_config(2), "actor_rollout_ref")
     )
-    critics = _workers(monkeypatch, 4, lambda: CriticWorker(sp_critic_config(2)))
+    critics = per_rank(monkeypatch, 4, lambda: CriticWorker(sp_critic_config(2)))
     assert [a.layout.sp_rank for a in actors] == [0, 1, 0, 1]
     assert [a.layout.dp_size for a in actors] == [2, 2, 2, 2]
     # mini-batches are per dp rank: 4 prompts over 2 dp groups (not 4 ranks)

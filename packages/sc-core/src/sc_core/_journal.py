@@ -289,10 +289,60 @@ def _split(
     return call_id, from_journal, rest
 
 
-def _outcome(entry: _Entry) -> Any:
-    if entry.error is not None:
-        raise entry.error.with_traceback(entry.traceback)
-    return entry.value
+class _Run:
+    """One call with an id on its way through :func:`run_journaled` or
+    :func:`run_journaled_async`: claim it, answer it from the journal, store its outcome."""
+
+    def __init__(
+        self, worker: object, method_name: str, call_id: CallId, from_journal: bool
+    ) -> None:
+        self.worker = worker
+        self.method_name = method_name
+        self.call_id = call_id
+        self.may_own = not from_journal
+        self.journal = journal_of(worker)
+        self.entry = _Entry()
+
+    def claim(self) -> bool:
+        """Whether this caller owns the call (runs the method); else :attr:`entry` is the
+        call to wait for."""
+        self.entry, owner = self.journal.claim(
+            self.worker, self.method_name, self.call_id, may_own=self.may_own
+        )
+        return owner
+
+    def answer(self) -> Any:
+        """The outcome of the call, finished by another caller: its value, or its error
+        raised again."""
+        logger.debug("%s: %s answered from the journal", self.method_name, self.call_id)
+        entry = self.entry
+        if entry.error is not None:
+            raise entry.error.with_traceback(entry.traceback)
+        return entry.value
+
+    def failed(self, exc: BaseException) -> None:
+        """Store the error the owned call raised; a ``BaseException`` that is not an
+        ``Exception`` (cancelled, interrupted) leaves no outcome to keep."""
+        if isinstance(exc, Exception):
+            self.journal.finish(self.method_name, self.call_id, self.entry, error=exc)
+        else:
+            self.journal.abandon(self.call_id, self.entry)
+
+    def done(self, value: T) -> T:
+        """Store the owned call's value, and return it."""
+        self.journal.finish(self.method_name, self.call_id, self.entry, value=value)
+        return value
+
+
+def _start(
+    worker: object, method_name: str, kwargs: dict[str, Any], args: tuple[Any, ...]
+) -> tuple[_Run | None, dict[str, Any]]:
+    """The journaled run of the call (``None`` for a call without an id) and the method's
+    own keyword arguments."""
+    call_id, from_journal, rest = _split(worker, method_name, kwargs)
+    if call_id is None:
+        return None, rest
+    return _Run(worker, method_label(method_name, args), call_id, from_journal), rest
 
 
 def run_journaled(
@@ -308,29 +358,19 @@ def run_journaled(
     original, or a :class:`~sc_core.WorkerGroupError` when the journal does not hold it.
     ``args`` (the positional arguments) only name the method a fused worker's
     ``_fuw_execute`` runs, in records and errors."""
-    call_id, from_journal, rest = _split(worker, method_name, kwargs)
-    if call_id is None:
+    call, rest = _start(worker, method_name, kwargs, args)
+    if call is None:
         return run(rest)
-    method_name = method_label(method_name, args)
-    journal = journal_of(worker)
-    while True:
-        entry, owner = journal.claim(worker, method_name, call_id, may_own=not from_journal)
-        if owner:
-            break
-        journal.wait(entry)
-        if entry.done:
-            logger.debug("%s: %s answered from the journal", method_name, call_id)
-            return cast(T, _outcome(entry))
+    while not call.claim():
+        call.journal.wait(call.entry)
+        if call.entry.done:
+            return cast(T, call.answer())
     try:
         value = run(rest)
-    except Exception as exc:
-        journal.finish(method_name, call_id, entry, error=exc)
+    except BaseException as exc:
+        call.failed(exc)
         raise
-    except BaseException:
-        journal.abandon(call_id, entry)
-        raise
-    journal.finish(method_name, call_id, entry, value=value)
-    return value
+    return call.done(value)
 
 
 async def run_journaled_async(
@@ -342,29 +382,19 @@ async def run_journaled_async(
 ) -> T:
     """:func:`run_journaled` for an async actor: ``await run(kwargs)`` exactly once per call
     id; a duplicate of a running call polls (``asyncio.sleep``) without blocking the loop."""
-    call_id, from_journal, rest = _split(worker, method_name, kwargs)
-    if call_id is None:
+    call, rest = _start(worker, method_name, kwargs, args)
+    if call is None:
         return await run(rest)
-    method_name = method_label(method_name, args)
-    journal = journal_of(worker)
-    while True:
-        entry, owner = journal.claim(worker, method_name, call_id, may_own=not from_journal)
-        if owner:
-            break
+    while not call.claim():
         delay = 0.001
-        while not (entry.done or entry.abandoned):
+        while not (call.entry.done or call.entry.abandoned):
             await asyncio.sleep(delay)
             delay = min(delay * 2, _ASYNC_POLL_S)
-        if entry.done:
-            logger.debug("%s: %s answered from the journal", method_name, call_id)
-            return cast(T, _outcome(entry))
+        if call.entry.done:
+            return cast(T, call.answer())
     try:
         value = await run(rest)
-    except Exception as exc:
-        journal.finish(method_name, call_id, entry, error=exc)
+    except BaseException as exc:
+        call.failed(exc)
         raise
-    except BaseException:  # cancelled, interrupted: no outcome to keep
-        journal.abandon(call_id, entry)
-        raise
-    journal.finish(method_name, call_id, entry, value=value)
-    return value
+    return call.done(value)

@@ -36,6 +36,7 @@ from ._metadata import MetadataCache, metadata_arguments
 from ._nbytes import payload_nbytes
 from ._protocols import DispatchWorkerGroup
 from ._shard import (
+    _chunked,
     _describe,
     concat_outputs,
     get_shard_adapter,
@@ -338,13 +339,7 @@ def _cut_uneven(
         adapter = get_shard_adapter(value)
         if adapter is None:  # split_args_kwargs refused it already; kept for the type checker
             raise NotShardableError(f"{mode}: {_describe(value)} cannot be split")
-        cut = adapter.chunk(value, chunks)
-        if len(cut) != chunks:
-            raise DispatchArgumentError(
-                f"{mode}: adapter for {type(value).__qualname__} returned {len(cut)} parts of "
-                f"{length} rows, expected {chunks}"
-            )
-        parts.append(list(cut))
+        parts.append(_chunked(mode, adapter, value, chunks, f"parts of {length} rows"))
     n_pos = len(args)
     return [
         (

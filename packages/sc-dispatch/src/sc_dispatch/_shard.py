@@ -183,6 +183,20 @@ def _describe(obj: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _chunked(
+    mode: str, adapter: ShardAdapter[Any], value: Any, chunks: int, what: str
+) -> list[Any]:
+    """``adapter.chunk(value, chunks)`` as a list; an adapter that returns another number of
+    parts is a :class:`DispatchArgumentError` (``what``: the parts, as its message names them)."""
+    parts = adapter.chunk(value, chunks)
+    if len(parts) != chunks:
+        raise DispatchArgumentError(
+            f"{mode}: adapter for {type(value).__qualname__} returned {len(parts)} {what}, "
+            f"expected {chunks}"
+        )
+    return list(parts)
+
+
 def split_args_kwargs(
     mode: str,
     chunks: int,
@@ -263,13 +277,7 @@ def split_args_kwargs(
     split: list[list[Any]] = []
     for adapter, (_, value) in zip(adapters, named, strict=True):
         padded = adapter.pad(value, pad_size) if pad_size else value
-        parts = adapter.chunk(padded, chunks)
-        if len(parts) != chunks:
-            raise DispatchArgumentError(
-                f"{mode}: adapter for {type(value).__qualname__} returned {len(parts)} "
-                f"shards, expected {chunks}"
-            )
-        split.append(list(parts))
+        split.append(_chunked(mode, adapter, padded, chunks, "shards"))
     n_pos = len(args)
     return split[:n_pos], dict(zip(kwargs, split[n_pos:], strict=True)), pad_size
 

@@ -109,6 +109,14 @@ def _fire_armed_fault(
         fault.fire_in_process(rank if isinstance(rank, int) else -1)
 
 
+def _to_driver(out: Any) -> Any:
+    """A method's result on its way back to the driver: a TensorDict sets up its wire
+    format first."""
+    if is_tensordict(out):
+        ensure_tensordict_wire()
+    return out
+
+
 def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
     """An entry point running method ``name`` (or, with ``name=None``, the method named by
     the first argument), converting its exception; a call with an id runs once per id
@@ -127,9 +135,7 @@ def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
                 out = await run_journaled_async(self, method, kwargs, call, args)
             except Exception as exc:
                 raise _worker_error(self, method, exc) from exc
-            if is_tensordict(out):
-                ensure_tensordict_wire()
-            return out
+            return _to_driver(out)
 
         return run_async
 
@@ -144,9 +150,7 @@ def _entry(name: str | None, is_async: bool) -> Callable[..., Any]:
             out = run_journaled(self, method, kwargs, call, args)
         except Exception as exc:
             raise _worker_error(self, method, exc) from exc
-        if is_tensordict(out):
-            ensure_tensordict_wire()
-        return out
+        return _to_driver(out)
 
     return run
 

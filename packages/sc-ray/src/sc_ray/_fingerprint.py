@@ -158,21 +158,23 @@ def _short(text: str, limit: int = 120) -> str:
 def fingerprint_differences(theirs: Fingerprint, ours: Fingerprint) -> list[str]:
     """What differs between a running worker's fingerprint (``theirs``) and the one this
     driver would give a new worker (``ours``), one line per module or dotted path."""
-    lines: list[str] = []
-    their_code, our_code = theirs.get("code", {}), ours.get("code", {})
-    for module in sorted(set(their_code) | set(our_code)):
-        a, b = their_code.get(module), our_code.get(module)
-        if a != b:
-            lines.append(
-                f"code: module {module} differs (sha256 {(a or 'absent')[:12]} on the run's "
-                f"workers vs {(b or 'absent')[:12]} for this driver)"
-            )
-    their_cfg, our_cfg = theirs.get("config", {}), ours.get("config", {})
-    for path in sorted(set(their_cfg) | set(our_cfg)):
-        a, b = their_cfg.get(path), our_cfg.get(path)
-        if a != b:
-            lines.append(
-                f"{path}: the run's workers have {_short(a or '<absent>')}, this "
-                f"driver {_short(b or '<absent>')}"
-            )
+    lines = [
+        f"code: module {module} differs (sha256 {(a or 'absent')[:12]} on the run's "
+        f"workers vs {(b or 'absent')[:12]} for this driver)"
+        for module, a, b in _changed(theirs, ours, "code")
+    ]
+    lines.extend(
+        f"{path}: the run's workers have {_short(a or '<absent>')}, this "
+        f"driver {_short(b or '<absent>')}"
+        for path, a, b in _changed(theirs, ours, "config")
+    )
     return lines
+
+
+def _changed(
+    theirs: Fingerprint, ours: Fingerprint, part: str
+) -> list[tuple[str, str | None, str | None]]:
+    """The keys of ``part`` whose values differ (absent on one side: ``None``), sorted, with
+    the run's value and this driver's."""
+    a, b = theirs.get(part, {}), ours.get(part, {})
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

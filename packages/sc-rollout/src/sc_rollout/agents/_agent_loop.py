@@ -26,7 +26,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .._errors import (
     AgentLoopClosedError,
@@ -281,14 +281,14 @@ class AgentLoop:
                     f"AgentLoop.take_groups: {count} groups asked, {available} submitted and "
                     "not taken"
                 )
-            while len(self._finished) < count:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise RolloutTimeoutError(
-                        f"AgentLoop.take_groups: {len(self._finished)} of {count} groups ended "
-                        f"within {timeout} s ({len(self._running)} sessions still running)"
-                    )
-                self._cond.wait(left)
+            self._wait(
+                lambda: len(self._finished) >= count,
+                deadline,
+                lambda: (
+                    f"AgentLoop.take_groups: {len(self._finished)} of {count} groups ended "
+                    f"within {timeout} s ({len(self._running)} sessions still running)"
+                ),
+            )
             taken, self._finished = self._finished[:count], self._finished[count:]
             out = []
             for group in taken:
@@ -325,6 +325,17 @@ class AgentLoop:
             self._loop.call_soon_threadsafe(handle.cancel)
         return len(handles)
 
+    def _wait(
+        self, done: Callable[[], bool], deadline: float | None, timed_out: Callable[[], str]
+    ) -> None:
+        """Wait on the held condition until ``done()``; at ``deadline`` (``time.monotonic``;
+        ``None``: none) a :class:`~sc_rollout.RolloutTimeoutError` with ``timed_out()``."""
+        while not done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise RolloutTimeoutError(timed_out())
+            self._cond.wait(left)
+
     def discard(self, groups: Iterable[str] | None = None, timeout: float | None = 30.0) -> int:
         """Cancel ``groups`` (``None``: every group not taken) and forget them once their
         sessions ended (their session ids may be submitted again); returns how many groups
@@ -336,14 +347,14 @@ class AgentLoop:
         self.cancel(chosen)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while any(g not in self._finished for g in chosen if g in self._members):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise RolloutTimeoutError(
-                        f"AgentLoop.discard: sessions of {len(chosen)} groups still running "
-                        f"after {timeout} s"
-                    )
-                self._cond.wait(left)
+            self._wait(
+                lambda: all(g in self._finished for g in chosen if g in self._members),
+                deadline,
+                lambda: (
+                    f"AgentLoop.discard: sessions of {len(chosen)} groups still running "
+                    f"after {timeout} s"
+                ),
+            )
             for group in chosen:
                 if group in self._members:
                     self._release_ids(self._members.pop(group))

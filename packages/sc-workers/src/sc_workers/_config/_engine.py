@@ -187,21 +187,21 @@ def check_strategy(
         )
 
 
+def _check_divides(owner: str, model: ModelConfig, size: int, name: str, field: str) -> None:
+    """The built-in model's ``field`` divides by the parallel size ``name`` (``size``); a
+    size of 1 and a Hugging Face model (``model.path``) pass."""
+    if size == 1 or model.path is not None:
+        return
+    value: int = getattr(model, field)
+    if value % size:
+        raise ConfigError(f"{owner}: model.{field} {value} is not divisible by {name} {size}")
+
+
 def check_tp_divides(owner: str, model: ModelConfig, tp: int) -> None:
     # A Hugging Face model's head counts live in its config.json: hf_worker_configs checks
     # them when it reads the directory, and the megatron engine when it loads the model.
-    if tp == 1 or model.path is not None:
-        return
-    if model.num_attention_heads % tp:
-        raise ConfigError(
-            f"{owner}: model.num_attention_heads {model.num_attention_heads} is not divisible "
-            f"by tensor_model_parallel_size {tp}"
-        )
-    if model.intermediate_size % tp:
-        raise ConfigError(
-            f"{owner}: model.intermediate_size {model.intermediate_size} is not divisible by "
-            f"tensor_model_parallel_size {tp}"
-        )
+    _check_divides(owner, model, tp, "tensor_model_parallel_size", "num_attention_heads")
+    _check_divides(owner, model, tp, "tensor_model_parallel_size", "intermediate_size")
 
 
 def check_sp_divides(owner: str, model: ModelConfig, sp: int) -> None:
@@ -209,10 +209,4 @@ def check_sp_divides(owner: str, model: ModelConfig, sp: int) -> None:
     built-in model's head count must divide by ``sp``."""
     # A Hugging Face model's head count lives in its config.json: hf_worker_configs checks
     # it when it reads the directory, and the FSDP engine when it loads the model.
-    if sp == 1 or model.path is not None:
-        return
-    if model.num_attention_heads % sp:
-        raise ConfigError(
-            f"{owner}: model.num_attention_heads {model.num_attention_heads} is not divisible "
-            f"by ulysses_sequence_parallel_size {sp}"
-        )
+    _check_divides(owner, model, sp, "ulysses_sequence_parallel_size", "num_attention_heads")

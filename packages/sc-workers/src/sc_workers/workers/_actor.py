@@ -14,7 +14,7 @@ from .._config import ActorRolloutRefConfig, BatchSizes
 from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, PipelineEngine, make_engine
 from ._collective import collective, collective_setup
-from ._common import KeptState, WorkerBase
+from ._common import KeptState, WorkerBase, worker_config
 from ._generation import generate_batch, meta_float, sampling_params
 from ._ppo import BANNED, check_banned, compute_log_prob, gather_tensors, update_policy
 from ._ppo_pipeline import pipelined_log_prob, pipelined_update_policy
@@ -52,13 +52,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
 
     def __init__(self, config: ActorRolloutRefConfig | Mapping[str, Any], role: str) -> None:
         super().__init__()
-        if isinstance(config, Mapping):
-            config = ActorRolloutRefConfig.from_dict(config)
-        if not isinstance(config, ActorRolloutRefConfig):
-            raise ConfigError(
-                f"ActorRolloutRefWorker: config must be an ActorRolloutRefConfig or a mapping, "
-                f"got {type(config).__name__}"
-            )
+        config = worker_config(ActorRolloutRefConfig, config, "ActorRolloutRefWorker")
         if role not in ROLES:
             raise ConfigError(
                 f"ActorRolloutRefWorker: role must be one of {sorted(ROLES)}, got {role!r}"
@@ -99,10 +93,7 @@ class ActorRolloutRefWorker(WeightSyncEndpoint, WorkerBase):
         """Join the process group and build the engines the role needs (idempotent)."""
         if self.actor_engine is not None or self.ref_engine is not None:
             return
-        self._init_distributed()
-        self._build_engines()
-        seed = self.config.rollout.seed * 1_000_003 + self.layout.dp_rank
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._generator = self._init_sampling(self.config.rollout.seed)
 
     def _build_engines(self, kept: KeptState | None = None) -> None:
         cfg = self.config

@@ -14,7 +14,7 @@ from sc_core import Worker, worker_environ
 from sc_dispatch import Dispatch, register
 from sc_protocol import DataProto
 
-from .._config import ParallelSizes
+from .._config import ConfigBase, ParallelSizes
 from .._errors import (
     CheckpointError,
     CollectiveAbortedError,
@@ -33,7 +33,7 @@ from ._collective import add_note, detach_traceback, error_summary, is_peer_fail
 from ._rng import capture_rng, restore_rng
 from ._sync import WeightSyncEndpoint
 
-__all__ = ["ENGINE_ATTRS", "WorkerBase"]
+__all__ = ["ENGINE_ATTRS", "WorkerBase", "worker_config"]
 
 #: The attributes sc-workers' workers keep their engines in (dropped when the group re-forms).
 ENGINE_ATTRS = ("actor_engine", "ref_engine", "critic_engine", "rollout_engine")
@@ -41,9 +41,24 @@ ENGINE_ATTRS = ("actor_engine", "ref_engine", "critic_engine", "rollout_engine")
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
+C = TypeVar("C", bound=ConfigBase)
 
 #: an engine's state kept through a teardown, by the attribute that holds the engine
 KeptState = Mapping[str, dict[str, Any]]
+
+
+def worker_config(cls: type[C], config: object, worker: str) -> C:
+    """A worker's ``config`` argument as ``cls``: a mapping is read with ``cls.from_dict``;
+    anything else but a ``cls`` raises :class:`ConfigError` naming ``worker``."""
+    if isinstance(config, Mapping):
+        config = cls.from_dict(config)
+    if not isinstance(config, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ConfigError(
+            f"{worker}: config must be {article} {cls.__name__} or a mapping, got "
+            f"{type(config).__name__}"
+        )
+    return config
 
 
 class WorkerBase(Worker):
@@ -275,6 +290,16 @@ class WorkerBase(Worker):
 
     def _where(self, method: str) -> str:
         return f"{type(self).__name__}.{method} (rank {self.rank})"
+
+    def _init_sampling(self, seed: int) -> torch.Generator:
+        """``init_model`` of a worker that samples: join the process group, build the
+        engines, and return the sampling generator, seeded by ``seed`` and the dp rank (the
+        replicas draw different samples)."""
+        self._init_distributed()
+        self._build_engines()
+        return torch.Generator(device=self.device).manual_seed(
+            seed * 1_000_003 + self.layout.dp_rank
+        )
 
     def _init_distributed(self) -> None:
         if self.world_size > 1 and worker_environ().get("WG_BACKEND") == "local":

@@ -9,10 +9,10 @@ from sc_dispatch import Dispatch, make_nd_compute_dataproto_dispatch_fn, registe
 from sc_protocol import DataProto
 
 from .._config import CriticConfig
-from .._errors import ConfigError, NotInitializedError
+from .._errors import NotInitializedError
 from ..engine import Engine, PipelineEngine, make_engine
 from ._collective import collective, collective_setup
-from ._common import KeptState, WorkerBase
+from ._common import KeptState, WorkerBase, worker_config
 from ._ppo import compute_values, gather_tensors, update_critic
 from ._ppo_pipeline import pipelined_update_critic, pipelined_values
 
@@ -30,13 +30,7 @@ class CriticWorker(WorkerBase):
 
     def __init__(self, config: CriticConfig | Mapping[str, Any]) -> None:
         super().__init__()
-        if isinstance(config, Mapping):
-            config = CriticConfig.from_dict(config)
-        if not isinstance(config, CriticConfig):
-            raise ConfigError(
-                f"CriticWorker: config must be a CriticConfig or a mapping, got "
-                f"{type(config).__name__}"
-            )
+        config = worker_config(CriticConfig, config, "CriticWorker")
         self.config = config
         self._setup_identity(config.device, config.parallel_sizes)
         self.batch_sizes = config.normalized_batch_sizes(self.layout.dp_size)

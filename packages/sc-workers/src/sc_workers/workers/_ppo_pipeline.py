@@ -11,6 +11,7 @@ return zeros of the same shape (their outputs are not collected).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,6 +34,19 @@ _Inputs = tuple[Tensor, Tensor, Tensor]
 
 def _inputs(micro: dict[str, Tensor]) -> _Inputs:
     return micro["input_ids"], micro["attention_mask"], micro["position_ids"]
+
+
+def _schedule_args(
+    engine: PipelineEngine,
+    micros: list[dict[str, Tensor]],
+    head: Callable[[dict[str, Tensor]], Any],
+) -> tuple[list[_Inputs], list[Any]]:
+    """What a schedule takes for ``micros``: the model inputs (on the first stage) and each
+    micro-batch's ``head(micro)`` (on the last stage; ``None`` elsewhere)."""
+    last = engine.is_last_stage
+    heads = [head(m) if last else None for m in micros]
+    inputs = [_inputs(m) for m in micros] if engine.is_first_stage else []
+    return inputs, heads
 
 
 def _padded_micro_batches(
@@ -67,13 +81,12 @@ def pipelined_log_prob(
     :func:`._ppo.compute_log_prob`."""
     engine.eval_mode()
     micros = _padded_micro_batches(engine, tensors, total, micro_batch_size)
-    last = engine.is_last_stage
-    heads = [
-        response_head(m["responses"], temperature, m.get(BANNED)) if last else None for m in micros
-    ]
-    inputs = [_inputs(m) for m in micros] if engine.is_first_stage else []
-    out = engine.forward_only(inputs, heads)
-    if not last:
+    out = engine.forward_only(
+        *_schedule_args(
+            engine, micros, lambda m: response_head(m["responses"], temperature, m.get(BANNED))
+        )
+    )
+    if not engine.is_last_stage:
         zeros = torch.zeros(total, response_length)
         return zeros, zeros.clone()
     log_prob, entropy = out
@@ -91,11 +104,10 @@ def pipelined_values(
     stage)."""
     engine.eval_mode()
     micros = _padded_micro_batches(engine, tensors, total, micro_batch_size)
-    last = engine.is_last_stage
-    heads = [value_head(response_length) if last else None for _ in micros]
-    inputs = [_inputs(m) for m in micros] if engine.is_first_stage else []
-    out = engine.forward_only(inputs, heads)
-    if not last:
+    out = engine.forward_only(
+        *_schedule_args(engine, micros, lambda _: value_head(response_length))
+    )
+    if not engine.is_last_stage:
         return torch.zeros(total, response_length)
     values: Tensor = out[:total].cpu()
     return values * response_mask_of(tensors).to(values.dtype)
@@ -137,7 +149,6 @@ def _scheduled_loss(
 def scheduled_steps(engine: PipelineEngine) -> Accumulate:
     """A mini-batch's micro-batches through one pipeline schedule: the first stage feeds
     the inputs, the last stage applies the role's head and loss."""
-    last = engine.is_last_stage
 
     def accumulate(mb: MiniBatch, role: Role, meter: Meter, grad_scale: float) -> None:
         meters = _MicroMeters(meter)
@@ -149,9 +160,7 @@ def scheduled_steps(engine: PipelineEngine) -> Accumulate:
             meters=meters,
             scale=grad_scale,
         )
-        heads = [role.head(m) if last else None for m in mb.micro_batches]
-        inputs = [_inputs(m) for m in mb.micro_batches] if engine.is_first_stage else []
-        engine.train_step(inputs, heads, loss_fn)
+        engine.train_step(*_schedule_args(engine, mb.micro_batches, role.head), loss_fn)
         meters.merge()
 
     return accumulate

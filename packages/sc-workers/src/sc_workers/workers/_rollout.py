@@ -14,7 +14,7 @@ from .._config import ActorRolloutRefConfig, ParallelSizes
 from .._errors import ConfigError, NotInitializedError
 from ..engine import Engine, ReplicatedTPEngine
 from ._collective import collective, collective_setup
-from ._common import KeptState, WorkerBase
+from ._common import KeptState, WorkerBase, worker_config
 from ._generation import generate_batch, sampling_params
 from ._sync import WeightSyncEndpoint
 
@@ -37,13 +37,7 @@ class RolloutWorker(WeightSyncEndpoint, WorkerBase):
 
     def __init__(self, config: ActorRolloutRefConfig | Mapping[str, Any]) -> None:
         super().__init__()
-        if isinstance(config, Mapping):
-            config = ActorRolloutRefConfig.from_dict(config)
-        if not isinstance(config, ActorRolloutRefConfig):
-            raise ConfigError(
-                f"RolloutWorker: config must be an ActorRolloutRefConfig or a mapping, "
-                f"got {type(config).__name__}"
-            )
+        config = worker_config(ActorRolloutRefConfig, config, "RolloutWorker")
         self.config = config
         tp = config.rollout.tensor_model_parallel_size
         if self.world_size % tp:
@@ -64,10 +58,7 @@ class RolloutWorker(WeightSyncEndpoint, WorkerBase):
         """Join the process group and build the model (tensor parallel, no optimizer)."""
         if self.rollout_engine is not None:
             return
-        self._init_distributed()
-        self._build_engines()
-        seed = self.config.rollout.seed * 1_000_003 + self.layout.dp_rank
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._generator = self._init_sampling(self.config.rollout.seed)
 
     def _build_engines(self, kept: KeptState | None = None) -> None:
         cfg = self.config
