@@ -20,6 +20,7 @@ from sc_protocol import DataProto
 from .._errors import TaskError
 from .._scores import BatchScores
 from ..config import TaskConfig
+from ..data._batch import left_padded
 
 __all__ = ["CharTokenizer", "DigitsTask"]
 
@@ -155,14 +156,7 @@ class DigitsTask:
         """``input_ids``, ``attention_mask`` and ``position_ids`` of the prompts, ``[B, P]``."""
         self._check_prompts(texts, "DigitsTask.encode_prompts")
         rows = [[self.tokenizer.bos_token_id, *self.tokenizer.encode(f"{text}=")] for text in texts]
-        input_ids = torch.tensor(rows, dtype=torch.long)
-        attention_mask = torch.ones_like(input_ids)
-        position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids).clone()
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-        }
+        return left_padded(rows, self.prompt_length, pad_token_id=0)  # all one length
 
     def token_scores(
         self,
