@@ -40,7 +40,7 @@ from sc_core.ext import arm_torn_dispatch, disarm_torn_dispatch
 from .._errors import TrainerConfigError
 from ._workers import is_driver_fault
 
-__all__ = ["DRIVER_PHASES", "DriverFault", "DriverFaults", "matching_parts"]
+__all__ = ["DRIVER_PHASES", "DriverFault", "DriverFaults", "matching_parts", "step_phase_delay"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,11 @@ def matching_parts(
     return matches
 
 
+def step_phase_delay(match: re.Match[str]) -> tuple[int, str, float]:
+    """A matched fault's step, phase (``"start"`` if none) and delay (0 if none)."""
+    return int(match["step"]), match["phase"] or "start", float(match["delay"] or 0.0)
+
+
 @dataclass(frozen=True)
 class DriverFault:
     """Kill the driver (SIGKILL) ``delay_s`` seconds into ``phase`` of step ``step``; with
@@ -119,17 +124,10 @@ class DriverFault:
     @classmethod
     def parse_all(cls, text: str | None) -> tuple[DriverFault, ...]:
         """The ``driver@...`` parts of an ``inject_fault`` value (comma-separated)."""
-        faults = []
-        for match in matching_parts(text, is_driver_fault, _SPEC, _GRAMMAR):
-            faults.append(
-                cls(
-                    int(match["step"]),
-                    match["phase"] or "start",
-                    float(match["delay"] or 0.0),
-                    torn=match["torn"] is not None,
-                )
-            )
-        return tuple(faults)
+        return tuple(
+            cls(*step_phase_delay(match), torn=match["torn"] is not None)
+            for match in matching_parts(text, is_driver_fault, _SPEC, _GRAMMAR)
+        )
 
     def __str__(self) -> str:
         how = "+torn" if self.torn else f"+{self.delay_s:g}" if self.delay_s else ""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import TrainerConfigError, TrainerStateError
-from ._driver import DRIVER_PHASES, matching_parts
+from ._driver import DRIVER_PHASES, matching_parts, step_phase_delay
 from ._workers import NODE_PREFIX, is_node_fault
 
 __all__ = ["ArmedLoss", "NodeFault", "NodeFaults"]
@@ -78,17 +78,10 @@ class NodeFault:
     @classmethod
     def parse_all(cls, text: str | None) -> tuple[NodeFault, ...]:
         """The ``node...@`` parts of an ``inject_fault`` value (comma-separated)."""
-        faults = []
-        for match in matching_parts(text, is_node_fault, _SPEC, _GRAMMAR):
-            faults.append(
-                cls(
-                    int(match["step"]),
-                    match["phase"] or "start",
-                    float(match["delay"] or 0.0),
-                    None if match["rank"] is None else int(match["rank"]),
-                )
-            )
-        return tuple(faults)
+        return tuple(
+            cls(*step_phase_delay(match), None if match["rank"] is None else int(match["rank"]))
+            for match in matching_parts(text, is_node_fault, _SPEC, _GRAMMAR)
+        )
 
     def __str__(self) -> str:
         who = NODE_PREFIX if self.rank is None else f"{NODE_PREFIX}:{self.rank}"
