@@ -44,6 +44,22 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
+def write_measurement(
+    path: Path,
+    benchmark: str,
+    result: dict[str, Any],
+    *,
+    quick: bool,
+    leave_out: str = "samples",
+    **extra: Any,
+) -> None:
+    """Print ``result`` (less its ``leave_out`` entry: the raw samples) and write it to
+    ``path`` under the :func:`stamp` of ``benchmark`` (``extra`` in its machine entry), with
+    whether the run was ``quick``."""
+    print({k: v for k, v in result.items() if k != leave_out}, flush=True)
+    write_result(path, {**stamp(benchmark, **extra), "quick": quick, "result": result})
+
+
 @contextlib.contextmanager
 def local_ray(num_cpus: int) -> Iterator[None]:
     """A Ray cluster of ``num_cpus`` on this machine for the ``with`` block, shut down after

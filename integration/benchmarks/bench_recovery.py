@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 import torch  # at module level, as sc-workers' workers import it: a spare has it loaded
-from _machine import local_ray, stamp, write_result  # this folder: the script's own
+from _machine import local_ray, write_measurement  # this folder: the script's own
 from sc_core import Worker, WorkerDiedError
 from sc_dispatch import Dispatch, register
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -134,13 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         args.workers, args.repeat = 2, 1
     with local_ray(max(8, args.workers + 1)):
         result = measure(args.workers, args.repeat)
-    out = {
-        **stamp("replace a dead rank on Ray", ray=ray.__version__),
-        "quick": args.quick,
-        "result": result,
-    }
-    print({k: v for k, v in result.items() if k != "samples"}, flush=True)
-    write_result(args.out, out)
+    write_measurement(
+        args.out, "replace a dead rank on Ray", result, quick=args.quick, ray=ray.__version__
+    )
     return 0
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import ray
 import torch
-from _machine import local_ray, stamp, write_result  # this folder: the script's own
+from _machine import local_ray, write_measurement  # this folder: the script's own
 from sc_core import Worker
 from sc_dispatch import Dispatch, register
 from sc_dispatch.ext import DEFAULT_UNITS_PER_SLOT
@@ -154,16 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         args.workers, args.repeat = 2, 3
     with local_ray(max(8, args.workers + 1)):
         result = measure(args.workers, args.rows, args.per_row_ms / 1e3, args.slowdown, args.repeat)
-    out = {
-        **stamp(
-            "one straggler rank: even split, load-balanced mode, streaming (Ray)",
-            ray=ray.__version__,
-        ),
-        "quick": args.quick,
-        "result": result,
-    }
-    print({k: v for k, v in result.items() if k != "samples"}, flush=True)
-    write_result(args.out, out)
+    write_measurement(
+        args.out,
+        "one straggler rank: even split, load-balanced mode, streaming (Ray)",
+        result,
+        quick=args.quick,
+        ray=ray.__version__,
+    )
     return 0
 
 
