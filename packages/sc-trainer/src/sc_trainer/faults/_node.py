@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import TrainerConfigError, TrainerStateError
-from ._driver import DRIVER_PHASES, matching_parts, step_phase_delay
+from ._driver import check_phase_and_delay, matching_parts, step_phase_delay
 from ._workers import NODE_PREFIX, is_node_fault
 
 __all__ = ["ArmedLoss", "NodeFault", "NodeFaults"]
@@ -61,14 +61,7 @@ class NodeFault:
             isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0
         ):
             raise TrainerConfigError(f"inject_fault: node rank must be >= 0, got {self.rank!r}")
-        if self.phase not in DRIVER_PHASES:
-            raise TrainerConfigError(
-                f"inject_fault: node phase must be one of {DRIVER_PHASES}, got {self.phase!r}"
-            )
-        if not self.delay_s >= 0:
-            raise TrainerConfigError(
-                f"inject_fault: node delay must be >= 0 s, got {self.delay_s!r}"
-            )
+        check_phase_and_delay("node", self.phase, self.delay_s)
         if self.phase == "start" and self.delay_s:
             raise TrainerConfigError(
                 f"inject_fault: the node is lost as step {self.step} starts; a delay needs a "
