@@ -22,7 +22,17 @@ from .._scores import BatchScores
 from ..config import TaskConfig
 from ..data._batch import left_padded
 
-__all__ = ["CharTokenizer", "DigitsTask"]
+__all__ = ["CharTokenizer", "DigitsTask", "sample_distinct"]
+
+
+def sample_distinct(strings: np.ndarray, n: int, seed: int, step: int, where: str) -> np.ndarray:
+    """``n`` distinct entries of ``strings``, a function of ``(seed, step)`` only (a
+    :class:`TaskError` from ``where`` unless ``1 <= n <= len(strings)``)."""
+    if not 1 <= n <= len(strings):
+        raise TaskError(f"{where}: n must be in 1..{len(strings)}, got {n}")
+    rng = np.random.default_rng([seed, step])
+    picked: np.ndarray = strings[rng.choice(len(strings), n, False)]
+    return picked
 
 
 class CharTokenizer:
@@ -117,13 +127,7 @@ class DigitsTask:
         Drawing from a generator seeded by the step (instead of one long-lived generator)
         makes a resumed run draw exactly what the uninterrupted run drew.
         """
-        if not 1 <= n <= len(self.train_strings):
-            raise TaskError(
-                f"DigitsTask.sample_train: n must be in 1..{len(self.train_strings)}, got {n}"
-            )
-        rng = np.random.default_rng([seed, step])
-        picked: np.ndarray = self.train_strings[rng.choice(len(self.train_strings), n, False)]
-        return picked
+        return sample_distinct(self.train_strings, n, seed, step, "DigitsTask.sample_train")
 
     def _check_prompts(self, texts: Sequence[str] | np.ndarray, where: str) -> None:
         """At least one prompt, each a string of ``config.length`` digits."""
