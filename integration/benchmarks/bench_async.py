@@ -29,7 +29,6 @@ The ratios (k = 1 over k = 0) are the figures of docs/performance.md's "Async tr
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import statistics
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from _machine import machine, write_result  # this folder: the script's own
+from _machine import local_ray, write_measurement  # this folder: the script's own
 from sc_core import CallSpan, SpanRecorder
 from sc_trainer import TaskRunner, TrainerConfig, make_launcher
 
@@ -154,21 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeat = 8, 1
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     loadavg = list(os.getloadavg())
     runs: list[dict[str, Any]] = []
     # one cluster for every run (the trainer's launcher uses a running one and leaves it up)
     num_cpus = TrainerConfig(placement="separate").ray_num_cpus
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for i in range(args.repeat):
-                for k in (0, 1):
-                    run = one_run(k, args.steps, Path(tmp) / f"k{k}-{i}")
-                    print(run, flush=True)
-                    runs.append(run)
-    finally:
-        ray.shutdown()
+    with local_ray(num_cpus), tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeat):
+            for k in (0, 1):
+                run = one_run(k, args.steps, Path(tmp) / f"k{k}-{i}")
+                print(run, flush=True)
+                runs.append(run)
     med = statistics.median
 
     def summary(k: int) -> dict[str, float]:
@@ -187,17 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         "val_reward": {"sync": sync["val_reward"], "async_k1": asyn["val_reward"]},
         "runs": runs,
     }
-    out = {
-        "benchmark": "async trainer (k=1) vs synchronous (k=0), separate rollout on Ray",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(
-            ray=ray.__version__, loadavg_at_start=loadavg, loadavg_at_end=list(os.getloadavg())
-        ),
-        "quick": args.quick,
-        "result": result,
-    }
-    print({k: v for k, v in result.items() if k != "runs"}, flush=True)
-    write_result(args.out, out)
+    write_measurement(
+        args.out,
+        "async trainer (k=1) vs synchronous (k=0), separate rollout on Ray",
+        result,
+        quick=args.quick,
+        leave_out="runs",
+        ray=ray.__version__,
+        loadavg_at_start=loadavg,
+        loadavg_at_end=list(os.getloadavg()),
+    )
     return 0
 
 

@@ -20,9 +20,6 @@ The first steps (start-up, the save before the first step) are left out.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from _machine import machine  # this folder: the script's own
+from _machine import local_ray, stamp, write_result  # this folder: the script's own
 from sc_trainer import TaskConfig, TaskRunner, TrainerConfig
 
 
@@ -90,27 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.hidden, args.layers, args.steps = 128, 2, 8
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    ray.init(num_cpus=max(8, args.workers + 1), include_dashboard=False, log_to_driver=False)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            results = [
-                run(background, args, Path(tmp) / f"bg{background}") for background in (True, False)
-            ]
-    finally:
-        ray.shutdown()
+    with local_ray(max(8, args.workers + 1)), tempfile.TemporaryDirectory() as tmp:
+        results = [
+            run(background, args, Path(tmp) / f"bg{background}") for background in (True, False)
+        ]
     out = {
-        "benchmark": "step time with and without a checkpoint save",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(ray=ray.__version__),
+        **stamp("step time with and without a checkpoint save", ray=ray.__version__),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "results": results,
     }
     for r in results:
         print({k: v for k, v in r.items() if k != "samples"}, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, out)
     return 0
 
 

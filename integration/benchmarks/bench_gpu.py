@@ -14,19 +14,13 @@ against raw Ray on workers that hold one GPU each.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import ray
 import torch
+from _machine import median_times, stamp, write_result  # this folder: the script's own
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from sc_core import Worker
 from sc_dispatch import Dispatch, register
@@ -55,19 +49,6 @@ class BareGpu:
         return x
 
 
-def _median_times(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Median wall time of each function, taking turns in ABBA order."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    order = list(fns.items())
-    for i in range(repeat):
-        for name, fn in order if i % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("integration/benchmarks/results/gpu.json"))
@@ -80,18 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sizes = [float(s) for s in args.sizes_mib.split(",")]
     results: dict[str, Any] = {
-        "benchmark": "gpu",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "device": torch.cuda.get_device_name(0),
-            "gpus": torch.cuda.device_count(),
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "ray": ray.__version__,
-        },
+        **stamp(
+            "gpu",
+            device=torch.cuda.get_device_name(0),
+            gpus=torch.cuda.device_count(),
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+            ray=ray.__version__,
+        ),
         "weight_sync": "not measured: weight sync between meshes does not exist yet (issue 15)",
     }
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -108,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             ).remote()
             ray.get(bare.noop.remote())
             fns = {"raw": lambda: ray.get(bare.noop.remote()), "ours": wg.noop}
-            _median_times(fns, 20)
-            t = _median_times(fns, args.noop_repeat)
+            median_times(fns, 20)
+            t = median_times(fns, args.noop_repeat)
             results["noop"] = {"raw_ray_s": t["raw"], "sc_ray_s": t["ours"]}
             results["noop"]["ratio"] = t["ours"] / t["raw"]
             print(f"noop: {results['noop']}", flush=True)
@@ -129,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                     if out.batch is None or out.batch["x"].device.type != "cuda":
                         raise RuntimeError("sc-ray returned the batch off the GPU")
 
-                _median_times({"raw": raw, "ours": ours}, 2)
-                t = _median_times({"raw": raw, "ours": ours}, args.repeat)
+                median_times({"raw": raw, "ours": ours}, 2)
+                t = median_times({"raw": raw, "ours": ours}, args.repeat)
                 row = {
                     "mib": mib,
                     "raw_ray_s": t["raw"],
@@ -144,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.kill(bare)
     finally:
         ray.shutdown()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, results)
     return 0
 
 

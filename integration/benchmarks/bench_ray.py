@@ -34,13 +34,10 @@ draws the plot from the JSON files.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import io
-import json
 import os
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +47,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import numpy as np
 import ray
 import torch
-from _machine import machine  # this folder: the script's own
+from _machine import median_times, stamp, write_result  # this folder: the script's own
 from sc_core import SpanRecorder, Worker
 from sc_dispatch import Dispatch, register
 from sc_protocol import DataProto
@@ -129,19 +126,6 @@ def _group(cls: type, n: int) -> RayWorkerGroup:
     return RayWorkerGroup(pool, RayClassWithInitArgs(cls))
 
 
-def _median_times(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Median wall time of each function; the functions take turns, in an order reversed
-    every other repeat (ABBA), so that neither always runs right after the other."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    forward = list(fns.items())
-    for i in range(repeat):
-        for name, fn in forward if i % 2 == 0 else forward[::-1]:
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def bench_noop(workers: list[int], repeat: int) -> list[dict[str, float]]:
     bare = [BareNoop.remote() for _ in range(max(workers))]
     ray.get([a.noop.remote() for a in bare])
@@ -154,8 +138,8 @@ def bench_noop(workers: list[int], repeat: int) -> list[dict[str, float]]:
                 ray.get([a.noop.remote() for a in actors])
 
             with _group(NoopWorker, n) as wg:
-                _median_times({"raw": raw, "ours": wg.noop}, 20)  # warm-up
-                t = _median_times({"raw": raw, "ours": wg.noop}, repeat)
+                median_times({"raw": raw, "ours": wg.noop}, 20)  # warm-up
+                t = median_times({"raw": raw, "ours": wg.noop}, repeat)
             row = {
                 "workers": float(n),
                 "raw_ray_s": t["raw"],
@@ -231,7 +215,7 @@ def _dp_proto_one(
         fn()
     # Small sizes are quick and noisier: more repeats (3 at 512 MiB, up to max_repeat).
     n = max(repeat, min(max_repeat, int(repeat * 512 // max(mib, 1))))
-    t = _median_times(fns, n)
+    t = median_times(fns, n)
     gib = nbytes / 2**30
     return {
         "mib": nbytes / 2**20,
@@ -446,15 +430,14 @@ def main(argv: list[str] | None = None) -> int:
 
     store = max(2 * 2**30, int(5 * max([*sizes, chain_mib]) * 2**20))
     results: dict[str, Any] = {
-        "benchmark": "sc-ray",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "quick": q,
-        "machine": machine(
+        **stamp(
+            "sc-ray",
             ray=ray.__version__,
             torch=torch.__version__,
             gpus=torch.cuda.device_count(),
             memory_gib=_memory_gib(),
         ),
+        "quick": q,
         "cluster": {"num_cpus": CLUSTER_CPUS, "object_store_bytes": store},
     }
     ray.init(
@@ -489,9 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = time.perf_counter() - t0
     results["machine"]["loadavg_at_end"] = list(os.getloadavg())
     print_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, results)
     return 0
 
 

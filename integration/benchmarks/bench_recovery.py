@@ -24,8 +24,6 @@ under 2 s in total with a hot standby.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import statistics
 import sys
 import time
@@ -34,7 +32,7 @@ from typing import Any
 
 import ray
 import torch  # at module level, as sc-workers' workers import it: a spare has it loaded
-from _machine import machine, write_result  # this folder: the script's own
+from _machine import local_ray, write_measurement  # this folder: the script's own
 from sc_core import Worker, WorkerDiedError
 from sc_dispatch import Dispatch, register
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -134,21 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.repeat = 2, 1
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    ray.init(num_cpus=max(8, args.workers + 1), include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(max(8, args.workers + 1)):
         result = measure(args.workers, args.repeat)
-    finally:
-        ray.shutdown()
-    out = {
-        "benchmark": "replace a dead rank on Ray",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(ray=ray.__version__),
-        "quick": args.quick,
-        "result": result,
-    }
-    print({k: v for k, v in result.items() if k != "samples"}, flush=True)
-    write_result(args.out, out)
+    write_measurement(
+        args.out, "replace a dead rank on Ray", result, quick=args.quick, ray=ray.__version__
+    )
     return 0
 
 

@@ -36,10 +36,8 @@ near two minutes on a small machine, most of it worker start-up. ``--quick`` is 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -51,7 +49,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import ray
 import torch
-from _machine import machine, write_result  # this folder: the script's own
+from _machine import median_times, stamp, write_result  # this folder: the script's own
 from sc_core import SpanRecorder, Worker
 from sc_dispatch import Dispatch, Execute, make_nd_compute_dataproto_dispatch_fn, register
 from sc_dispatch.ext import payload_nbytes
@@ -128,19 +126,6 @@ def ppo_batch(rows: int, tokens: int) -> DataProto:
     )
 
 
-def _median_times(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Median wall time of each function, taking turns in an order reversed every other
-    repeat (ABBA)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    forward = list(fns.items())
-    for i in range(repeat):
-        for name, fn in forward if i % 2 == 0 else forward[::-1]:
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def measure_layout(
     wg: RayWorkerGroup, pp: int, tp: int, data: DataProto, warmup: int, repeat: int
 ) -> dict[str, Any]:
@@ -164,8 +149,8 @@ def measure_layout(
     calls: dict[str, Callable[[], Any]] = {
         way: functools.partial(m, data) for way, m in methods.items()
     }
-    _median_times(calls, warmup)
-    wall = _median_times(calls, repeat)
+    median_times(calls, warmup)
+    wall = median_times(calls, repeat)
     row = {
         "pp": pp,
         "dp": DP,
@@ -241,16 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     repeat = 3 if args.quick else args.repeat
     warmup = 1 if args.quick else args.warmup
     started = time.perf_counter()
-    host = machine(ray=ray.__version__, torch=torch.__version__)
+    head = stamp(
+        "nd dispatch to pipeline stages: first/last stage only vs every rank (Ray)",
+        ray=ray.__version__,
+        torch=torch.__version__,
+    )
     ray.init(num_cpus=CLUSTER_CPUS, include_dashboard=False, log_to_driver=False)
     try:
         result = measure(args.rows, args.tokens, layouts, warmup, repeat)
     finally:
         ray.shutdown()
     out = {
-        "benchmark": "nd dispatch to pipeline stages: first/last stage only vs every rank (Ray)",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {**host, "loadavg_at_end": list(os.getloadavg())},
+        **head,
+        "machine": {**head["machine"], "loadavg_at_end": list(os.getloadavg())},
         "quick": args.quick,
         "cluster": {"num_cpus": CLUSTER_CPUS, "cpus_per_worker": ACTOR_CPUS},
         "repeat": repeat,

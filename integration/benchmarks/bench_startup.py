@@ -57,7 +57,7 @@ if str(HERE) not in sys.path:
 
 import ray  # noqa: E402
 import torch  # noqa: E402
-from _machine import machine  # noqa: E402 - this folder: the script's own
+from _machine import stamp, write_result  # noqa: E402 - this folder: the script's own
 from sc_protocol import DataProto  # noqa: E402
 from sc_ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
 
@@ -297,14 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variants {unknown}; known: {sorted(STARTS)}")
     variants = [BASELINE, *(v for v in args.variants if v != BASELINE)]
     results: dict[str, Any] = {
-        "benchmark": "worker start-up",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "quick": q,
-        "machine": machine(
+        **stamp(
+            "worker start-up",
             ray=ray.__version__,
             torch=torch.__version__,
             tensordict=__import__("tensordict").__version__,
         ),
+        "quick": q,
         "cluster": {"num_cpus": CLUSTER_CPUS, "actor_cpus": ACTOR_CPUS},
     }
     t0 = time.perf_counter()
@@ -335,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                 kept = old.get("sections", {}).get(section, {"date": old.get("date")})
                 sections[section] = {**kept, "kept_from_earlier_run": True}
     print_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, results)
     return 0
 
 

@@ -26,8 +26,6 @@ balanced figures against the clean even step too.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import statistics
 import sys
 import time
@@ -37,7 +35,7 @@ from typing import Any
 
 import ray
 import torch
-from _machine import machine, write_result  # this folder: the script's own
+from _machine import local_ray, write_measurement  # this folder: the script's own
 from sc_core import Worker
 from sc_dispatch import Dispatch, register
 from sc_dispatch.ext import DEFAULT_UNITS_PER_SLOT
@@ -154,21 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.repeat = 2, 3
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    ray.init(num_cpus=max(8, args.workers + 1), include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(max(8, args.workers + 1)):
         result = measure(args.workers, args.rows, args.per_row_ms / 1e3, args.slowdown, args.repeat)
-    finally:
-        ray.shutdown()
-    out = {
-        "benchmark": "one straggler rank: even split, load-balanced mode, streaming (Ray)",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(ray=ray.__version__),
-        "quick": args.quick,
-        "result": result,
-    }
-    print({k: v for k, v in result.items() if k != "samples"}, flush=True)
-    write_result(args.out, out)
+    write_measurement(
+        args.out,
+        "one straggler rank: even split, load-balanced mode, streaming (Ray)",
+        result,
+        quick=args.quick,
+        ray=ray.__version__,
+    )
     return 0
 
 

@@ -34,7 +34,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import multiprocessing
@@ -48,7 +47,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _machine import machine  # this folder: the script's own
+from _machine import stamp, write_result  # this folder: the script's own
 from sc_workers.sync import (
     ChannelSpec,
     ModelLayout,
@@ -353,19 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.mib, args.repeat, args.plan_tensors = 16.0, 1, 1000
-    results: dict[str, Any] = {
-        "benchmark": "weight sync",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(torch=torch.__version__),
-    }
+    results: dict[str, Any] = stamp("weight sync", torch=torch.__version__)
     results["plan"] = bench_plan(args.plan_tensors)
     print(f"plan: {results['plan']}", flush=True)
     for key, layout in (("sync", "transformer"), ("sync_row_parallel", "row-parallel")):
         results[key] = bench_sync(layout, args.mib, args.repeat)
         print(f"{key}: {results[key]}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_result(args.out, results)
     return 0
 
 

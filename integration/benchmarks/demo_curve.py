@@ -12,7 +12,6 @@ KL, wall time, the machine's load) and ``docs/img/demo-curve.png``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
@@ -22,11 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
+from _curves import by_step, plot_curves  # this folder: the scripts' own
+from _machine import stamp, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,20 +51,22 @@ def run_demo(algorithm: str, extra: list[str], out: Path) -> dict[str, Any]:
 
 
 def plot(runs: list[dict[str, Any]], png: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    for run in runs:
-        steps = [int(s) for s in run["val_reward"]]
-        label = f"{run['algorithm'].upper()} ({run['wall_s']:.0f} s for the whole command)"
-        ax.plot(steps, list(run["val_reward"].values()), marker="o", label=label)
-    ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation reward (greedy)")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("uv run sc-demo: reversing 4 digits, 256 held-out prompts")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    curves = [
+        (
+            f"{run['algorithm'].upper()} ({run['wall_s']:.0f} s for the whole command)",
+            by_step(run["val_reward"]),
+        )
+        for run in runs
+    ]
+    plot_curves(
+        curves,
+        "uv run sc-demo: reversing 4 digits, 256 held-out prompts",
+        "validation reward (greedy)",
+        png,
+        xlabel="training step",
+        figsize=(6, 3.4),
+        small_legend=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,16 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             run = run_demo(algorithm, args.extra, Path(tmp) / algorithm)
             print(json.dumps(run), flush=True)
             runs.append(run)
-    result = {
-        "benchmark": "sc-demo",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "runs": runs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(args.out, {**stamp("sc-demo"), "runs": runs})
     plot(runs, args.png)
-    print(f"wrote {args.out} and {args.png}")
+    print(f"wrote {args.png}")
     return 0
 
 

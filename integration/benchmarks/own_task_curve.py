@@ -14,7 +14,6 @@ from ``results/demo.json`` (``demo_curve.py``). Writes ``results/own_task.json``
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import shutil
@@ -25,11 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
+from _curves import by_step, plot_curves  # this folder: the scripts' own
+from _machine import stamp, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -72,27 +68,18 @@ def run_example(name: str, work: Path) -> dict[str, Any]:
 
 
 def plot(runs: list[dict[str, Any]], demo: dict[str, float] | None, png: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    if demo is not None:
-        ax.plot(
-            [int(s) for s in demo],
-            list(demo.values()),
-            marker=".",
-            color="grey",
-            label="sc-demo (built-in task, per-digit credit)",
-        )
-    for run in runs:
-        steps = [int(s) for s in run["val_reward"]]
-        ax.plot(steps, list(run["val_reward"].values()), marker="o", label=EXAMPLES[run["example"]])
-    ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation reward (greedy)")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("sc-train on the examples' own data and rewards")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    plot_curves(
+        [(EXAMPLES[run["example"]], by_step(run["val_reward"])) for run in runs],
+        "sc-train on the examples' own data and rewards",
+        "validation reward (greedy)",
+        png,
+        xlabel="training step",
+        figsize=(6.4, 3.6),
+        small_legend=True,
+        reference=None
+        if demo is None
+        else ("sc-demo (built-in task, per-digit credit)", by_step(demo)),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,14 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in json.loads(demo_file.read_text())["runs"]
             if r["algorithm"] == "ppo"
         )
-    result = {
-        "benchmark": "own-task examples",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "runs": runs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, {**stamp("own-task examples"), "runs": runs})
     plot(runs, demo, args.png)
     for run in runs:
         curve = ", ".join(f"{s}: {v:.3f}" for s, v in run["val_reward"].items())

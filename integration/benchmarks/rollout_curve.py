@@ -13,7 +13,6 @@ same one through ``--model``. Writes ``results/rollout_curve.json`` and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from _curves import plot_curves  # this folder: the scripts' own
+from _machine import stamp, write_result
 from sc_rollout.engines import create_vllm_env
 from sc_trainer.tasks import save_tiny_gpt2
 
@@ -83,16 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         run = run_demo(rollout, model, work / rollout, args.steps)
         print(json.dumps(run), flush=True)
         runs.append(run)
-    out = {
-        "benchmark": "sc-demo validation curves on one tiny GPT-2, by rollout",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "runs": runs,
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "rollout_curve.json").write_text(json.dumps(out, indent=2) + "\n")
+    out = {**stamp("sc-demo validation curves on one tiny GPT-2, by rollout"), "runs": runs}
+    write_result(RESULTS / "rollout_curve.json", out)
     plot(runs)
-    print(f"wrote {RESULTS / 'rollout_curve.json'} and {PNG}")
+    print(f"wrote {PNG}")
     return 0
 
 

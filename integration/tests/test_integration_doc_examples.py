@@ -34,11 +34,10 @@ def test_the_pages_with_examples_are_found() -> None:
 
 
 def test_a_broken_example_fails_at_its_line(tmp_path: Path) -> None:
-    page = tmp_path / "page.md"
-    page.write_text(
+    page = _page(
+        tmp_path,
         "# A page\n\n```python\nx = 1\n```\n\ntext\n\n- a list item:\n\n"
         "  ```python\n  y = x + 1\n  assert y == 3, y\n  ```\n",
-        encoding="utf-8",
     )
     found = blocks(page)
     assert [(b.line, b.code) for b in found] == [(4, "x = 1"), (12, "y = x + 1\nassert y == 3, y")]
@@ -63,11 +62,10 @@ def test_breaking_a_real_example_makes_its_page_fail(tmp_path: Path) -> None:
 
 
 def test_a_marked_block_is_not_run(tmp_path: Path) -> None:
-    page = tmp_path / "page.md"
-    page.write_text(
+    page = _page(
+        tmp_path,
         "<!-- docs-example: not run (needs a CUDA device) -->\n"
         "```python\nraise SystemExit(1)\n```\n```py\nprint('ran')\n```\n",
-        encoding="utf-8",
     )
     found = blocks(page)
     assert [b.not_run for b in found] == ["needs a CUDA device", None]
@@ -90,7 +88,13 @@ def test_a_marked_block_is_not_run(tmp_path: Path) -> None:
 def test_a_marker_or_fence_that_cannot_be_read_is_an_error(
     text: str, match: str, tmp_path: Path
 ) -> None:
-    page = tmp_path / "page.md"
-    page.write_text(text, encoding="utf-8")
+    page = _page(tmp_path, text)
     with pytest.raises(DocExampleError, match=match):
         blocks(page)
+
+
+def _page(folder: Path, text: str) -> Path:
+    """A Markdown page ``page.md`` in ``folder`` that reads ``text``."""
+    page = folder / "page.md"
+    page.write_text(text, encoding="utf-8")
+    return page

@@ -157,7 +157,7 @@ def clean(cluster: _Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             options = {**BASE, **LAYOUTS[layout], "run": {"id": cluster.run_id()}}
             proc = cluster.driver(out, options)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            self[layout] = Path(json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"])
+            self[layout] = _checkpoint(proc)
             return self[layout]
 
     return Lazy()
@@ -189,10 +189,7 @@ def test_a_killed_driver_is_replaced_by_one_that_reattaches(
     assert second.returncode == 0, second.stderr[-3000:]
     assert "re-attached" in second.stderr
     result = json.loads(second.stdout.strip().splitlines()[-1])
-    got = final_weights(Path(result["checkpoint"]))
-    assert got.keys() == expected.keys()
-    for key, tensor in expected.items():
-        assert torch.equal(got[key], tensor), (case, key)
+    _same_weights(final_weights(Path(result["checkpoint"])), expected)
     drivers = _drivers(tmp_path)
     _check_killed_inside(case, drivers[1])
     assert [d["epoch"] for d in drivers] == [1, 2]
@@ -260,10 +257,7 @@ def test_a_call_torn_by_a_killed_driver_is_completed_by_the_next_driver(
     second_s = time.monotonic() - started
     assert second.returncode == 0, second.stderr[-3000:]
     result = json.loads(second.stdout.strip().splitlines()[-1])
-    got = final_weights(Path(result["checkpoint"]))
-    assert got.keys() == expected.keys()
-    for key, tensor in expected.items():
-        assert torch.equal(got[key], tensor), (case, key)
+    _same_weights(final_weights(Path(result["checkpoint"])), expected)
     drivers = _drivers(tmp_path)
     assert [d["epoch"] for d in drivers] == [1, 2]
     assert drivers[1]["workers"] == drivers[0]["workers"], "a worker process was replaced"
@@ -418,9 +412,7 @@ def test_a_driver_with_another_configuration_is_refused_and_changes_nothing(
     assert "lr" in other.stderr
     right = cluster.driver(tmp_path, options)
     assert right.returncode == 0, right.stderr[-3000:]
-    got = final_weights(Path(json.loads(right.stdout.strip().splitlines()[-1])["checkpoint"]))
-    for key, tensor in expected.items():
-        assert torch.equal(got[key], tensor), key
+    _same_weights(_final(right), expected)
     # the refused driver took no epoch of its own that the workers saw run anything
     drivers = _drivers(tmp_path)
     assert drivers[-1]["workers"] == drivers[0]["workers"]
@@ -440,9 +432,7 @@ def test_a_worker_lost_while_no_driver_is_attached_is_recovered_in_place(
     os.kill(pids[1], signal.SIGKILL)
     second = cluster.driver(tmp_path, options)
     assert second.returncode == 0, second.stderr[-3000:]
-    got = final_weights(Path(json.loads(second.stdout.strip().splitlines()[-1])["checkpoint"]))
-    for key, tensor in expected.items():
-        assert torch.equal(got[key], tensor), key
+    _same_weights(_final(second), expected)
     history = read_metrics(tmp_path / "metrics.jsonl")
     assert sum("recovery/count" in r for r in history) == 1
     assert [r["step"] for r in history] == list(range(STEPS + 1))
@@ -503,8 +493,13 @@ def _groups(cluster: _Cluster, run_id: str) -> dict[str, dict[str, list[Any]]]:
     return out
 
 
+def _checkpoint(proc: subprocess.CompletedProcess[str]) -> Path:
+    """The checkpoint a driver's last line of output names."""
+    return Path(json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"])
+
+
 def _final(proc: subprocess.CompletedProcess[str]) -> dict[str, torch.Tensor]:
-    return final_weights(Path(json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"]))
+    return final_weights(_checkpoint(proc))
 
 
 def _same_weights(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

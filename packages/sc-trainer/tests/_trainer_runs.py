@@ -1,4 +1,5 @@
-"""Helpers shared by sc-trainer's tests: a run, and checks of its metrics."""
+"""Helpers shared by sc-trainer's tests: a run, and checks of its metrics; agent sessions run
+on a toy engine."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import math
 from typing import Any
 
 from sc_protocol import DataProto
+from sc_rollout import AgentLoop, AgentLoopConfig, AgentOutcome, AgentTask, SamplingParams
+from sc_rollout.testing import ToyEngine, ToyEngineConfig
 from sc_trainer import RayPPOTrainer, RunResult, TaskRunner, TrainerConfig
 from sc_trainer.rollout import AsyncRollout, WorkerGroupRollout
 from sc_trainer.tasks import DigitsTask, TaskPrompts
@@ -13,6 +16,7 @@ from sc_trainer.testing import deterministic, final_weights, metric_differences,
 from sc_workers import WeightSync
 
 __all__ = [
+    "agent_outcomes",
     "assert_finite_training_metrics",
     "assert_same_metrics",
     "deterministic",
@@ -26,6 +30,20 @@ __all__ = [
 
 def run(config: TrainerConfig) -> RunResult:
     return TaskRunner(config).run()
+
+
+def agent_outcomes(
+    agent: Any, tasks: list[AgentTask], *, max_tokens: int, engine: Any = None
+) -> list[AgentOutcome]:
+    """Every session of ``tasks`` run by ``agent`` (on a toy engine of 16 tokens unless
+    ``engine``), in submission order (groups come back in the order they end)."""
+    engine = engine or ToyEngine(ToyEngineConfig(vocab_size=16))
+    config = AgentLoopConfig(16, 10.0, SamplingParams(max_tokens=max_tokens, seed=5))
+    with AgentLoop(engine, agent, config=config) as loop:
+        loop.submit(tasks)
+        outcomes = [o for group in loop.take_all(timeout=20) for o in group]
+    order = {task.session_id: i for i, task in enumerate(tasks)}
+    return sorted(outcomes, key=lambda o: order[o.task.session_id])
 
 
 def assert_same_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:

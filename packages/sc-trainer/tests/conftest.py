@@ -5,7 +5,8 @@ modules could not import their shared helpers (``_trainer_runs``) by name. This 
 is put on ``sys.path`` once, here, before any test module is imported.
 
 ``ray_cluster``: the Ray tests of one module share one local cluster of 4 CPUs, started for
-the module and shut down after it.
+the module and shut down after it. ``publisher``: a weight publisher (in a temporary run
+folder) over the module's own ``fleet`` fixture of engine servers.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from sc_trainer.rollout import RolloutServerFleet, WeightPublisher
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
@@ -35,3 +40,12 @@ def ray_cluster() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def publisher(
+    fleet: RolloutServerFleet, tmp_path_factory: pytest.TempPathFactory
+) -> WeightPublisher:
+    from sc_trainer.rollout import WeightPublisher  # here: after Ray's variable above is set
+
+    return WeightPublisher(tmp_path_factory.mktemp("run"), fleet.router)

@@ -8,15 +8,13 @@ from typing import Any
 
 import pytest
 import torch
+from _trainer_runs import agent_outcomes
 from sc_rollout import (
-    AgentLoop,
-    AgentLoopConfig,
     AgentOutcome,
     AgentSession,
     AgentTask,
     SamplingParams,
 )
-from sc_rollout.testing import ToyEngine, ToyEngineConfig
 from sc_trainer.agents import build_agent_batch
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,13 +23,7 @@ PROMPT, RESPONSE, PAD = 6, 12, 0
 
 
 def _run(agent: Any, tasks: list[AgentTask]) -> list[AgentOutcome]:
-    engine = ToyEngine(ToyEngineConfig(vocab_size=16))
-    config = AgentLoopConfig(16, 10.0, SamplingParams(max_tokens=3, seed=5))
-    with AgentLoop(engine, agent, config=config) as loop:
-        loop.submit(tasks)
-        outcomes = [o for group in loop.take_all(timeout=20) for o in group]
-    order = {task.session_id: i for i, task in enumerate(tasks)}
-    return sorted(outcomes, key=lambda o: order[o.task.session_id])
+    return agent_outcomes(agent, tasks, max_tokens=3)
 
 
 def _tasks(n: int) -> list[AgentTask]:

@@ -12,16 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _trainer_runs import agent_outcomes
 from sc_protocol import DataProto
 from sc_rollout import (
-    AgentLoop,
-    AgentLoopConfig,
     AgentOutcome,
     AgentSession,
     AgentTask,
     GenerateRequest,
     GenerateResult,
-    SamplingParams,
 )
 from sc_rollout.agents import AppendedTokens
 from sc_rollout.testing import ToyEngine, ToyEngineConfig
@@ -38,14 +36,7 @@ PROMPT, RESPONSE, PAD = 6, 12, 0
 
 
 def _run(agent: Any, tasks: list[AgentTask], engine: Any = None) -> list[AgentOutcome]:
-    engine = engine or ToyEngine(ToyEngineConfig(vocab_size=16))
-    config = AgentLoopConfig(16, 10.0, SamplingParams(max_tokens=4, seed=5))
-    with AgentLoop(engine, agent, config=config) as loop:
-        loop.submit(tasks)
-        outcomes = [o for group in loop.take_all(timeout=20) for o in group]
-    # groups come back in the order they end; the tests compare rows in submission order
-    order = {task.session_id: i for i, task in enumerate(tasks)}
-    return sorted(outcomes, key=lambda o: order[o.task.session_id])
+    return agent_outcomes(agent, tasks, max_tokens=4, engine=engine)
 
 
 async def _single_turn(task: AgentTask, session: AgentSession) -> float:

@@ -160,19 +160,11 @@ def test_a_killed_rank_is_recovered_bit_identically(
     case: Case, clean_runs: CleanRuns, tmp_path: Path
 ) -> None:
     from _trainer_runs import run
-    from sc_trainer.runs import read_metrics
 
     result = run(_config(tmp_path, case.colocate, inject_fault=case.fault, standby=1))
-    got = final_weights(result.checkpoint)
-    expected = final_weights(clean_runs[case.colocate].checkpoint)
-    assert got.keys() == expected.keys()
-    for key, tensor in expected.items():
-        assert torch.equal(got[key], tensor), (case, key)
-    history = read_metrics(result.output.metrics_path)
-    assert [r["step"] for r in history] == list(range(STEPS + 1))
     # the fault fired and was recovered from (a fault armed for a method that did not run
     # again before the end would not have fired: the draws avoid that)
-    assert sum("recovery/count" in r for r in history) == 1, case
+    _recovered_once_bit_identically(result, clean_runs[case.colocate], case)
 
 
 #: pipelined cases: the actor on two pipeline stages (PP=2, dp=1) loses a rank inside the
@@ -203,14 +195,21 @@ def test_a_killed_pipeline_stage_is_recovered_bit_identically(
     fault: str, clean_pipelined_run: Any, tmp_path: Path
 ) -> None:
     from _trainer_runs import run
-    from sc_trainer.runs import read_metrics
 
     result = run(_config(tmp_path, True, actor_pp=2, inject_fault=fault, standby=1))
+    _recovered_once_bit_identically(result, clean_pipelined_run, fault)
+
+
+def _recovered_once_bit_identically(result: Any, clean: Any, what: object) -> None:
+    """``result``'s final weights are ``clean``'s bit for bit, it logged every step, and it
+    recovered once (``what``, the case, in the messages)."""
+    from sc_trainer.runs import read_metrics
+
     got = final_weights(result.checkpoint)
-    expected = final_weights(clean_pipelined_run.checkpoint)
+    expected = final_weights(clean.checkpoint)
     assert got.keys() == expected.keys()
     for key, tensor in expected.items():
-        assert torch.equal(got[key], tensor), (fault, key)
+        assert torch.equal(got[key], tensor), (what, key)
     history = read_metrics(result.output.metrics_path)
     assert [r["step"] for r in history] == list(range(STEPS + 1))
-    assert sum("recovery/count" in r for r in history) == 1, fault
+    assert sum("recovery/count" in r for r in history) == 1, what

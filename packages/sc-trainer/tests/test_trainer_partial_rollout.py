@@ -42,13 +42,6 @@ def fleet(ray_cluster: None) -> Iterator[RolloutServerFleet]:
 
 
 @pytest.fixture(scope="module")
-def publisher(
-    fleet: RolloutServerFleet, tmp_path_factory: pytest.TempPathFactory
-) -> WeightPublisher:
-    return WeightPublisher(tmp_path_factory.mktemp("run"), fleet.router)
-
-
-@pytest.fixture(scope="module")
 def rollout(fleet: RolloutServerFleet) -> Iterator[RouterRollout]:
     # no eos: every trajectory runs its full length, across the update
     sampling = RouterSampling(response_length=LENGTH, eos_token_ids=(), seed=0)

@@ -59,13 +59,6 @@ def fleet(ray_cluster: None) -> Iterator[RolloutServerFleet]:
         yield fleet
 
 
-@pytest.fixture(scope="module")
-def publisher(
-    fleet: RolloutServerFleet, tmp_path_factory: pytest.TempPathFactory
-) -> WeightPublisher:
-    return WeightPublisher(tmp_path_factory.mktemp("run"), fleet.router)
-
-
 def _request(prompt: tuple[int, ...], max_tokens: int = 4, **kwargs: Any) -> GenerateRequest:
     return GenerateRequest(prompt, SamplingParams(max_tokens=max_tokens, seed=0), **kwargs)
 

@@ -204,3 +204,13 @@ class ClusterConnectError(ScTrainerError, ConnectionError):
     """A detached run's driver that cannot connect to its standing Ray cluster: nothing
     listens at the address, or the cluster refuses the driver (token authentication); the
     message names the address and what to set."""
+
+
+def int_at_least(
+    value: object, minimum: int, what: str, error: type[Exception] = TrainerConfigError
+) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; else ``error`` saying
+    that ``what`` (``"Owner: name"``) must be one."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise error(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value

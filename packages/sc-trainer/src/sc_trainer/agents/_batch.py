@@ -33,7 +33,7 @@ from sc_protocol import DataProto
 from sc_rollout import AgentOutcome
 from sc_workers.workers import rollout_tensors
 
-from .._errors import RolloutInputError
+from .._errors import RolloutInputError, int_at_least
 
 __all__ = ["agent_token_scores", "build_agent_batch"]
 
@@ -66,8 +66,7 @@ def build_agent_batch(
     if not outcomes:
         raise RolloutInputError("build_agent_batch: no outcomes")
     for name, value in (("prompt_length", prompt_length), ("response_length", response_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise RolloutInputError(f"build_agent_batch: {name} must be an int >= 1, got {value!r}")
+        int_at_least(value, 1, f"build_agent_batch: {name}", RolloutInputError)
     rows = len(outcomes)
     prompts = torch.full((rows, prompt_length), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((rows, prompt_length), dtype=torch.long)

@@ -23,7 +23,7 @@ import numpy as np
 from sc_protocol import DataProto
 from sc_rollout import AgentLoop, AgentLoopConfig, AgentOutcome, Router, SamplingParams
 
-from .._errors import AgentRolloutError, TrainerConfigError
+from .._errors import AgentRolloutError, int_at_least
 from ..rollout import EngineServers, RolloutSnapshot, Stage
 from ._batch import build_agent_batch
 from ._environment import AgentEnvironment
@@ -63,10 +63,7 @@ class AgentRollout:
             ("extra_groups", extra_groups, 0),
             ("staleness", staleness, 0),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise TrainerConfigError(
-                    f"AgentRollout: {name} must be an int >= {low}, got {value!r}"
-                )
+            int_at_least(value, low, f"AgentRollout: {name}")
         self.task = task
         self.servers = servers
         self.prompts_per_step = prompts_per_step

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 from sc_workers import ConfigError
 from sc_workers.algos import check_rollout_correction
 
-from .._errors import TrainerConfigError
+from .._errors import TrainerConfigError, int_at_least
 
 __all__ = [
     "DataConfig",
@@ -46,8 +46,7 @@ def _files(owner: str, value: object) -> tuple[str, ...]:
 
 
 def _positive_int(owner: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TrainerConfigError(f"{owner} must be an int >= 1, got {value!r}")
+    int_at_least(value, 1, owner)
 
 
 @dataclass(frozen=True)
@@ -191,14 +190,7 @@ class RolloutCorrectionConfig:
 
     def __post_init__(self) -> None:
         try:
-            check_rollout_correction(
-                self.rollout_is,
-                self.rollout_is_threshold,
-                self.rollout_rs,
-                self.rollout_rs_threshold,
-                self.rollout_rs_threshold_lower,
-                where=ROLLOUT_CORRECTION_KEY,
-            )
+            _ = self.bounds  # computing them checks the fields
         except ConfigError as err:
             raise TrainerConfigError(str(err)) from None
 

@@ -1,5 +1,6 @@
 """A kept prompt (:class:`TokenizedPrompt`) and how prompts become a batch
-(:func:`prompt_batch`): left-padded token tensors and the columns the reward reads."""
+(:func:`prompt_batch`): left-padded token tensors (:func:`left_padded`, which the built-in
+tasks' prompts use too) and the columns the reward reads."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from numpy.typing import NDArray
 from sc_protocol import DataProto
 
-__all__ = ["TokenizedPrompt", "object_column", "prompt_batch"]
+__all__ = ["TokenizedPrompt", "left_padded", "object_column", "prompt_batch"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,25 @@ def object_column(values: Sequence[Any]) -> NDArray[np.object_]:
     return column
 
 
+def left_padded(
+    rows: Sequence[Sequence[int]], width: int, pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """``input_ids``, each row of token ids left-padded with ``pad_token_id`` to ``width``;
+    ``attention_mask``, 1 on the tokens; ``position_ids``, counted from each row's first
+    token. Each ``[len(rows), width]``."""
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, ids in enumerate(rows):
+        input_ids[i, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
+        attention_mask[i, width - len(ids) :] = 1
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
+
+
 def prompt_batch(
     prompts: Sequence[TokenizedPrompt],
     *,
@@ -62,19 +82,8 @@ def prompt_batch(
     ``[rows, width]`` and left-padded with ``pad_token_id``; the non-tensor columns ``uid``,
     ``data_source``, ``ground_truth``, ``extra_info``, ``ability``, ``prompt_text`` and
     ``row_index``; ``meta_info``."""
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        length = len(prompt.input_ids)
-        input_ids[i, width - length :] = torch.tensor(prompt.input_ids, dtype=torch.long)
-        attention_mask[i, width - length :] = 1
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return DataProto.from_dict(
-        tensors={
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-        },
+        tensors=left_padded([p.input_ids for p in prompts], width, pad_token_id),
         non_tensors={
             "uid": object_column(list(uids)),
             "data_source": object_column([p.data_source for p in prompts]),

@@ -9,16 +9,14 @@ import numpy as np
 from numpy.typing import NDArray
 from sc_protocol import DataProto
 
-from .._errors import DatasetError, TrainerConfigError
+from .._errors import DatasetError, TrainerConfigError, int_at_least
 from ._dataset import PromptDataset
 
 __all__ = ["DatasetPrompts"]
 
 
 def _count(name: str, value: object, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise TrainerConfigError(f"DatasetPrompts: {name} must be an int >= {least}, got {value!r}")
-    return value
+    return int_at_least(value, least, f"DatasetPrompts: {name}")
 
 
 class DatasetPrompts:

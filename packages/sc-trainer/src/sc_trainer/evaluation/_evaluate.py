@@ -29,11 +29,11 @@ from sc_rollout import GenerateRequest, SamplingParams
 from sc_workers import load_hf_tokenizer
 from sc_workers.rollout import TorchRolloutEngine, TorchRolloutEngineConfig
 
-from .._errors import TrainerConfigError
+from .._errors import TrainerConfigError, int_at_least
 from ..config import TrainerConfig
-from ..data import PromptDataset
 from ..rewards import RewardInput, RewardScorer, resolve_reward_function
 from ..runs import export_checkpoint
+from ..tasks._dataset import prompt_dataset
 
 __all__ = ["EvaluationResult", "evaluate"]
 
@@ -87,22 +87,13 @@ def evaluate(
     data = config.data
     if not data.val_files:
         raise TrainerConfigError("evaluate: give the prompts to score in data.val_files")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise TrainerConfigError(f"evaluate: k must be an int >= 1, got {k!r}")
+    int_at_least(k, 1, "evaluate: k")
     if not greedy and not temperature > 0:
         raise TrainerConfigError(f"evaluate: sampling needs a temperature > 0, got {temperature}")
     with tempfile.TemporaryDirectory(prefix="sc-eval-") as scratch:
         folder = _hf_folder(Path(model), Path(scratch))
         tokenizer = load_hf_tokenizer(str(folder))
-        dataset = PromptDataset.from_files(
-            data.val_files,
-            tokenizer,
-            max_prompt_length=data.max_prompt_length,
-            prompt_key=data.prompt_key,
-            filter_overlong_prompts=data.filter_overlong_prompts,
-            truncation=data.truncation,
-            reward_fn_key=data.reward_fn_key,
-        )
+        dataset = prompt_dataset(data.val_files, data, tokenizer)
         prompts = [dataset[i] for i in range(len(dataset))]
         engine = TorchRolloutEngine(
             TorchRolloutEngineConfig(model=str(folder), seed=config.seed, max_batch_size=64)

@@ -40,7 +40,14 @@ from sc_core.ext import arm_torn_dispatch, disarm_torn_dispatch
 from .._errors import TrainerConfigError
 from ._workers import is_driver_fault
 
-__all__ = ["DRIVER_PHASES", "DriverFault", "DriverFaults", "matching_parts"]
+__all__ = [
+    "DRIVER_PHASES",
+    "DriverFault",
+    "DriverFaults",
+    "check_phase_and_delay",
+    "matching_parts",
+    "step_phase_delay",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +95,21 @@ def matching_parts(
     return matches
 
 
+def check_phase_and_delay(kind: str, phase: str, delay_s: float) -> None:
+    """A ``kind`` fault's phase is one of :data:`DRIVER_PHASES` and its delay >= 0 s."""
+    if phase not in DRIVER_PHASES:
+        raise TrainerConfigError(
+            f"inject_fault: {kind} phase must be one of {DRIVER_PHASES}, got {phase!r}"
+        )
+    if not delay_s >= 0:
+        raise TrainerConfigError(f"inject_fault: {kind} delay must be >= 0 s, got {delay_s!r}")
+
+
+def step_phase_delay(match: re.Match[str]) -> tuple[int, str, float]:
+    """A matched fault's step, phase (``"start"`` if none) and delay (0 if none)."""
+    return int(match["step"]), match["phase"] or "start", float(match["delay"] or 0.0)
+
+
 @dataclass(frozen=True)
 class DriverFault:
     """Kill the driver (SIGKILL) ``delay_s`` seconds into ``phase`` of step ``step``; with
@@ -102,14 +124,7 @@ class DriverFault:
     def __post_init__(self) -> None:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1:
             raise TrainerConfigError(f"inject_fault: driver step must be >= 1, got {self.step!r}")
-        if self.phase not in DRIVER_PHASES:
-            raise TrainerConfigError(
-                f"inject_fault: driver phase must be one of {DRIVER_PHASES}, got {self.phase!r}"
-            )
-        if not self.delay_s >= 0:
-            raise TrainerConfigError(
-                f"inject_fault: driver delay must be >= 0 s, got {self.delay_s!r}"
-            )
+        check_phase_and_delay("driver", self.phase, self.delay_s)
         if self.torn and (self.delay_s or self.phase == "start"):
             raise TrainerConfigError(
                 f"inject_fault: a torn dispatch ({self}) kills the driver inside a phase's "
@@ -119,17 +134,10 @@ class DriverFault:
     @classmethod
     def parse_all(cls, text: str | None) -> tuple[DriverFault, ...]:
         """The ``driver@...`` parts of an ``inject_fault`` value (comma-separated)."""
-        faults = []
-        for match in matching_parts(text, is_driver_fault, _SPEC, _GRAMMAR):
-            faults.append(
-                cls(
-                    int(match["step"]),
-                    match["phase"] or "start",
-                    float(match["delay"] or 0.0),
-                    torn=match["torn"] is not None,
-                )
-            )
-        return tuple(faults)
+        return tuple(
+            cls(*step_phase_delay(match), torn=match["torn"] is not None)
+            for match in matching_parts(text, is_driver_fault, _SPEC, _GRAMMAR)
+        )
 
     def __str__(self) -> str:
         how = "+torn" if self.torn else f"+{self.delay_s:g}" if self.delay_s else ""

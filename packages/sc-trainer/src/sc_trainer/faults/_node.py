@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import TrainerConfigError, TrainerStateError
-from ._driver import DRIVER_PHASES, matching_parts
+from ._driver import check_phase_and_delay, matching_parts, step_phase_delay
 from ._workers import NODE_PREFIX, is_node_fault
 
 __all__ = ["ArmedLoss", "NodeFault", "NodeFaults"]
@@ -61,14 +61,7 @@ class NodeFault:
             isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0
         ):
             raise TrainerConfigError(f"inject_fault: node rank must be >= 0, got {self.rank!r}")
-        if self.phase not in DRIVER_PHASES:
-            raise TrainerConfigError(
-                f"inject_fault: node phase must be one of {DRIVER_PHASES}, got {self.phase!r}"
-            )
-        if not self.delay_s >= 0:
-            raise TrainerConfigError(
-                f"inject_fault: node delay must be >= 0 s, got {self.delay_s!r}"
-            )
+        check_phase_and_delay("node", self.phase, self.delay_s)
         if self.phase == "start" and self.delay_s:
             raise TrainerConfigError(
                 f"inject_fault: the node is lost as step {self.step} starts; a delay needs a "
@@ -78,17 +71,10 @@ class NodeFault:
     @classmethod
     def parse_all(cls, text: str | None) -> tuple[NodeFault, ...]:
         """The ``node...@`` parts of an ``inject_fault`` value (comma-separated)."""
-        faults = []
-        for match in matching_parts(text, is_node_fault, _SPEC, _GRAMMAR):
-            faults.append(
-                cls(
-                    int(match["step"]),
-                    match["phase"] or "start",
-                    float(match["delay"] or 0.0),
-                    None if match["rank"] is None else int(match["rank"]),
-                )
-            )
-        return tuple(faults)
+        return tuple(
+            cls(*step_phase_delay(match), None if match["rank"] is None else int(match["rank"]))
+            for match in matching_parts(text, is_node_fault, _SPEC, _GRAMMAR)
+        )
 
     def __str__(self) -> str:
         who = NODE_PREFIX if self.rank is None else f"{NODE_PREFIX}:{self.rank}"

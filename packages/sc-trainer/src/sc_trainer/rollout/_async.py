@@ -39,7 +39,7 @@ from sc_core import WorkerGroup, driver_span
 from sc_protocol import DataProto
 from sc_workers import RolloutWorker, WeightSync
 
-from .._errors import StalenessBoundError, WorkerOutputError
+from .._errors import StalenessBoundError, WorkerOutputError, int_at_least
 from ._source import PromptSource, RolloutSnapshot, Stage
 from ._workers import padded_to
 
@@ -82,10 +82,7 @@ class AsyncRollout:
         dp_size: int = 1,
         call_scope: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
-        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 1:
-            raise StalenessBoundError(
-                f"AsyncRollout: staleness must be an int >= 1, got {staleness!r}"
-            )
+        int_at_least(staleness, 1, "AsyncRollout: staleness", StalenessBoundError)
         self.rollout = rollout
         self.prompts = prompts
         self.weight_sync = weight_sync

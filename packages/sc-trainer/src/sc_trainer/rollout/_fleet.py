@@ -249,13 +249,15 @@ class RolloutServerFleet:
 
     # --- shutdown ---------------------------------------------------------------------------
 
-    def _close_router(self) -> None:
+    def _close_router(self) -> bool:
+        """Close the router and mark the fleet closed; ``False`` if it already was."""
         with self._lock:
             if self._closed:
-                return
+                return False
             self._closed = True
         if self._router is not None:
             self._router.close()
+        return True
 
     def detach(self) -> None:
         """Close the router and leave the servers running (a detached run's driver that
@@ -267,12 +269,8 @@ class RolloutServerFleet:
     def close(self) -> None:
         """Close the router, stop every server and its actor, and release the pool if the
         fleet made it. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        if self._router is not None:
-            self._router.close()
+        if not self._close_router():
+            return
         stops = {name: actor.call_async("stop") for name, actor in self._actors.items()}
         for name, ref in stops.items():
             try:

@@ -31,7 +31,7 @@ from typing import Literal
 from sc_protocol import DataProto
 from sc_rollout import GenerateResult
 
-from .._errors import RolloutInputError, StalenessBoundError
+from .._errors import RolloutInputError, StalenessBoundError, int_at_least
 from ._router import PendingBatch, RouterRollout, build_batch
 
 __all__ = ["ON_STALE", "OnStale", "PartialRollout"]
@@ -71,22 +71,12 @@ class PartialRollout:
             raise RolloutInputError(
                 f"PartialRollout: rollout must be a RouterRollout, got {type(rollout).__name__}"
             )
-        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-            raise RolloutInputError(
-                f"PartialRollout: staleness must be an int >= 0, got {staleness!r}"
-            )
+        int_at_least(staleness, 0, "PartialRollout: staleness", RolloutInputError)
         if on_stale not in ON_STALE:
             raise RolloutInputError(
                 f"PartialRollout: on_stale must be one of {ON_STALE}, got {on_stale!r}"
             )
-        if (
-            isinstance(max_regenerations, bool)
-            or not isinstance(max_regenerations, int)
-            or max_regenerations < 0
-        ):
-            raise RolloutInputError(
-                f"PartialRollout: max_regenerations must be an int >= 0, got {max_regenerations!r}"
-            )
+        int_at_least(max_regenerations, 0, "PartialRollout: max_regenerations", RolloutInputError)
         self.rollout = rollout
         self.staleness = staleness
         self.on_stale = on_stale

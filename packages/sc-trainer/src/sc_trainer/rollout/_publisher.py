@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 from sc_rollout import Router, WeightUpdate
 
-from .._errors import RolloutInputError, WeightPublishError
+from .._errors import RolloutInputError, WeightPublishError, int_at_least
 
 __all__ = ["WEIGHTS_FILE", "WeightPublisher"]
 
@@ -84,8 +84,7 @@ class WeightPublisher:
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], router: Router, *, keep: int = 2) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise RolloutInputError(f"WeightPublisher: keep must be an int >= 1, got {keep!r}")
+        int_at_least(keep, 1, "WeightPublisher: keep", RolloutInputError)
         self.weights_dir = Path(run_dir) / "weights"
         self._router = router
         self._keep = keep
@@ -136,10 +135,7 @@ class WeightPublisher:
     def _write(
         self, version: int, weights: Mapping[str, torch.Tensor] | str | os.PathLike[str]
     ) -> Path:
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise RolloutInputError(
-                f"WeightPublisher.publish: version must be an int >= 0, got {version!r}"
-            )
+        int_at_least(version, 0, "WeightPublisher.publish: version", RolloutInputError)
         if self._last is not None and version <= self._last:
             raise RolloutInputError(
                 f"WeightPublisher.publish(version={version}): not above the last version "

@@ -22,7 +22,7 @@ from sc_protocol import DataProto
 
 from .._errors import TaskError
 from .._scores import BatchScores
-from ..config import TrainerConfig
+from ..config import DataConfig, TrainerConfig
 from ..data import DatasetPrompts, PromptDataset
 from ..faults import RewardFaults
 from ..rewards import RewardInput, RewardScorer, resolve_reward_function
@@ -32,26 +32,29 @@ __all__ = ["DatasetTask", "data_state"]
 _COLUMNS = ("data_source", "ground_truth", "extra_info", "row_index")
 
 
+def prompt_dataset(files: tuple[str, ...], data: DataConfig, tokenizer: Any) -> PromptDataset:
+    """The prompts of ``files`` (``data.train_files`` or ``data.val_files``) through
+    ``tokenizer``, kept, cut and checked as ``data`` says."""
+    return PromptDataset.from_files(
+        files,
+        tokenizer,
+        max_prompt_length=data.max_prompt_length,
+        prompt_key=data.prompt_key,
+        filter_overlong_prompts=data.filter_overlong_prompts,
+        truncation=data.truncation,
+        reward_fn_key=data.reward_fn_key,
+    )
+
+
 class DatasetTask:
     """The prompts and the reward of a dataset run (see the module's documentation), through
     ``tokenizer`` (the model's)."""
 
     def __init__(self, config: TrainerConfig, tokenizer: Any) -> None:
         data = config.data
-        settings: dict[str, Any] = {
-            "max_prompt_length": data.max_prompt_length,
-            "prompt_key": data.prompt_key,
-            "filter_overlong_prompts": data.filter_overlong_prompts,
-            "truncation": data.truncation,
-            "reward_fn_key": data.reward_fn_key,
-        }
         self.tokenizer = tokenizer
-        self.train = PromptDataset.from_files(data.train_files, tokenizer, **settings)
-        self.val = (
-            PromptDataset.from_files(data.val_files, tokenizer, **settings)
-            if data.val_files
-            else None
-        )
+        self.train = prompt_dataset(data.train_files, data, tokenizer)
+        self.val = prompt_dataset(data.val_files, data, tokenizer) if data.val_files else None
         self.prompts = DatasetPrompts(
             self.train,
             self.val,

@@ -20,8 +20,19 @@ from sc_protocol import DataProto
 from .._errors import TaskError
 from .._scores import BatchScores
 from ..config import TaskConfig
+from ..data._batch import left_padded
 
-__all__ = ["CharTokenizer", "DigitsTask"]
+__all__ = ["CharTokenizer", "DigitsTask", "sample_distinct"]
+
+
+def sample_distinct(strings: np.ndarray, n: int, seed: int, step: int, where: str) -> np.ndarray:
+    """``n`` distinct entries of ``strings``, a function of ``(seed, step)`` only (a
+    :class:`TaskError` from ``where`` unless ``1 <= n <= len(strings)``)."""
+    if not 1 <= n <= len(strings):
+        raise TaskError(f"{where}: n must be in 1..{len(strings)}, got {n}")
+    rng = np.random.default_rng([seed, step])
+    picked: np.ndarray = strings[rng.choice(len(strings), n, False)]
+    return picked
 
 
 class CharTokenizer:
@@ -116,13 +127,7 @@ class DigitsTask:
         Drawing from a generator seeded by the step (instead of one long-lived generator)
         makes a resumed run draw exactly what the uninterrupted run drew.
         """
-        if not 1 <= n <= len(self.train_strings):
-            raise TaskError(
-                f"DigitsTask.sample_train: n must be in 1..{len(self.train_strings)}, got {n}"
-            )
-        rng = np.random.default_rng([seed, step])
-        picked: np.ndarray = self.train_strings[rng.choice(len(self.train_strings), n, False)]
-        return picked
+        return sample_distinct(self.train_strings, n, seed, step, "DigitsTask.sample_train")
 
     def _check_prompts(self, texts: Sequence[str] | np.ndarray, where: str) -> None:
         """At least one prompt, each a string of ``config.length`` digits."""
@@ -155,14 +160,7 @@ class DigitsTask:
         """``input_ids``, ``attention_mask`` and ``position_ids`` of the prompts, ``[B, P]``."""
         self._check_prompts(texts, "DigitsTask.encode_prompts")
         rows = [[self.tokenizer.bos_token_id, *self.tokenizer.encode(f"{text}=")] for text in texts]
-        input_ids = torch.tensor(rows, dtype=torch.long)
-        attention_mask = torch.ones_like(input_ids)
-        position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids).clone()
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-        }
+        return left_padded(rows, self.prompt_length, pad_token_id=0)  # all one length
 
     def token_scores(
         self,

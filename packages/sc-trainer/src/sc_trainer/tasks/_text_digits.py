@@ -17,6 +17,7 @@ import torch
 
 from .._errors import TaskError
 from ..config import TaskConfig
+from ..data._batch import left_padded
 from ._digits import DigitsTask
 
 __all__ = ["TextDigitsTask"]
@@ -60,20 +61,8 @@ class TextDigitsTask(DigitsTask):
     def encode_prompts(self, texts: Sequence[str] | np.ndarray) -> dict[str, torch.Tensor]:
         """Left-padded ``input_ids``, ``attention_mask`` and ``position_ids``, ``[B, P]``."""
         self._check_prompts(texts, "TextDigitsTask.encode_prompts")
-        width = self.prompt_length
-        pad = int(self.hf_tokenizer.pad_token_id)
-        input_ids = torch.full((len(texts), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(texts), width), dtype=torch.long)
-        for row, ids in enumerate(self._token_ids([f"{t}=" for t in texts])):
-            ids = self._bos + ids
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, width - len(ids) :] = 1
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-        }
+        rows = [self._bos + ids for ids in self._token_ids([f"{t}=" for t in texts])]
+        return left_padded(rows, self.prompt_length, int(self.hf_tokenizer.pad_token_id))
 
     def token_scores(
         self,

@@ -41,6 +41,7 @@ from sc_rollout import AgentSession, AgentTask, SamplingParams
 from .._errors import TaskError
 from .._scores import BatchScores
 from ..agents import agent_token_scores
+from ._digits import sample_distinct
 
 __all__ = ["TOOL_CALC_CHARS", "ToolCalcTask"]
 
@@ -139,13 +140,7 @@ class ToolCalcTask:
 
     def sample_train(self, n: int, seed: int, step: int) -> np.ndarray:
         """``n`` distinct training problems, a function of ``(seed, step)`` only."""
-        if not 1 <= n <= len(self.train_strings):
-            raise TaskError(
-                f"ToolCalcTask.sample_train: n must be in 1..{len(self.train_strings)}, got {n}"
-            )
-        rng = np.random.default_rng([seed, step])
-        picked: np.ndarray = self.train_strings[rng.choice(len(self.train_strings), n, False)]
-        return picked
+        return sample_distinct(self.train_strings, n, seed, step, "ToolCalcTask.sample_train")
 
     def prompt_ids(self, problem: str) -> list[int]:
         """The prompt of ``problem`` (``"37*48"``): bos, the problem, ``%97`` and ``=``."""
