@@ -555,9 +555,7 @@ def extended(session: nox.Session) -> None:
             success_codes=[0, 5],
         )
     session.run("python", "-m", "sc_rollout", "vllm-env", "create")
-    session.run(
-        "pytest", *VLLM_TEST_DIRS, "-m", "extended and vllm and not fault_matrix", env=env
-    )
+    session.run("pytest", *VLLM_TEST_DIRS, "-m", "extended and vllm and not fault_matrix", env=env)
 
 
 @nox.session(tags=["vllm"])
