@@ -56,7 +56,16 @@ TEST_EXTRAS = {"sc-workers": ["hf"], "sc-trainer": ["plot", "tensorboard", "wand
 #: faults session, running one case per kind of point, and the tests on the vLLM engine to
 #: the vllm session (which makes vLLM's environment)
 DEFAULT_TEST_ARGS = ["-m", "not extended"]
-PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not extended and not fault_matrix and not vllm"]}
+#: pytest-xdist: two pytest processes, each running whole test modules (a module's Ray cluster
+#: and fixtures stay in one process). Used where the modules are independent and it measured
+#: faster on the 2-core machine: sc-ray's and sc-workers' tests, whose processes wait on Ray
+#: and gloo start-ups (about 1.2x each, docs/guides/contributing.md)
+PARALLEL_TEST_ARGS = ["-n", "2", "--dist", "loadfile"]
+PACKAGE_TEST_ARGS = {
+    "sc-ray": [*DEFAULT_TEST_ARGS, *PARALLEL_TEST_ARGS],
+    "sc-workers": [*DEFAULT_TEST_ARGS, *PARALLEL_TEST_ARGS],
+    "sc-trainer": ["-m", "not extended and not fault_matrix and not vllm"],
+}
 
 #: the Pythons the packages support (their classifiers; requires-python is >=3.10). The
 #: oldest runs lowest(<dist>), the workspace's own (.python-version) runs tests(<dist>), the

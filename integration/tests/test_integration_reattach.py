@@ -28,8 +28,9 @@ actors and processes), and one takes over a rank killed after the re-attach. A t
 releases the server actors, their pool and the spares with the rest, and the server
 processes end.
 
-The default integration session runs three cases (inside an update, inside the push to
-engine servers, a torn update); the ``faults`` session runs them all. No case hangs: every
+The default integration session runs one case, the torn update (a driver killed while it
+hands the actor's update out, whose successor re-attaches and completes the call), and the
+check of unknown run ids; the ``faults`` session runs them all. No case hangs: every
 driver process is bounded (``DRIVER_TIMEOUT_S``, 600 s: on a loaded two-core machine most of
 a driver's time is the start of its worker and server processes) and so is every test
 (``pytest.mark.timeout``, 1800 s: a clean run and two drivers).
@@ -102,10 +103,6 @@ CASES = [
     Case("driver@step=2:sync_weights+0.02", "servers"),  # inside the push to the servers
     Case("driver@step=2:validate+0.02", "servers"),  # after the push: the servers are ahead
 ]
-#: the case the default integration session runs (a driver killed inside an update); the
-#: rest (the push to engine servers, weight syncs across processes, async, a critic pool)
-#: run in the faults session
-DEFAULT = {2}
 
 
 class _Cluster:
@@ -168,14 +165,8 @@ def _drivers(output: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=() if i in DEFAULT else pytest.mark.fault_matrix)
-        for i, c in enumerate(CASES)
-    ],
-    ids=str,
-)
+@pytest.mark.fault_matrix  # the default run's re-attach is the first torn case's
+@pytest.mark.parametrize("case", CASES, ids=str)
 def test_a_killed_driver_is_replaced_by_one_that_reattaches(
     case: Case, cluster: _Cluster, clean: dict[str, Path], tmp_path: Path
 ) -> None:
