@@ -56,16 +56,18 @@ TEST_EXTRAS = {"sc-workers": ["hf"], "sc-trainer": ["plot", "tensorboard", "wand
 #: faults session, running one case per kind of point, and the tests on the vLLM engine to
 #: the vllm session (which makes vLLM's environment)
 DEFAULT_TEST_ARGS = ["-m", "not extended"]
+PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not extended and not fault_matrix and not vllm"]}
 #: pytest-xdist: two pytest processes, each running whole test modules (a module's Ray cluster
-#: and fixtures stay in one process). Used where the modules are independent and it measured
-#: faster on the 2-core machine: sc-ray's and sc-workers' tests, whose processes wait on Ray
-#: and gloo start-ups (about 1.2x each, docs/guides/contributing.md)
+#: and fixtures stay in one process), where the modules share no state and one pytest
+#: process leaves the second core idle (docs/guides/contributing.md has the figures)
 PARALLEL_TEST_ARGS = ["-n", "2", "--dist", "loadfile"]
-PACKAGE_TEST_ARGS = {
-    "sc-ray": [*DEFAULT_TEST_ARGS, *PARALLEL_TEST_ARGS],
-    "sc-workers": [*DEFAULT_TEST_ARGS, *PARALLEL_TEST_ARGS],
-    "sc-trainer": ["-m", "not extended and not fault_matrix and not vllm"],
-}
+#: the packages whose tests(<dist>) runs in two processes. Not sc-trainer's: its Ray and
+#: engine-server runs, several of which check the order of concurrent events, run one at a
+#: time
+PARALLEL_TESTS = frozenset({"sc-ray", "sc-rollout", "sc-workers"})
+#: the packages whose quick tests (lowest, pythons) run in two processes: those above, and
+#: sc-trainer's, which start no Ray cluster and no server (QUICK_TESTS)
+PARALLEL_QUICK_TESTS = PARALLEL_TESTS | {"sc-trainer"}
 
 #: the Pythons the packages support (their classifiers; requires-python is >=3.10). The
 #: oldest runs lowest(<dist>), the workspace's own (.python-version) runs tests(<dist>), the
@@ -238,6 +240,7 @@ def tests(session: nox.Session, dist: str) -> None:
         "pytest",
         os.path.join(_package_dir(dist), "tests"),
         *PACKAGE_TEST_ARGS.get(dist, DEFAULT_TEST_ARGS),
+        *(PARALLEL_TEST_ARGS if dist in PARALLEL_TESTS else []),
         *session.posargs,
         env={"SC_ISOLATED_PACKAGE": dist},
     )
@@ -278,14 +281,15 @@ def api(session: nox.Session, dist: str) -> None:
 
 def _quick_tests(dist: str) -> list[str]:
     """pytest arguments for the fast subset of ``dist``'s tests (see QUICK_TESTS): options
-    (``-m``, ``--ignore=...``) as they are, other arguments as paths under its tests/."""
+    (``-m``, ``--ignore=...``) as they are, other arguments as paths under its tests/, then
+    two pytest processes where ``dist`` is in PARALLEL_QUICK_TESTS."""
     tests = os.path.join(_package_dir(dist), "tests")
     args = QUICK_TESTS.get(dist, [".", "-m", "not slow"])
     out: list[str] = []
     for prev, arg in zip(["", *args[:-1]], args, strict=True):
         is_option = arg.startswith("-") or prev == "-m"
         out.append(arg.format(tests=tests) if is_option else os.path.normpath(f"{tests}/{arg}"))
-    return out
+    return [*out, *(PARALLEL_TEST_ARGS if dist in PARALLEL_QUICK_TESTS else [])]
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["lowest", "guards"])
