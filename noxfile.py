@@ -568,7 +568,15 @@ def extended(session: nox.Session) -> None:
             success_codes=[0, 5],
         )
     session.run("python", "-m", "sc_rollout", "vllm-env", "create")
-    session.run("pytest", *VLLM_TEST_DIRS, "-m", "extended and vllm and not fault_matrix", env=env)
+    session.run(
+        "pytest",
+        *VLLM_TEST_DIRS,
+        "-m",
+        "extended and vllm and not fault_matrix",
+        *session.posargs,
+        env=env,
+        success_codes=[0, 5],  # 5: the posargs selected no vLLM case
+    )
 
 
 @nox.session(tags=["vllm"])
