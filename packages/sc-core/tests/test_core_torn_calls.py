@@ -155,6 +155,8 @@ def test_a_torn_call_that_finished_where_it_arrived_runs_only_where_it_did_not(
     arm_torn_dispatch(lambda: None)
     with pytest.raises(InjectedFaultError, match="torn dispatch"):
         wg.step(4)
+    # a rank runs its calls in order: this answers once rank 0 has finished ``step``
+    assert _ran(wg, "step") == [1, 0]
     _driver(wg, 1, 1)
     (torn,) = wg.adopt_journals([1])
     assert (torn.key, dict(torn.held), torn.missing) == ("step#0", {0: "ok"}, (1,))
@@ -169,6 +171,7 @@ def test_a_torn_call_that_raised_where_it_arrived_raises_again_and_runs_once_per
     arm_torn_dispatch(lambda: None)
     with pytest.raises(InjectedFaultError, match="torn dispatch"):
         wg.fail_on_zero(6)
+    assert _ran(wg, "fail_on_zero") == [1, 0]  # answers once rank 0 has finished it
     _driver(wg, 1, 2)
     (torn,) = wg.adopt_journals([2])
     assert (dict(torn.held), torn.missing) == ({0: "error"}, (1,))

@@ -129,6 +129,10 @@ class _Counting(Worker):
         self.ran += 1
         return x, self.ran
 
+    def runs(self) -> int:
+        """How often ``update`` ran here (a plain call: no id, so not journaled)."""
+        return self.ran
+
 
 def test_a_reattached_driver_asks_the_journals_first_and_records_torn_calls(
     tmp_path: Path,
@@ -144,6 +148,9 @@ def test_a_reattached_driver_asks_the_journals_first_and_records_torn_calls(
         arm_torn_dispatch(lambda: None)
         with pytest.raises(InjectedFaultError, match="torn dispatch"):
             group.update(3)
+        # a rank runs its calls in order: this answers once rank 0 has finished ``update``
+        # (so its journal holds "ok", not "running"); rank 1 never received it
+        assert group.execute_all_sync("runs") == [1, 0]
         second = AttachedDriver(_Run(epoch=2, attached=True), tmp_path)
         second.use_on([group])
         state = second.read_state()
