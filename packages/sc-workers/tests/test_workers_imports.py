@@ -63,9 +63,12 @@ def test_exception_tree() -> None:
     assert str(sc_workers.MissingBatchKeyError("no 'x'")) == "no 'x'"
 
 
-def test_import_does_not_load_transformers() -> None:
-    code = "import sys, sc_workers; print('transformers' in sys.modules)"
+def test_import_does_not_load_transformers_or_torch_pipelining() -> None:
+    """Every worker process imports sc_workers: transformers loads with a Hugging Face model
+    only, torch's pipelining (dynamo, sympy: seconds) with a pipeline schedule only."""
+    heavy = ("transformers", "torch.distributed.pipelining", "torch._dynamo")
+    code = f"import sys, sc_workers; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=100
     )
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"

@@ -23,20 +23,13 @@ import logging
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from sc_core import worker_environ
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
-from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor
 
 from .._config import FSDPConfig, MegatronConfig, ModelConfig, OptimConfig
@@ -60,6 +53,9 @@ from ._megatron import MegatronEngine
 from ._modules import block_modules, param_dtype_for
 from ._parallel import ParallelLayout
 from ._pipeline_group import pipeline_group, root_cause, tear_down
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 __all__ = ["PipelineEngine", "PipelineModel"]
 
@@ -337,6 +333,15 @@ class PipelineEngine(MegatronEngine):
         return KVCache(self.model_config.num_hidden_layers)
 
     def _schedule(self, n_micro: int, loss_fn: LossFn | None) -> Any:
+        # imported here, not with the module: torch's pipelining imports dynamo and sympy,
+        # about 2 s of every worker process that never builds a pipeline
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
+
         group = self.pp_group
         stages: list[_PipelineStageBase] = [
             PipelineStage(stage, stage_id, self.num_stages, self.device, group=group)
