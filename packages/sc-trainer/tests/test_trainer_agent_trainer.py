@@ -33,9 +33,9 @@ def _config(tmp_path: Path, **overrides: object) -> TrainerConfig:
 
 
 def test_tool_sessions_train_with_the_engines_tokens_and_log_probs(tmp_path: Path) -> None:
-    result = run(_config(tmp_path))
+    result = run(_config(tmp_path, steps=2, val_every=2, save_every=2))
     steps = [r for r in result.history if "train/reward" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["step"] for r in steps] == [1, 2]
     for record in steps:
         assert record["agent/sessions"] == 16
         assert record["agent/dropped"] == 0

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.timeout(120)
 VOCAB = 16
 LENGTH = 16
 ROWS = 8
-#: a trajectory takes LENGTH * 0.03 ~ 0.5 s: long enough to publish in the middle of it
-TOY = ToyEngineConfig(vocab_size=VOCAB, context_length=64, token_delay_s=0.03)
+#: a trajectory takes LENGTH * 0.05 = 0.8 s: long enough to publish in the middle of it with
+#: room on both sides on a loaded machine (see _started)
+TOY = ToyEngineConfig(vocab_size=VOCAB, context_length=64, token_delay_s=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +76,17 @@ def _served(fleet: RolloutServerFleet) -> int:
 
 
 def _started(fleet: RolloutServerFleet, pending: PendingBatch) -> None:
-    """Wait until every request of ``pending`` is on a server and sampled its first token."""
+    """Wait until every request of ``pending`` is on a server and sampled its first token.
+
+    The servers do not report per-request progress, so the last part is a wait of five
+    token delays (0.25 s) after the router handed the last request out: a request that has
+    not sampled by then, or one that ended (0.8 s), fails the test's assertions."""
     deadline = time.monotonic() + 10
     while sum(s.in_flight for s in fleet.servers()) < len(pending):
         if time.monotonic() > deadline:
             raise AssertionError("the requests did not reach the servers")
         time.sleep(0.01)
-    time.sleep(4 * TOY.token_delay_s)
+    time.sleep(5 * TOY.token_delay_s)
 
 
 def test_an_update_during_generation_finishes_every_trajectory_once_within_the_bound(

@@ -33,12 +33,13 @@ def _config(tmp_path: Path, **overrides: object) -> TrainerConfig:
 def test_the_servers_sample_each_step_with_the_weights_of_the_update_before(
     tmp_path: Path,
 ) -> None:
-    result = run(_config(tmp_path))
+    result = run(_config(tmp_path, steps=3, save_every=3))
     steps = [r for r in result.history if "train/reward" in r]
-    assert [r["step"] for r in steps] == list(range(1, 7))
-    assert [r["rollout/weight_version"] for r in steps] == list(range(6))
-    assert [r["sync/weight_version"] for r in steps] == list(range(1, 7))
-    assert sorted(p.name for p in (tmp_path / "run" / "weights").iterdir()) == ["v5", "v6"]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert [r["rollout/weight_version"] for r in steps] == [0, 1, 2]
+    assert [r["sync/weight_version"] for r in steps] == [1, 2, 3]
+    # the publisher keeps the last two versions on disk
+    assert sorted(p.name for p in (tmp_path / "run" / "weights").iterdir()) == ["v2", "v3"]
     assert (tmp_path / "run" / "model" / "config.json").is_file(), "the tiny GPT-2 it built"
 
 
