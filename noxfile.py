@@ -61,13 +61,13 @@ PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not extended and not fault_matrix and
 #: and fixtures stay in one process), where the modules share no state and one pytest
 #: process leaves the second core idle (docs/guides/contributing.md has the figures)
 PARALLEL_TEST_ARGS = ["-n", "2", "--dist", "loadfile"]
-#: the packages whose tests(<dist>) runs in two processes. Not sc-trainer's: its Ray and
-#: engine-server runs, several of which check the order of concurrent events, run one at a
-#: time
-PARALLEL_TESTS = frozenset({"sc-ray", "sc-rollout", "sc-workers"})
-#: the packages whose quick tests (lowest, pythons) run in two processes: those above, and
-#: sc-trainer's, which start no Ray cluster and no server (QUICK_TESTS)
-PARALLEL_QUICK_TESTS = PARALLEL_TESTS | {"sc-trainer"}
+#: the packages whose tests(<dist>) runs in two processes (each process starts its own local
+#: Ray clusters: ``address="local"``, never another process's). Not sc-protocol's, whose tests
+#: gained nothing; the integration session's standing clusters (``ray start``) would be found
+#: by the other process's ``ray.init()``, so it stays in one
+PARALLEL_TESTS = frozenset({"sc-ray", "sc-rollout", "sc-trainer", "sc-workers"})
+#: the packages whose quick tests (lowest, pythons) run in two processes
+PARALLEL_QUICK_TESTS = PARALLEL_TESTS
 
 #: the Pythons the packages support (their classifiers; requires-python is >=3.10). The
 #: oldest runs lowest(<dist>), the workspace's own (.python-version) runs tests(<dist>), the

@@ -29,11 +29,11 @@ releases the server actors, their pool and the spares with the rest, and the ser
 processes end.
 
 The default integration session runs one case, the torn update (a driver killed while it
-hands the actor's update out, whose successor re-attaches and completes the call), and the
-check of unknown run ids; the ``faults`` session runs them all. No case hangs: every
-driver process is bounded (``DRIVER_TIMEOUT_S``, 600 s: on a loaded two-core machine most of
-a driver's time is the start of its worker and server processes) and so is every test
-(``pytest.mark.timeout``, 1800 s: a clean run and two drivers).
+hands the actor's update out, whose successor re-attaches and completes the call); the
+``faults`` session runs them all, the CLI's errors for unknown run ids among them. No case
+hangs: every driver process is bounded (``DRIVER_TIMEOUT_S``, 600 s: on a loaded two-core
+machine most of a driver's time is the start of its worker and server processes) and so is
+every test (``pytest.mark.timeout``, 1800 s: a clean run and two drivers).
 """
 
 from __future__ import annotations
@@ -378,7 +378,10 @@ def test_a_second_driver_is_refused_while_the_first_lives_and_teardown_releases_
     assert _left(cluster, run_id) == {"actors": [], "placement_groups": []}
 
 
+@pytest.mark.fault_matrix
 def test_unknown_run_ids_are_errors(cluster: _Cluster, tmp_path: Path) -> None:
+    """The CLI's side of an unknown run id (exit code 1, the id named); sc-ray's tests check
+    ``RayRun.attach`` and ``teardown_run`` themselves in the default run."""
     down = _teardown(cluster, "no-such-run")
     assert down.returncode == 1
     assert "no-such-run" in down.stderr
