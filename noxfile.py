@@ -63,8 +63,9 @@ PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not extended and not fault_matrix and
 PARALLEL_TEST_ARGS = ["-n", "2", "--dist", "loadfile"]
 #: the packages whose tests(<dist>) runs in two processes (each process starts its own local
 #: Ray clusters: ``address="local"``, never another process's). Not sc-protocol's, whose tests
-#: gained nothing; the integration session's standing clusters (``ray start``) would be found
-#: by the other process's ``ray.init()``, so it stays in one
+#: gained nothing. The integration session runs in two as well (MEMBER_TEST_ARGS): its
+#: standing clusters (``ray start``) have temp dirs and ports of their own, which a
+#: ``ray.init()`` in the other process does not look in
 PARALLEL_TESTS = frozenset({"sc-ray", "sc-rollout", "sc-trainer", "sc-workers"})
 #: the packages whose quick tests (lowest, pythons) run in two processes
 PARALLEL_QUICK_TESTS = PARALLEL_TESTS
@@ -401,8 +402,15 @@ def docs(session: nox.Session) -> None:
 TEST_SESSION_NAMES = {"sc-integration": "integration"}
 #: pytest arguments a member's tests session adds: the integration session leaves the long
 #: fault matrix (20 trainings) to the faults session, runs one case per kind of point, and
-#: leaves the tests on the vLLM engine to the vllm session (which makes vLLM's environment)
-MEMBER_TEST_ARGS = {"sc-integration": ["-m", "not extended and not fault_matrix and not vllm"]}
+#: leaves the tests on the vLLM engine to the vllm session (which makes vLLM's environment);
+#: it runs its modules in two processes (PARALLEL_TEST_ARGS)
+MEMBER_TEST_ARGS = {
+    "sc-integration": [
+        "-m",
+        "not extended and not fault_matrix and not vllm",
+        *PARALLEL_TEST_ARGS,
+    ]
+}
 
 
 def _member_sessions(member: str) -> None:

@@ -49,6 +49,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("sc_workers.models._hf_ulysses", "transformers"): (
         "as sc_workers.models._hf: only Ulysses on a Hugging Face model wraps its attention"
     ),
+    ("sc_workers.engine._pipeline", "torch"): (
+        "torch.distributed.pipelining imports dynamo and sympy (about 2 s of every worker "
+        "process): only a pipeline schedule needs it (test_workers_imports)"
+    ),
     ("sc_workers.rollout._weights", "safetensors"): (
         "the optional extra sc-workers[hf], as transformers: only the built-in engine reads it"
     ),
