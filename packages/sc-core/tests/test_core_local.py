@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import threading
 from typing import Any, ClassVar
@@ -247,3 +248,40 @@ def test_handles_reject_foreign_objects_and_bad_ranks() -> None:
         assert handle.result(timeout=30) == (0, 1, None)
         assert handle.done()
         assert "done" in repr(handle)
+
+
+_EXIT_SCRIPT = """
+import atexit, threading, time
+
+def report():  # registered before sc_core's handler, so it runs after it
+    alive = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    print("alive at exit:", alive, flush=True)
+
+atexit.register(report)
+
+from sc_core import ClassWithInitArgs, LocalWorkerGroup, ResourcePool, Worker
+from sc_dispatch import Dispatch, register
+
+
+class Napper(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+
+group = LocalWorkerGroup(ResourcePool([2]), ClassWithInitArgs(Napper))
+print(group.nap(0.0), flush=True)
+group.nap.options(blocking=False)(0.5)  # still running as the script ends; never closed
+"""
+
+
+def test_interpreter_exit_waits_for_the_rank_threads_to_end() -> None:
+    """A script that never closes its group exits after its rank threads ended: a thread
+    still running as the interpreter finalizes is torn out of C++ code (torch's) and the
+    process aborts."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["[0, 1]", "alive at exit: []"], done.stdout

@@ -1,22 +1,35 @@
 """The rank threads of the in-process backend: each rank's calls run in order on a daemon
 thread of its own (or inline on the caller's), with an asyncio event loop for ``async def``
-methods; :class:`LocalHandle` is one rank's running call, as ``LocalBackend`` hands it out."""
+methods; :class:`LocalHandle` is one rank's running call, as ``LocalBackend`` hands it out.
+
+At interpreter exit the rank threads still running are stopped and joined (at most
+``EXIT_JOIN_S`` in all) while the interpreter is whole: a daemon thread that is still running
+or ending when the interpreter finalizes is torn out of whatever C++ code it is in (torch's),
+and the process aborts ("terminate called without an active exception") after a script
+that never closed its groups has done its work.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import inspect
 import queue
 import threading
+import time
 import traceback
+import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import CallTimeoutError, WorkerDiedError, WorkerError
 
-__all__ = ["LocalHandle", "Outcome", "RankRunner", "Turns", "worker_traceback"]
+__all__ = ["EXIT_JOIN_S", "LocalHandle", "Outcome", "RankRunner", "Turns", "worker_traceback"]
+
+#: how long interpreter exit waits, in all, for the rank threads to end
+EXIT_JOIN_S = 5.0
 
 
 @dataclass
@@ -46,6 +59,7 @@ class RankRunner:
         if not inline:
             self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
             self._thread.start()
+            _LIVE.add(self)
 
     def submit(self, task: Callable[[], Outcome]) -> concurrent.futures.Future[Outcome]:
         fut: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
@@ -81,6 +95,30 @@ class RankRunner:
     def close(self) -> None:
         if self._thread is not None:
             self._queue.put(None)
+
+    def join(self, timeout: float) -> None:
+        """Wait at most ``timeout`` seconds for the thread to end (after :meth:`close`)."""
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+#: the runners whose thread was started (a runner lives while its thread runs: the thread's
+#: target is its bound method)
+_LIVE: weakref.WeakSet[RankRunner] = weakref.WeakSet()
+
+
+def _join_at_exit() -> None:
+    """Stop every rank thread and wait for them to end, ``EXIT_JOIN_S`` in all (a thread
+    inside a call that does not return in time is left, as before)."""
+    runners = list(_LIVE)
+    for runner in runners:
+        runner.close()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for runner in runners:
+        runner.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_join_at_exit)
 
 
 class Turns:
