@@ -61,14 +61,12 @@ PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not extended and not fault_matrix and
 #: and fixtures stay in one process), where the modules share no state and one pytest
 #: process leaves the second core idle (docs/guides/contributing.md has the figures)
 PARALLEL_TEST_ARGS = ["-n", "2", "--dist", "loadfile"]
-#: the packages whose tests(<dist>) runs in two processes (each process starts its own local
-#: Ray clusters: ``address="local"``, never another process's). Not sc-protocol's, whose tests
-#: gained nothing. The integration session runs in two as well (MEMBER_TEST_ARGS): its
-#: standing clusters (``ray start``) have temp dirs and ports of their own, which a
-#: ``ray.init()`` in the other process does not look in
-PARALLEL_TESTS = frozenset({"sc-ray", "sc-rollout", "sc-trainer", "sc-workers"})
-#: the packages whose quick tests (lowest, pythons) run in two processes
-PARALLEL_QUICK_TESTS = PARALLEL_TESTS
+#: the packages and members whose tests (and the guards' quick tests of a package) run in two
+#: processes. Each process starts its own local Ray clusters (``address="local"``, never
+#: another process's), and the integration session's standing clusters (``ray start``) have
+#: temp dirs and ports of their own, which a ``ray.init()`` in the other process does not
+#: look in. Not sc-protocol's, whose tests gained nothing
+PARALLEL_TESTS = frozenset({"sc-integration", "sc-ray", "sc-rollout", "sc-trainer", "sc-workers"})
 
 #: the Pythons the packages support (their classifiers; requires-python is >=3.10). The
 #: oldest runs lowest(<dist>), the workspace's own (.python-version) runs tests(<dist>), the
@@ -283,14 +281,14 @@ def api(session: nox.Session, dist: str) -> None:
 def _quick_tests(dist: str) -> list[str]:
     """pytest arguments for the fast subset of ``dist``'s tests (see QUICK_TESTS): options
     (``-m``, ``--ignore=...``) as they are, other arguments as paths under its tests/, then
-    two pytest processes where ``dist`` is in PARALLEL_QUICK_TESTS."""
+    two pytest processes where ``dist`` is in PARALLEL_TESTS."""
     tests = os.path.join(_package_dir(dist), "tests")
     args = QUICK_TESTS.get(dist, [".", "-m", "not slow"])
     out: list[str] = []
     for prev, arg in zip(["", *args[:-1]], args, strict=True):
         is_option = arg.startswith("-") or prev == "-m"
         out.append(arg.format(tests=tests) if is_option else os.path.normpath(f"{tests}/{arg}"))
-    return [*out, *(PARALLEL_TEST_ARGS if dist in PARALLEL_QUICK_TESTS else [])]
+    return [*out, *(PARALLEL_TEST_ARGS if dist in PARALLEL_TESTS else [])]
 
 
 @nox.session(python=OLDEST_PYTHON, tags=["lowest", "guards"])
@@ -402,15 +400,8 @@ def docs(session: nox.Session) -> None:
 TEST_SESSION_NAMES = {"sc-integration": "integration"}
 #: pytest arguments a member's tests session adds: the integration session leaves the long
 #: fault matrix (20 trainings) to the faults session, runs one case per kind of point, and
-#: leaves the tests on the vLLM engine to the vllm session (which makes vLLM's environment);
-#: it runs its modules in two processes (PARALLEL_TEST_ARGS)
-MEMBER_TEST_ARGS = {
-    "sc-integration": [
-        "-m",
-        "not extended and not fault_matrix and not vllm",
-        *PARALLEL_TEST_ARGS,
-    ]
-}
+#: leaves the tests on the vLLM engine to the vllm session (which makes vLLM's environment)
+MEMBER_TEST_ARGS = {"sc-integration": ["-m", "not extended and not fault_matrix and not vllm"]}
 
 
 def _member_sessions(member: str) -> None:
@@ -435,6 +426,7 @@ def _member_sessions(member: str) -> None:
             "pytest",
             os.path.join(member, "tests"),
             *MEMBER_TEST_ARGS.get(name, DEFAULT_TEST_ARGS),
+            *(PARALLEL_TEST_ARGS if name in PARALLEL_TESTS else []),
             *session.posargs,
             env={"SC_ISOLATED_PACKAGE": name},
         )

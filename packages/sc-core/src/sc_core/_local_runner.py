@@ -26,7 +26,7 @@ from typing import Any
 
 from ._errors import CallTimeoutError, WorkerDiedError, WorkerError
 
-__all__ = ["EXIT_JOIN_S", "LocalHandle", "Outcome", "RankRunner", "Turns", "worker_traceback"]
+__all__ = ["LocalHandle", "Outcome", "RankRunner", "Turns", "worker_traceback"]
 
 #: how long interpreter exit waits, in all, for the rank threads to end
 EXIT_JOIN_S = 5.0
