@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,40 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir: str) -> Iterator[ServerProcess]:
+def refused_starts(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Future[ServerProcess]]]:
+    """The starts of models vLLM cannot serve, by the reason its error must name. Each is a
+    vLLM process that imports vLLM before it fails (half a minute of one core here), so they
+    begin before the module's server and run on the core its start leaves idle."""
+    folder = tmp_path_factory.mktemp("unservable")
+    alien = Path(save_tiny_gpt2(folder / "alien"))
+    config = json.loads((alien / "config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (alien / "config.json").write_text(json.dumps(config))
+    models = {"NoSuchModelForCausalLM": str(alien)}
+    if default_vllm_flavor() == "cpu":  # vLLM's CUDA attention takes heads of 16
+        narrow = save_tiny_gpt2(folder / "narrow-heads", num_heads=4)  # heads of width 16
+        models["attention heads of size 16"] = narrow
+    pool = ThreadPoolExecutor(max_workers=len(models))
+    starts = {
+        reason: pool.submit(ServerProcess.vllm, VLLMEngineConfig(model=model))
+        for reason, model in models.items()
+    }
+    try:
+        yield starts
+    finally:
+        pool.shutdown(wait=True)
+        for start in starts.values():  # one that started after all is not left running
+            if start.exception() is None:
+                start.result().stop()
+
+
+@pytest.fixture(scope="module")
+def server(
+    model_dir: str, refused_starts: dict[str, Future[ServerProcess]]
+) -> Iterator[ServerProcess]:
+    # refused_starts: begun first, beside this start (see there)
     started = time.perf_counter()
     with ServerProcess.vllm(VLLMEngineConfig(model=model_dir, seed=0)) as process:
         log.warning("vLLM server ready in %.0f s", time.perf_counter() - started)
@@ -346,15 +380,8 @@ def test_a_prompt_longer_than_the_context_is_refused(client: RolloutClient) -> N
 
 
 def test_a_model_vllm_cannot_serve_is_named_with_the_reason(
-    tmp_path: Path, server: ServerProcess
+    refused_starts: dict[str, Future[ServerProcess]],
 ) -> None:
-    if default_vllm_flavor() == "cpu":  # vLLM's CUDA attention takes heads of 16
-        narrow = save_tiny_gpt2(tmp_path / "narrow-heads", num_heads=4)  # heads of width 16
-        with pytest.raises(UnservableModelError, match="attention heads of size 16"):
-            ServerProcess.vllm(VLLMEngineConfig(model=narrow))
-    alien = Path(save_tiny_gpt2(tmp_path / "alien"))
-    config = json.loads((alien / "config.json").read_text())
-    config["architectures"] = ["NoSuchModelForCausalLM"]
-    (alien / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnservableModelError, match="NoSuchModelForCausalLM"):
-        ServerProcess.vllm(VLLMEngineConfig(model=str(alien)))
+    for reason, start in refused_starts.items():
+        with pytest.raises(UnservableModelError, match=reason):
+            start.result().stop()
