@@ -59,8 +59,11 @@ DEFAULT_TEST_ARGS = ["-m", "not extended"]
 PACKAGE_TEST_ARGS = {"sc-trainer": ["-m", "not extended and not fault_matrix and not vllm"]}
 #: pytest-xdist: two pytest processes, each running whole test modules (a module's Ray cluster
 #: and fixtures stay in one process), where the modules share no state and one pytest
-#: process leaves the second core idle (docs/guides/contributing.md has the figures)
-PARALLEL_TEST_ARGS = ["-n", "2", "--dist", "loadfile"]
+#: process leaves the second core idle (docs/guides/contributing.md has the figures). The
+#: modules are handed out in collection order, where the root conftest.py puts the longest
+#: first, not xdist's own order (most tests first), which left a long module of one or two
+#: tests for last
+PARALLEL_TEST_ARGS = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
 #: the packages and members whose tests (and the guards' quick tests of a package) run in two
 #: processes. Each process starts its own local Ray clusters (``address="local"``, never
 #: another process's), and the integration session's standing clusters (``ray start``) have
