@@ -516,6 +516,7 @@ def test_bad_configs_get_clear_errors(kwargs: dict[str, Any], words: str, tmp_pa
 # --- a server process ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a server process that imports torch and loads the model: 15 s here
 def test_a_server_process_answers_as_the_engine_does(
     engine: TorchRolloutEngine, model_dir: str
 ) -> None:
