@@ -18,11 +18,11 @@ import pytest
 #: are unique across the repository). docs/guides/contributing.md says how to measure them.
 LONGEST_FIRST = (
     # integration
-    "test_integration_doc_examples.py",  # 179
-    "test_integration_cluster_auth.py",  # 83
-    "test_integration_reattach.py",  # 66
-    "test_integration_examples.py",  # 59
-    "test_integration_router_builtin.py",  # 43
+    "test_integration_doc_examples.py",  # 183
+    "test_integration_reattach.py",  # 66 to 104
+    "test_integration_examples.py",  # 54
+    "test_integration_cluster_auth.py",  # 56
+    "test_integration_router_builtin.py",  # 26 to 43
     # sc-trainer
     "test_trainer_fault_matrix.py",  # 113
     "test_trainer_ray.py",  # 101
