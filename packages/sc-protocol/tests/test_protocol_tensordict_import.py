@@ -1,7 +1,8 @@
 """Importing sc_protocol imports tensordict without torch._dynamo (sc_protocol._tensordict).
 
 The import-order checks run in fresh interpreters: the test process has imported
-tensordict already.
+tensordict already. The three start together (``fresh``): each spends seconds of one core
+importing torch and tensordict.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -47,31 +50,60 @@ _REGISTERED = """
 """
 
 
+_ROUND_TRIP = """
+    import json, pickle, sys
+    import torch, sc_protocol
+    from sc_protocol import DataProto, _tensordict
+    data = DataProto.from_dict({"x": torch.arange(8.0).reshape(4, 2)}, meta_info={"k": 1})
+    back = pickle.loads(pickle.dumps(DataProto.concat(data.chunk(2))))
+    assert back.batch["x"].sum().item() == 28.0
+    before = "torch._dynamo" in sys.modules
+    pending = len(_tensordict.pending_allow_in_graph())
+    hooked = _tensordict._hook in sys.meta_path
+    restored = torch.compiler.allow_in_graph.__module__ == "torch.compiler"
+    const = bool(getattr(__import__("tensordict.utils").utils._lock_warn,
+                         "_dynamo_marked_constant", False))
+"""
+_ROUND_TRIP_REPORT = """
+    print(json.dumps({"before": before, "pending": pending, "hooked": hooked,
+                      "restored": restored, "const": const, "registered": registered,
+                      "left": len(_tensordict.pending_allow_in_graph()),
+                      "hooked_after": _tensordict._hook in sys.meta_path}))
+"""
+_EAGER = """
+    import json, sys
+    import sc_protocol
+    from sc_protocol import _tensordict
+    print(json.dumps({"dynamo": "torch._dynamo" in sys.modules,
+                      "pending": len(_tensordict.pending_allow_in_graph()),
+                      "hooked": _tensordict._hook in sys.meta_path}))
+"""
+_TENSORDICT_FIRST = """
+    import json, sys
+    import tensordict
+    import sc_protocol
+    from sc_protocol import _tensordict
+    print(json.dumps({"pending": len(_tensordict.pending_allow_in_graph()),
+                      "hooked": _tensordict._hook in sys.meta_path}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[dict[str, Future[dict[str, Any]]]]:
+    """The fresh interpreters' reports, by check, all started at once."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        yield {
+            "round trip": pool.submit(_run, _ROUND_TRIP, _REGISTERED, _ROUND_TRIP_REPORT),
+            "eager": pool.submit(_run, _EAGER, SC_PROTOCOL_EAGER_DYNAMO="1"),
+            "tensordict first": pool.submit(_run, _TENSORDICT_FIRST),
+        }
+
+
 @pytest.mark.slow  # a fresh interpreter imports torch and tensordict
-def test_import_and_round_trip_leave_dynamo_out_then_dynamo_gets_the_marks() -> None:
-    out = _run(
-        """
-        import json, pickle, sys
-        import torch, sc_protocol
-        from sc_protocol import DataProto, _tensordict
-        data = DataProto.from_dict({"x": torch.arange(8.0).reshape(4, 2)}, meta_info={"k": 1})
-        back = pickle.loads(pickle.dumps(DataProto.concat(data.chunk(2))))
-        assert back.batch["x"].sum().item() == 28.0
-        before = "torch._dynamo" in sys.modules
-        pending = len(_tensordict.pending_allow_in_graph())
-        hooked = _tensordict._hook in sys.meta_path
-        restored = torch.compiler.allow_in_graph.__module__ == "torch.compiler"
-        const = bool(getattr(__import__("tensordict.utils").utils._lock_warn,
-                             "_dynamo_marked_constant", False))
-        """,
-        _REGISTERED,
-        """
-        print(json.dumps({"before": before, "pending": pending, "hooked": hooked,
-                          "restored": restored, "const": const, "registered": registered,
-                          "left": len(_tensordict.pending_allow_in_graph()),
-                          "hooked_after": _tensordict._hook in sys.meta_path}))
-        """,
-    )
+def test_import_and_round_trip_leave_dynamo_out_then_dynamo_gets_the_marks(
+    fresh: dict[str, Future[dict[str, Any]]],
+) -> None:
+    out = fresh["round trip"].result()
     assert out["before"] is False
     assert out["pending"] >= 2
     assert out["hooked"] is True
@@ -83,34 +115,17 @@ def test_import_and_round_trip_leave_dynamo_out_then_dynamo_gets_the_marks() -> 
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch and tensordict
-def test_eager_switch_imports_tensordict_as_it_is() -> None:
-    out = _run(
-        """
-        import json, sys
-        import sc_protocol
-        from sc_protocol import _tensordict
-        print(json.dumps({"dynamo": "torch._dynamo" in sys.modules,
-                          "pending": len(_tensordict.pending_allow_in_graph()),
-                          "hooked": _tensordict._hook in sys.meta_path}))
-        """,
-        SC_PROTOCOL_EAGER_DYNAMO="1",
-    )
-    assert out == {"dynamo": True, "pending": 0, "hooked": False}
+def test_eager_switch_imports_tensordict_as_it_is(
+    fresh: dict[str, Future[dict[str, Any]]],
+) -> None:
+    assert fresh["eager"].result() == {"dynamo": True, "pending": 0, "hooked": False}
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch and tensordict
-def test_tensordict_imported_first_is_left_alone() -> None:
-    out = _run(
-        """
-        import json, sys
-        import tensordict
-        import sc_protocol
-        from sc_protocol import _tensordict
-        print(json.dumps({"pending": len(_tensordict.pending_allow_in_graph()),
-                          "hooked": _tensordict._hook in sys.meta_path}))
-        """
-    )
-    assert out == {"pending": 0, "hooked": False}
+def test_tensordict_imported_first_is_left_alone(
+    fresh: dict[str, Future[dict[str, Any]]],
+) -> None:
+    assert fresh["tensordict first"].result() == {"pending": 0, "hooked": False}
 
 
 def test_deferred_marks_return_what_they_were_given(monkeypatch: pytest.MonkeyPatch) -> None:
