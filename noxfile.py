@@ -207,8 +207,24 @@ def _warn_missing_pythons() -> None:
             )
 
 
+def _cache_bytecode() -> None:
+    """Let every process the sessions start keep Python's bytecode, under ``.nox/pycache``.
+
+    uv installs packages without ``.pyc`` files, and a machine that sets
+    ``PYTHONDONTWRITEBYTECODE`` (this project's does) then compiles torch, transformers,
+    sympy and Ray from source in every process that imports them: each pytest process, each
+    Ray worker, each driver a test starts. ``import sc_workers`` took 9 to 11 s that way
+    and 3 s with the cache (docs/guides/contributing.md). With ``PYTHONPYCACHEPREFIX`` the
+    cache is one folder under ``.nox/``, which nox owns: nothing is written beside the
+    sources. A ``PYTHONPYCACHEPREFIX`` the caller set is kept.
+    """
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(ROOT, ".nox", "pycache"))
+
+
 _expose_pyenv_pythons()
 _warn_missing_pythons()
+_cache_bytecode()
 
 
 def _sync(session: nox.Session, *args: str) -> None:
