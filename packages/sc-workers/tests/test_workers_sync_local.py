@@ -113,6 +113,44 @@ def test_failed_sync_keeps_the_previous_version(
     sync.close()
 
 
+def test_a_later_weight_sync_numbers_after_the_served_version(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
+) -> None:
+    actor, rollout = groups
+    first = WeightSync(actor, rollout)
+    assert [first.sync(), first.sync()] == [1, 2]
+    first.close()
+    # a driver that re-attaches makes a new WeightSync over the same groups: the rollout
+    # serves version 2, so the new one's first version is 3, not a refused 1
+    second = WeightSync(actor, rollout)
+    assert second.sync() == 3
+    assert second.version == 3
+    assert rollout.sync_served_version() == [3]
+    assert (
+        rollout.generate_sequences(prompt_batch(do_sample=False)).meta_info["weight_version"] == 3
+    )
+    second.close()
+
+
+def test_unreadable_served_versions_fail_the_sync_naming_the_rollout(
+    groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    actor, rollout = groups
+
+    def unreachable() -> list[int]:
+        raise ConnectionError("rollout host unreachable")
+
+    monkeypatch.setattr(rollout, "sync_served_version", unreachable)
+    sync = WeightSync(actor, rollout)
+    with pytest.raises(WeightSyncError, match="versions the rollout ranks serve") as info:
+        sync.sync()
+    assert info.value.group == "rollout"
+    assert "ConnectionError: rollout host unreachable" in str(info.value)
+    assert sync.version == 0
+    sync.close()
+
+
 def test_shape_mismatch_is_a_typed_error(
     groups: tuple[LocalWorkerGroup[Any], LocalWorkerGroup[Any]],
 ) -> None:

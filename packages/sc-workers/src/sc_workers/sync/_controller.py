@@ -40,6 +40,15 @@ __all__ = ["WeightSync"]
 
 logger = logging.getLogger(__name__)
 
+#: The registered methods a group's workers must have (``WeightSyncEndpoint``'s).
+_ENDPOINTS = (
+    "sync_report",
+    "sync_served_version",
+    "sync_open",
+    "sync_send",
+    "sync_receive",
+    "sync_commit",
+)
 #: The two groups of a sync, in the order :meth:`WeightSync._both` runs their calls.
 _SIDES = ("trainer", "rollout")
 #: Once one side of a sync failed, how long the other may take to report its own failure.
@@ -79,17 +88,16 @@ class WeightSync:
     ``delta=True`` sends, after the first sync over a channel, only the words that changed
     since the last synced version (positions and values where that is smaller than the dense
     message), bit-exact with a dense sync; both sides keep the last version's messages.
+    Version numbers only grow, and start after the newest version any rollout rank serves,
+    so a WeightSync made later over the same groups (a driver re-attached) goes on from
+    the earlier one's numbers.
     """
 
     def __init__(
         self, trainer: Any, rollout: Any, *, timeout_s: float = 300.0, delta: bool = False
     ) -> None:
         for name, group in (("trainer", trainer), ("rollout", rollout)):
-            missing = [
-                m
-                for m in ("sync_report", "sync_open", "sync_send", "sync_receive", "sync_commit")
-                if not callable(getattr(group, m, None))
-            ]
+            missing = [m for m in _ENDPOINTS if not callable(getattr(group, m, None))]
             if missing:
                 raise WeightSyncError(
                     f"WeightSync: the {name} group {group!r} binds no {missing}; its workers "
@@ -192,7 +200,10 @@ class WeightSync:
             return self._sync()
 
     def _sync(self) -> int:
-        self._tried = version = max(self._tried, self.version) + 1
+        # set up afresh, number after what any rollout rank serves: an earlier WeightSync
+        # over these groups may have moved it past this one's count
+        served = 0 if self.plan is not None else self._served_version()
+        self._tried = version = max(self._tried, self.version, served) + 1
         try:
             plan = self._prepare()
             base = self._base if self.delta else None
@@ -244,6 +255,20 @@ class WeightSync:
         self.last_wire_bytes = sum(int(r[1]) for r in received)
         self.last_dense_bytes = plan.total_bytes
         return version
+
+    def _served_version(self) -> int:
+        """The newest version any rollout rank serves."""
+        try:
+            return max(self.rollout.sync_served_version(), default=0)
+        except Exception as exc:
+            rank = _failed_rank(exc)
+            raise WeightSyncError(
+                "WeightSync: could not read the versions the rollout ranks serve"
+                + (f" (rank {rank})" if rank is not None else "")
+                + f" ({type(exc).__name__}: {exc}); the rollout keeps version {self.version}",
+                rank=rank,
+                group="rollout",
+            ) from exc
 
     def reset(self) -> None:
         """Forget the channel and the plan (a group was re-formed after ``replace_ranks``):

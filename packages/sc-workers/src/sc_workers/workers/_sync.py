@@ -82,6 +82,12 @@ class WeightSyncEndpoint:
         return self._sc_sync_version
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_served_version(self) -> int:
+        """The version of the weights this rank serves (:attr:`weight_version`), which a
+        :class:`~sc_workers.WeightSync` made later reads to number its syncs after it."""
+        return self._sc_sync_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_report(self) -> dict[str, Any]:
         """This rank's regions of every parameter (see ``sc_workers.sync.module_regions``)."""
         return module_regions(self._sync_engine("sync_report").module)
