@@ -85,7 +85,7 @@ class WeightSyncEndpoint:
     def sync_served_version(self) -> int:
         """The version of the weights this rank serves (:attr:`weight_version`), which a
         :class:`~sc_workers.WeightSync` made later reads to number its syncs after it."""
-        return self._sc_sync_version
+        return self.weight_version
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_report(self) -> dict[str, Any]:
